@@ -1,0 +1,37 @@
+"""rlprobe: capture RL training key data into a Parquet lake and find where two runs diverge.
+
+Heavy modules (pyarrow, duckdb, polars, torch) load only when first used, so the command
+line starts fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rlprobe._version import __version__
+from rlprobe.errors import DumpReadError, ProbeError
+
+if TYPE_CHECKING:
+    from rlprobe.capture.probe import Probe
+    from rlprobe.lake.reader import Dump
+
+__all__ = ["Probe", "ProbeError", "DumpReadError", "Dump", "open", "__version__"]
+
+
+def open(path: Any) -> "Dump":  # noqa: A001 - mirrors the io.open idiom: rlprobe.open(dump)
+    """Open a dump (rlprobe or msprobe format) for reading."""
+    from rlprobe.lake.reader import open_dump
+
+    return open_dump(path)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Probe":
+        from rlprobe.capture.probe import Probe
+
+        return Probe
+    if name == "Dump":
+        from rlprobe.lake.reader import Dump
+
+        return Dump
+    raise AttributeError(f"module 'rlprobe' has no attribute {name!r}")

@@ -1,0 +1,358 @@
+"""rlprobe.Probe: the object training code talks to."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import shutil
+import socket
+import time
+import uuid
+import warnings
+import weakref
+from pathlib import Path
+from typing import Any, Literal
+
+from rlprobe._version import __version__
+from rlprobe.capture.flatten import flatten
+from rlprobe.capture.writer import BackgroundWriter, LeafJob, write_key_data
+from rlprobe.errors import ProbeError
+from rlprobe.frameworks import FRAMEWORKS, detect_rank_and_world
+from rlprobe.lake.atomic import atomic_write_json
+from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout
+
+Mode = Literal["new", "overwrite", "append"]
+OnError = Literal["raise", "warn"]
+
+
+class Probe:
+    """Saves key data, configs and per-step scalars of one rank into a dump directory.
+
+    >>> probe = Probe("./dump")
+    >>> probe.save({"log_prob": log_prob}); probe.step(); probe.close()
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        framework: str | None = None,
+        *,
+        mode: Mode = "new",
+        stats_only: bool = False,
+        on_error: OnError = "raise",
+        rank: int | None = None,
+        world_size: int | None = None,
+        run_id: str | None = None,
+        tags: dict[str, Any] | None = None,
+        start_step: int | None = None,
+        max_inflight_bytes: int = 1 << 30,
+    ):
+        if framework is not None and framework not in FRAMEWORKS:
+            raise ProbeError(f"framework={framework!r}: expected one of {', '.join(FRAMEWORKS)} or None (detect)")
+        if mode not in ("new", "overwrite", "append"):
+            raise ProbeError(f"mode={mode!r}: expected 'new', 'overwrite' or 'append'")
+        if on_error not in ("raise", "warn"):
+            raise ProbeError(f"on_error={on_error!r}: expected 'raise' or 'warn'")
+        self.path = Path(path)
+        self.layout = DumpLayout(self.path)
+        self.framework = framework
+        self.stats_only = stats_only
+        self.on_error = on_error
+        self._closed = True  # until fully constructed
+        detected = detect_rank_and_world()
+        self.rank = detected[0] if rank is None else rank
+        self.world_size = detected[1] if world_size is None else world_size
+
+        self._prepare_directory()
+        previous = self._claim(mode)
+        self.run_id = run_id or os.environ.get("RLPROBE_RUN_ID") or (previous or {}).get("run_id") or self._agree_run_id()
+        if start_step is None:
+            done = (previous or {}).get("committed_steps") or []
+            start_step = max(done) + 1 if done else 0
+        self.current_step = start_step
+        self._micro: dict[str, int] = {}
+        self._step_has_data = False
+
+        from rlprobe.lake.rank_writer import RankWriter
+
+        sink = RankWriter(self.layout, self.rank, self.world_size, self.run_id,
+                          {"framework": framework or "auto", "mode": mode, "stats_only": stats_only},
+                          previous=previous)
+        if self.rank == 0 and not (mode == "append" and self.layout.run_manifest.exists()):
+            self._write_run_manifest(tags or {})
+        errors = sink.write_manifest()
+        if errors:
+            raise ProbeError(f"cannot write to the dump directory {self.path}: {errors[0]}")
+        self._writer = BackgroundWriter(sink, max_inflight_bytes)
+        self._closed = False
+        me = weakref.ref(self)
+        self._atexit = lambda: (p := me()) is not None and p.close()
+        atexit.register(self._atexit)
+
+    # -- setup ---------------------------------------------------------------------------
+    def _prepare_directory(self) -> None:
+        if self.path.exists() and not self.path.is_dir():
+            raise ProbeError(f"dump path {self.path} is a file; give a directory (it is created if missing)")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe_file = self.path / f".rlprobe-write-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+            probe_file.write_bytes(b"")
+            probe_file.unlink()
+        except OSError as e:
+            raise ProbeError(f"dump directory {self.path} is not writable: {e.strerror or e}") from None
+
+    def _claim(self, mode: Mode) -> dict[str, Any] | None:
+        """Check for an earlier run in this directory; returns this rank's old manifest for append."""
+        mine = self.layout.rank_manifest(self.rank)
+        old = _read_json(mine)
+        holds_run = mine.exists() or (self.rank == 0 and self.layout.run_manifest.exists())
+        if not holds_run or mode == "append" and old is not None:
+            return old if mode == "append" else None
+        if mode == "new":
+            state = "a finished run" if old and old.get("closed") else "an unfinished run (killed or still running)"
+            steps = (old or {}).get("committed_steps") or []
+            span = f", steps {min(steps)}-{max(steps)}" if steps else ""
+            raise ProbeError(
+                f"{self.path} already holds {state} (rank {self.rank}, run_id {(old or {}).get('run_id', '?')}{span}); "
+                "pass mode='overwrite' to replace it, mode='append' to add steps to it, or choose another directory"
+            )
+        if mode == "overwrite":
+            self._remove_rank_files(self.rank)
+            if self.rank == 0:
+                self.layout.run_manifest.unlink(missing_ok=True)
+                for r in _ranks_in(self.path):
+                    if r >= self.world_size:
+                        self._remove_rank_files(r)
+        return None
+
+    def _remove_rank_files(self, rank: int) -> None:
+        """Delete exactly what rank `rank` of an earlier run wrote, and nothing else."""
+        self.layout.rank_manifest(rank).unlink(missing_ok=True)
+        self.layout.config_file(rank).unlink(missing_ok=True)
+        stats = self.path / "stats"
+        if stats.is_dir():
+            for kind in stats.iterdir():
+                shutil.rmtree(kind / f"rank={rank}", ignore_errors=True)
+        tensors = self.path / "tensors"
+        if tensors.is_dir():
+            for d in list(tensors.rglob(f"rank={rank}")):
+                shutil.rmtree(d, ignore_errors=True)
+
+    def _agree_run_id(self) -> str:
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
+        if self.world_size > 1:
+            from rlprobe.frameworks.torch_adapter import torch_rank_and_world
+
+            if torch_rank_and_world():
+                import torch.distributed as dist
+
+                box = [run_id]
+                dist.broadcast_object_list(box, src=0)
+                run_id = box[0]
+        return run_id
+
+    def _write_run_manifest(self, tags: dict[str, Any]) -> None:
+        atomic_write_json(self.layout.run_manifest, {
+            "format_version": FORMAT_VERSION,
+            "run_id": self.run_id,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "framework": self.framework or "auto",
+            "rlprobe_version": __version__,
+            "world_size": self.world_size,
+            "host": socket.gethostname(),
+            "stats_only": self.stats_only,
+            "tags": tags,
+        })
+
+    # -- capture -------------------------------------------------------------------------
+    def save(self, data: dict[str, Any]) -> None:
+        """Save key data: each value a tensor, array, scalar, or a nested list/tuple/dict of them."""
+        where = f"rank {self.rank} step {self.current_step}"
+        if not self._usable(where):
+            return
+        try:
+            leaves = flatten(data, where)
+        except ProbeError as e:
+            self._fail(str(e))
+            return
+        # stage per framework, keeping the caller's order
+        by_adapter: dict[str, list[int]] = {}
+        for i, (_, _, _, adapter) in enumerate(leaves):
+            by_adapter.setdefault(adapter.name, []).append(i)
+        staged: list[Any] = [None] * len(leaves)
+        for name, idx in by_adapter.items():
+            adapter = leaves[idx[0]][3]
+            try:
+                out = adapter.stage([leaves[i][2] for i in idx], keep_raw=not self.stats_only)
+            except ProbeError as e:
+                self._fail(f"{where}: {e}")
+                return
+            for i, leaf in zip(idx, out):
+                staged[i] = leaf
+        micro: dict[str, int] = {}
+        for key, _, _, _ in leaves:
+            micro.setdefault(key, self._micro.get(key, 0))
+        for key in micro:
+            self._micro[key] = micro[key] + 1
+        jobs = [LeafJob(key, index, micro[key], self.framework or adapter.name, leaf)
+                for (key, index, _, adapter), leaf in zip(leaves, staged)]
+        step, layout, save_tensors = self.current_step, self.layout, not self.stats_only
+        nbytes = sum(j.leaf.nbytes for j in jobs)
+        self._writer.submit(lambda: write_key_data(self._writer, layout, step, jobs, save_tensors), nbytes)
+        self._step_has_data = True
+        self._raise_background_errors()
+
+    def log_metrics(self, metrics: dict[str, Any]) -> None:
+        """Record per-step scalars such as timings, throughput and losses."""
+        where = f"rank {self.rank} step {self.current_step}"
+        if not self._usable(where):
+            return
+        if not isinstance(metrics, dict):
+            self._fail(f"{where}: log_metrics() takes a dict of name -> number, got {type(metrics).__name__}")
+            return
+        rows = []
+        now = time.time()
+        for name, value in metrics.items():
+            if not isinstance(name, str) or not name:
+                self._fail(f"{where}: metric names must be non-empty strings, got {name!r}")
+                return
+            number = _as_number(value)
+            if number is None:
+                self._fail(f"{where}, metric {name!r}: expected a number (int, float, 0-d tensor or array), "
+                           f"got {type(value).__name__}")
+                return
+            rows.append({"step": self.current_step, "name": name, "value": number, "wall_time": now})
+        sink = self._writer.sink
+        self._writer.submit(lambda: [sink.add_row("scalar", r) for r in rows])
+        self._step_has_data = True
+        self._raise_background_errors()
+
+    def save_config(self, config: dict[str, Any]) -> None:
+        """Store the training configuration (configurations.json; other ranks: configurations.rank<R>.json)."""
+        where = f"rank {self.rank}"
+        if not self._usable(where):
+            return
+        if not isinstance(config, dict):
+            self._fail(f"{where}: save_config() takes a dict, got {type(config).__name__}")
+            return
+        try:
+            text = json.dumps(config, default=_jsonable, indent=2)
+        except (TypeError, ValueError) as e:
+            self._fail(f"{where}: save_config(): configuration is not JSON-serialisable: {e}")
+            return
+        try:
+            atomic_write_json(self.layout.config_file(self.rank), json.loads(text))
+        except OSError as e:
+            self._fail(f"{where}: could not write {self.layout.config_file(self.rank)}: {e}")
+
+    def step(self) -> None:
+        """End the current step: its rows are committed as one part per kind."""
+        if not self._usable(f"rank {self.rank} step {self.current_step}"):
+            return
+        self._commit(self.current_step)
+        self.current_step += 1
+        self._micro.clear()
+        self._step_has_data = False
+        self._raise_background_errors()
+
+    def flush(self) -> None:
+        """Write everything saved so far and wait until it is on disk."""
+        if not self._usable(f"rank {self.rank} step {self.current_step}"):
+            return
+        sink = self._writer.sink
+        self._writer.submit(lambda: self._writer.report(sink.flush(None)))
+        self._writer.wait_idle()
+        self._raise_background_errors()
+
+    def close(self) -> None:
+        """Write everything, merge stats parts, mark this rank complete. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._atexit)
+        writer = self._writer
+        if self._step_has_data:
+            self._commit(self.current_step)
+        writer.submit(lambda: writer.report(writer.sink.close()))
+        writer.wait_idle()
+        writer.stop()
+        self._raise_background_errors()
+
+    def __enter__(self) -> "Probe":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"step {self.current_step}"
+        return f"Probe({str(self.path)!r}, rank={self.rank}/{self.world_size}, {state})"
+
+    # -- internals -----------------------------------------------------------------------
+    def _commit(self, step: int) -> None:
+        sink = self._writer.sink
+        self._writer.submit(lambda: self._writer.report(sink.flush(step)))
+
+    def _usable(self, where: str) -> bool:
+        if self._closed:
+            self._fail(f"{where}: the probe on {self.path} is closed")
+            return False
+        return True
+
+    def _raise_background_errors(self) -> None:
+        errors = self._writer.take_errors()
+        if errors:
+            more = f" (and {len(errors) - 1} more; see {self.layout.rank_manifest(self.rank)})" if len(errors) > 1 else ""
+            self._fail(errors[0] + more)
+
+    def _fail(self, message: str) -> None:
+        if self.on_error == "warn":
+            warnings.warn(f"rlprobe: {message}", RuntimeWarning, stacklevel=3)
+        else:
+            raise ProbeError(message)
+
+
+def _as_number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    item = getattr(value, "item", None)
+    shape = getattr(value, "shape", None)
+    if callable(item) and (shape is None or len(shape) == 0 or math.prod(shape) == 1):
+        try:
+            return float(item())
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "__dataclass_fields__"):
+        import dataclasses
+
+        return dataclasses.asdict(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    return str(value)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _ranks_in(root: Path) -> set[int]:
+    ranks = set()
+    for f in root.glob("rank*.json"):
+        try:
+            ranks.add(int(f.stem[4:]))
+        except ValueError:
+            continue
+    return ranks

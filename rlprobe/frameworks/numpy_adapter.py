@@ -1,0 +1,44 @@
+"""numpy arrays, numpy scalars and Python bool/int/float."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from rlprobe.errors import ProbeError
+from rlprobe.frameworks.base import StagedLeaf
+from rlprobe.lake.encoding import SUPPORTED
+
+
+class NumpyAdapter:
+    name = "numpy"
+
+    def is_tensor(self, value: Any) -> bool:
+        return isinstance(value, (np.ndarray, np.generic, bool, int, float))
+
+    def as_array(self, value: Any) -> np.ndarray:
+        if isinstance(value, bool):
+            return np.array(value, dtype=np.bool_)
+        if isinstance(value, int):
+            return np.array(value, dtype=np.int64)
+        if isinstance(value, float):
+            return np.array(value, dtype=np.float64)
+        return np.asarray(value)
+
+    def dtype_name(self, value: Any) -> str:
+        dtype = self.as_array(value).dtype
+        name = "bool" if dtype == np.bool_ else dtype.name
+        if name not in SUPPORTED:
+            raise ProbeError(f"unsupported numpy dtype {dtype}; supported: {', '.join(SUPPORTED)}")
+        return name
+
+    def stage(self, values: Sequence[Any], keep_raw: bool) -> list[StagedLeaf]:
+        staged = []
+        for value in values:
+            arr = np.array(self.as_array(value), copy=True, order="C")  # a snapshot, C order
+            staged.append(StagedLeaf(self.dtype_name(arr), arr.shape, arr, nbytes=arr.nbytes))
+        return staged
+
+    def rank_and_world(self) -> tuple[int, int] | None:
+        return None

@@ -1,0 +1,58 @@
+"""Atomic file writes: write a hidden temporary file beside the target, then rename it.
+
+A process killed at any instant leaves either the old file or the complete new one; the
+temporaries (`.<name>.tmp-*`) match no reader's pattern and `rlprobe compact` removes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+import numpy as np
+
+TMP_MARK = ".tmp-"
+
+
+def _tmp_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> int:
+    """Write `path` through `write(fileobj)` atomically; return the bytes written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            size = f.tell()
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+    return size
+
+
+def atomic_write_json(path: Path, obj: Any) -> int:
+    data = json.dumps(obj, indent=2, sort_keys=False, default=str).encode("utf-8")
+    return atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_save_npy(path: Path, array: np.ndarray) -> int:
+    return atomic_write(path, lambda f: np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False))
+
+
+def atomic_write_parquet(path: Path, table: "Any") -> int:
+    import pyarrow.parquet as pq
+
+    return atomic_write(path, lambda f: pq.write_table(table, f, compression="zstd"))
+
+
+def is_temporary(path: Path) -> bool:
+    return path.name.startswith(".") and TMP_MARK in path.name

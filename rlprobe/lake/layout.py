@@ -1,0 +1,154 @@
+"""Where every file of a dump lives (format version 1) and how names become safe paths."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlprobe.errors import ProbeError
+
+FORMAT_VERSION = 1
+KINDS = ("key_data", "grad", "module", "scalar")
+RUN_MANIFEST = "rlprobe.json"
+PLAIN_TENSOR_FILE = "_"  # file stem for index '' (a plain tensor, not a list/dict item)
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+_PART = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
+_MAX_NAME = 120
+
+
+def rank_manifest_name(rank: int) -> str:
+    return f"rank{rank}.json"
+
+
+def config_file_name(rank: int) -> str:
+    return "configurations.json" if rank == 0 else f"configurations.rank{rank}.json"
+
+
+def check_name(name: object, what: str, where: str) -> str:
+    """Refuse names that are not strings, are empty, or try to leave the dump; return the name."""
+    if not isinstance(name, str):
+        raise ProbeError(f"{where}: {what} must be a string, got {type(name).__name__} {name!r}")
+    if name == "" or name.strip() == "":
+        raise ProbeError(f"{where}: {what} is empty; give it a name such as 'log_prob'")
+    if "\x00" in name:
+        raise ProbeError(f"{where}: {what} {name!r} contains a NUL character")
+    parts = re.split(r"[/\\]", name)
+    if name.startswith(("/", "\\")) or ".." in parts or re.match(r"^[A-Za-z]:", name):
+        raise ProbeError(
+            f"{where}: {what} {name!r} would write outside the dump directory; "
+            "use a plain name without '..' or a leading '/'"
+        )
+    return name
+
+
+def safe_component(name: str) -> str:
+    """A path component for `name`: itself when already safe, else a cleaned form plus a hash."""
+    cleaned = _SAFE.sub("_", name)
+    if cleaned.startswith("."):
+        cleaned = "_" + cleaned[1:]
+    if cleaned == name and len(name) <= _MAX_NAME:
+        return name
+    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=4).hexdigest()
+    return f"{cleaned[:_MAX_NAME]}~{digest}"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One stats Parquet file, covering flush sequence numbers first..last."""
+
+    path: Path
+    first: int
+    last: int
+
+    @property
+    def size(self) -> int:
+        return self.last - self.first + 1
+
+
+def part_name(first: int, last: int) -> str:
+    return f"part-{first:06d}.parquet" if first == last else f"part-{first:06d}-{last:06d}.parquet"
+
+
+def parse_part(path: Path) -> Part | None:
+    m = _PART.match(path.name)
+    if not m:
+        return None
+    first = int(m.group(1))
+    return Part(path, first, int(m.group(2)) if m.group(2) else first)
+
+
+class DumpLayout:
+    """Paths inside one dump directory."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    @property
+    def run_manifest(self) -> Path:
+        return self.root / RUN_MANIFEST
+
+    def rank_manifest(self, rank: int) -> Path:
+        return self.root / rank_manifest_name(rank)
+
+    def config_file(self, rank: int) -> Path:
+        return self.root / config_file_name(rank)
+
+    def stats_dir(self, kind: str, rank: int) -> Path:
+        return self.root / "stats" / kind / f"rank={rank}"
+
+    def key_data_tensor(self, key: str, step: int, rank: int, micro_step: int, index: str) -> Path:
+        stem = safe_component(index) if index else PLAIN_TENSOR_FILE
+        return (
+            self.root / "tensors" / "key_data" / f"key={safe_component(key)}" / f"step={step}"
+            / f"rank={rank}" / f"micro_step={micro_step}" / f"{stem}.npy"
+        )
+
+    def rank_dirs(self, kind: str) -> dict[int, Path]:
+        base = self.root / "stats" / kind
+        found: dict[int, Path] = {}
+        if base.is_dir():
+            for d in base.iterdir():
+                if d.is_dir() and d.name.startswith("rank="):
+                    try:
+                        found[int(d.name[5:])] = d
+                    except ValueError:
+                        continue
+        return found
+
+    def rank_dirs_for(self, rank: int) -> list[str]:
+        """Kinds that have a stats directory for `rank`."""
+        base = self.root / "stats"
+        if not base.is_dir():
+            return []
+        return sorted(k.name for k in base.iterdir() if (k / f"rank={rank}").is_dir())
+
+    def live_parts(self, kind: str, rank: int | None = None) -> list[Part]:
+        """Parts to read: those not covered by a merged part (a merge killed before it removed
+        the parts it replaced leaves them behind; they are ignored, and removed by compact)."""
+        dirs = self.rank_dirs(kind) if rank is None else {rank: self.stats_dir(kind, rank)}
+        live: list[Part] = []
+        for d in dirs.values():
+            live.extend(live_parts_in(d)[0])
+        return sorted(live, key=lambda p: (str(p.path.parent), p.first))
+
+
+def live_parts_in(directory: Path) -> tuple[list[Part], list[Part]]:
+    """(live, covered) parts of one rank directory."""
+    if not directory.is_dir():
+        return [], []
+    parts = [p for p in (parse_part(f) for f in directory.iterdir()) if p is not None]
+    # widest first, so a merged part claims its range before the parts it replaced
+    parts.sort(key=lambda p: (p.first, -p.size))
+    live: list[Part] = []
+    covered: list[Part] = []
+    reach = -1
+    for p in parts:
+        if p.last <= reach:
+            covered.append(p)
+        else:
+            live.append(p)
+            reach = max(reach, p.last)
+    return live, covered

@@ -1,0 +1,126 @@
+"""Read dumps written by msprobe 8.x as if they were rlprobe dumps.
+
+Key data (SingleSave): data/<key>/step<S>/rank<R>/micro_step<M>/<key>[.<index>].npy + .json
+(max/min/mean/norm/shape, no dtype). grad_probe: rank<R>/grad_summary_<S>.csv and
+rank<R>/step<S>/<param>.npy sign maps (bool, grad > 0).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from rlprobe.errors import DumpReadError
+from rlprobe.lake.schema import KEY_DATA, with_rank
+
+_STEP = re.compile(r"^step(\d+)$")
+_RANK = re.compile(r"^rank(\d+)$")
+_MICRO = re.compile(r"^micro_step(\d+)$")
+_GRAD_SUMMARY = re.compile(r"^grad_summary_(\d+)\.csv$")
+
+
+def is_msprobe_key_data(root: Path) -> bool:
+    return (root / "data").is_dir() and not (root / "rlprobe.json").exists()
+
+
+def is_msprobe_grad(root: Path) -> bool:
+    return any(_RANK.match(d.name) and any(d.glob("grad_summary_*.csv")) for d in root.iterdir() if d.is_dir())
+
+
+def _numbered(parent: Path, pattern: re.Pattern[str]) -> list[tuple[int, Path]]:
+    found = []
+    for d in parent.iterdir():
+        m = pattern.match(d.name)
+        if m and d.is_dir():
+            found.append((int(m.group(1)), d))
+    return sorted(found)
+
+
+def key_data_table(root: Path) -> pa.Table:
+    """One row per .npy file of a SingleSave dump, in the rlprobe key_data schema (+ rank)."""
+    rows: list[dict[str, Any]] = []
+    data = root / "data"
+    for key_dir in sorted(d for d in data.iterdir() if d.is_dir()):
+        key = key_dir.name
+        for step, step_dir in _numbered(key_dir, _STEP):
+            for rank, rank_dir in _numbered(step_dir, _RANK):
+                for micro, micro_dir in _numbered(rank_dir, _MICRO):
+                    for npy in sorted(micro_dir.glob("*.npy")):
+                        rows.append(_row(root, key, step, rank, micro, npy))
+    return pa.Table.from_pylist(rows, schema=with_rank(KEY_DATA))
+
+
+def _index_of(key: str, stem: str) -> str:
+    if stem == key:
+        return ""
+    if stem.startswith(key + "."):
+        return stem[len(key) + 1:]
+    return stem
+
+
+def _row(root: Path, key: str, step: int, rank: int, micro: int, npy: Path) -> dict[str, Any]:
+    meta_file = npy.with_suffix(".json")
+    stats: dict[str, Any] = {}
+    shape = None
+    if meta_file.exists():
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8")).get("data", {})
+        except ValueError as e:
+            raise DumpReadError(f"{meta_file}: not valid JSON ({e}); expected msprobe's statistics file") from None
+        shape = meta.get("shape")
+        stats = {k: _float(meta.get(k)) for k in ("min", "max", "mean", "norm")}
+    if shape is None:  # no statistics file: the npy header still tells the shape
+        try:
+            shape = list(np.load(npy, mmap_mode="r").shape)
+        except (OSError, ValueError):
+            shape = None
+    numel = int(np.prod(shape, dtype=np.int64)) if shape is not None else None
+    return {
+        "key": key, "step": step, "micro_step": micro, "index": _index_of(key, npy.stem), "rank": rank,
+        "dtype": None, "framework": "msprobe", "shape": shape, "numel": numel, **stats,
+        "nan_count": None, "inf_count": None, "zero_count": None, "hash": None,
+        "tensor_file": npy.relative_to(root).as_posix(),
+    }
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def grad_table(root: Path) -> pa.Table:
+    """grad_probe summaries: one row per (rank, step, param), sign-map path where it exists."""
+    rows: list[dict[str, Any]] = []
+    for rank, rank_dir in _numbered(root, _RANK):
+        for f in sorted(rank_dir.iterdir()):
+            m = _GRAD_SUMMARY.match(f.name)
+            if not m:
+                continue
+            step = int(m.group(1))
+            with open(f, newline="", encoding="utf-8-sig") as fh:
+                for rec in csv.DictReader(fh):
+                    param = rec.pop("param_name")
+                    signs = rank_dir / f"step{step}" / f"{param}.npy"
+                    shape = rec.pop("shape", None)
+                    rows.append({
+                        "monitor": "default", "param": param, "step": step, "rank": rank,
+                        "shape": json.loads(shape) if shape else None,
+                        "max": _float(rec.pop("max", None)), "min": _float(rec.pop("min", None)),
+                        "norm": _float(rec.pop("norm", None)),
+                        "zero_fraction": _float(rec.pop("=0", None)),
+                        "buckets": json.dumps({k: _float(v) for k, v in rec.items()}),
+                        "sign_file": signs.relative_to(root).as_posix() if signs.exists() else None,
+                    })
+    return pa.Table.from_pylist(rows, schema=pa.schema([
+        ("monitor", pa.string()), ("param", pa.string()), ("step", pa.int64()), ("rank", pa.int64()),
+        ("shape", pa.list_(pa.int64())), ("max", pa.float64()), ("min", pa.float64()), ("norm", pa.float64()),
+        ("zero_fraction", pa.float64()), ("buckets", pa.string()), ("sign_file", pa.string()),
+    ]))

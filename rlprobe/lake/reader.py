@@ -1,0 +1,232 @@
+"""Open a dump for reading: polars LazyFrames, numpy tensors and a DuckDB connection.
+
+rlprobe dumps and msprobe dumps look the same from here: msprobe's JSON statistics become
+key_data rows (dtype and counts unknown), its configurations.json the configs table.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rlprobe.errors import DumpReadError
+from rlprobe.lake import msprobe_format
+from rlprobe.lake.encoding import restore
+from rlprobe.lake.layout import RUN_MANIFEST, DumpLayout
+from rlprobe.lake.schema import schema_for, with_rank
+
+if TYPE_CHECKING:
+    import duckdb
+    import polars as pl
+
+CONFIG_SCHEMA = pa.schema([("rank", pa.int64()), ("path", pa.string()), ("value", pa.string())])
+VIEWS = {"key_data": "key_data", "scalars": "scalar"}
+
+
+def open_dump(path: Any) -> "Dump":
+    root = Path(path)
+    if not root.exists():
+        raise DumpReadError(f"dump {root} does not exist")
+    if not root.is_dir():
+        raise DumpReadError(f"dump {root} is a file; expected a dump directory (rlprobe or msprobe)")
+    if (root / RUN_MANIFEST).exists() or (root / "stats").is_dir() or any(root.glob("rank*.json")):
+        return Dump(root, "rlprobe")
+    if msprobe_format.is_msprobe_key_data(root):
+        return Dump(root, "msprobe")
+    if msprobe_format.is_msprobe_grad(root):
+        return Dump(root, "msprobe-grad")
+    raise DumpReadError(
+        f"{root} is not a dump: expected rlprobe.json and stats/ (rlprobe), data/<key>/step<S>/... "
+        "(msprobe SingleSave) or rank<R>/grad_summary_<S>.csv (msprobe grad_probe)"
+    )
+
+
+class Dump:
+    """A dump on disk, read-only."""
+
+    def __init__(self, root: Path, fmt: str):
+        self.path = root
+        self.format = fmt
+        self.layout = DumpLayout(root)
+
+    def __repr__(self) -> str:
+        return f"Dump({str(self.path)!r}, format={self.format!r})"
+
+    # -- manifests -----------------------------------------------------------------------
+    @cached_property
+    def manifest(self) -> dict[str, Any]:
+        return _json(self.layout.run_manifest) if self.format == "rlprobe" else {"format": self.format}
+
+    @cached_property
+    def rank_manifests(self) -> dict[int, dict[str, Any]]:
+        if self.format != "rlprobe":
+            return {}
+        found = {}
+        for f in self.path.glob("rank*.json"):
+            try:
+                found[int(f.stem[4:])] = _json(f)
+            except ValueError:
+                continue
+        return dict(sorted(found.items()))
+
+    @property
+    def complete(self) -> bool | None:
+        """True when every rank closed its probe; None for msprobe dumps (unknown)."""
+        if self.format != "rlprobe":
+            return None
+        world = self.manifest.get("world_size") or max(self.rank_manifests, default=-1) + 1
+        return len(self.rank_manifests) >= world and all(m.get("closed") for m in self.rank_manifests.values())
+
+    # -- stats ---------------------------------------------------------------------------
+    def parts(self, kind: str) -> dict[int, list[str]]:
+        """Live Parquet parts per rank for a stats kind."""
+        found: dict[int, list[str]] = {}
+        for part in self.layout.live_parts(kind):
+            rank = int(part.path.parent.name[5:])
+            found.setdefault(rank, []).append(str(part.path))
+        return found
+
+    def arrow(self, kind: str) -> pa.Table:
+        """A whole stats table with its rank column."""
+        if self.format == "msprobe":
+            return self._msprobe_key_data if kind == "key_data" else _empty(kind)
+        if self.format == "msprobe-grad":
+            return msprobe_format.grad_table(self.path) if kind == "grad" else _empty(kind)
+        tables = []
+        for rank, files in self.parts(kind).items():
+            for f in files:
+                try:
+                    t = pq.read_table(f, partitioning=None)
+                except (OSError, pa.ArrowException) as e:
+                    raise DumpReadError(f"{f}: unreadable Parquet part ({e}); run `rlprobe compact` or remove it") from None
+                tables.append(t.append_column("rank", pa.array([rank] * t.num_rows, pa.int64())))
+        if not tables:
+            return _empty(kind)
+        return pa.concat_tables(tables, promote_options="default")
+
+    @cached_property
+    def _msprobe_key_data(self) -> pa.Table:
+        return msprobe_format.key_data_table(self.path)
+
+    def _lazy(self, kind: str) -> "pl.LazyFrame":
+        import polars as pl
+
+        if self.format == "rlprobe":
+            frames = [
+                pl.scan_parquet(files, hive_partitioning=False).with_columns(pl.lit(rank, pl.Int64).alias("rank"))
+                for rank, files in self.parts(kind).items()
+            ]
+            if frames:
+                return pl.concat(frames, how="diagonal_relaxed")
+        return pl.from_arrow(self.arrow(kind)).lazy()
+
+    def key_data(self) -> "pl.LazyFrame":
+        """Key-data statistics, one row per (key, step, rank, micro_step, index)."""
+        return self._lazy("key_data")
+
+    def scalars(self) -> "pl.LazyFrame":
+        """Per-step scalars from log_metrics: step, name, value, wall_time, rank."""
+        return self._lazy("scalar")
+
+    # -- configs -------------------------------------------------------------------------
+    def configs(self) -> dict[int, dict[str, Any]]:
+        """save_config() contents per rank."""
+        found = {}
+        for f in sorted(self.path.glob("configurations*.json")):
+            rank = 0 if f.name == "configurations.json" else int(f.name.split(".rank")[1].split(".")[0])
+            found[rank] = _json(f)
+        return found
+
+    def configs_table(self) -> pa.Table:
+        rows = [{"rank": r, "path": p, "value": json.dumps(v)} for r, cfg in self.configs().items() for p, v in _leaves(cfg)]
+        return pa.Table.from_pylist(rows, schema=CONFIG_SCHEMA)
+
+    # -- tensors -------------------------------------------------------------------------
+    def tensor(self, key: str, step: int, rank: int = 0, micro_step: int = 0, index: str = "") -> np.ndarray:
+        """The saved tensor in its original dtype (float32 for widened bf16/fp16/fp8)."""
+        import polars as pl
+
+        rows = (
+            self.key_data()
+            .filter((pl.col("key") == key) & (pl.col("step") == step) & (pl.col("rank") == rank)
+                    & (pl.col("micro_step") == micro_step) & (pl.col("index") == index))
+            .select("tensor_file", "dtype")
+            .collect()
+        )
+        what = f"key {key!r} step {step} rank {rank} micro_step {micro_step} index {index!r}"
+        if rows.height == 0:
+            raise DumpReadError(f"{self.path}: no tensor {what}")
+        tensor_file, dtype = rows.row(-1)
+        if tensor_file is None:
+            raise DumpReadError(f"{self.path}: {what} was saved as statistics only (no tensor file)")
+        return self.load_tensor(tensor_file, dtype)
+
+    def load_tensor(self, tensor_file: str, dtype: str | None, mmap: bool = False) -> np.ndarray:
+        path = self.path / tensor_file
+        try:
+            stored = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise DumpReadError(f"{path}: cannot read tensor ({e})") from None
+        return restore(stored, dtype)
+
+    # -- SQL -----------------------------------------------------------------------------
+    def connect(self, con: "duckdb.DuckDBPyConnection | None" = None, schema: str | None = None) -> "duckdb.DuckDBPyConnection":
+        """A DuckDB connection with views key_data, scalars, configs (in `schema` if given)."""
+        import duckdb
+
+        con = con or duckdb.connect()
+        prefix = ""
+        if schema:
+            con.execute(f'CREATE SCHEMA IF NOT EXISTS "{_ident(schema)}"')
+            prefix = f'"{_ident(schema)}".'
+        for view, kind in VIEWS.items():
+            self._relation(con, kind).create_view(f"{prefix}{view}", replace=True)
+        con.from_arrow(self.configs_table()).create_view(f"{prefix}configs", replace=True)
+        return con
+
+    def _relation(self, con: "duckdb.DuckDBPyConnection", kind: str) -> "duckdb.DuckDBPyRelation":
+        if self.format == "rlprobe":
+            rel = None
+            for rank, files in self.parts(kind).items():
+                part = con.read_parquet(files, union_by_name=True).project(f"*, {int(rank)}::BIGINT AS rank")
+                rel = part if rel is None else rel.union(part)
+            if rel is not None:
+                return rel
+        return con.from_arrow(self.arrow(kind))
+
+    def sql(self, query: str, params: Any = None) -> "duckdb.DuckDBPyRelation":
+        return self.connect().sql(query, params=params)
+
+
+def _empty(kind: str) -> pa.Table:
+    try:
+        return with_rank(schema_for(kind)).empty_table()
+    except ValueError:
+        return pa.table({"rank": pa.array([], pa.int64())})
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise DumpReadError(f"{path}: unreadable JSON ({e})") from None
+
+
+def _leaves(obj: Any, prefix: str = ""):
+    if isinstance(obj, dict) and obj:
+        for k, v in obj.items():
+            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    else:
+        yield prefix, obj
+
+
+def _ident(name: str) -> str:
+    return name.replace('"', '""')

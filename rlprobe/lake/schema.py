@@ -1,0 +1,56 @@
+"""Arrow schemas of the stats tables. Partition columns (rank) live only in the path."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from rlprobe.lake.statistics import STATISTICS
+
+_ARROW = {"float64": pa.float64(), "int64": pa.int64()}
+
+
+def _tensor_columns() -> list[pa.Field]:
+    return [
+        pa.field("dtype", pa.string()),
+        pa.field("framework", pa.string()),
+        pa.field("shape", pa.list_(pa.int64())),
+        pa.field("numel", pa.int64()),
+        *[pa.field(s.name, _ARROW[s.arrow_type]) for s in STATISTICS],
+        pa.field("hash", pa.string()),
+        pa.field("tensor_file", pa.string()),
+    ]
+
+
+KEY_DATA = pa.schema(
+    [
+        pa.field("key", pa.string()),
+        pa.field("step", pa.int64()),
+        pa.field("micro_step", pa.int64()),
+        pa.field("index", pa.string()),
+        *_tensor_columns(),
+    ]
+)
+
+SCALAR = pa.schema(
+    [
+        pa.field("step", pa.int64()),
+        pa.field("name", pa.string()),
+        pa.field("value", pa.float64()),
+        pa.field("wall_time", pa.float64()),
+    ]
+)
+
+SCHEMAS: dict[str, pa.Schema] = {"key_data": KEY_DATA, "scalar": SCALAR}
+# rank added by readers from the hive path
+RANK_FIELD = pa.field("rank", pa.int64())
+
+
+def with_rank(schema: pa.Schema) -> pa.Schema:
+    return schema.append(RANK_FIELD)
+
+
+def schema_for(kind: str) -> pa.Schema:
+    try:
+        return SCHEMAS[kind]
+    except KeyError:
+        raise ValueError(f"no stats schema for kind {kind!r}; known: {sorted(SCHEMAS)}") from None
