@@ -65,9 +65,15 @@ class Probe:
         self.rank = detected[0] if rank is None else rank
         self.world_size = detected[1] if world_size is None else world_size
 
+        # agree on the run id before anything can fail on one rank only: a rank that raised
+        # before the broadcast would leave the others waiting in it for ever
+        chosen = run_id or os.environ.get("RLPROBE_RUN_ID")
+        if chosen is None:
+            old = (_read_json(self.layout.rank_manifest(self.rank)) or {}) if mode == "append" else {}
+            chosen = self._agree_run_id(old.get("run_id"))
+        self.run_id = chosen
         self._prepare_directory()
         previous = self._claim(mode)
-        self.run_id = run_id or os.environ.get("RLPROBE_RUN_ID") or (previous or {}).get("run_id") or self._agree_run_id()
         if start_step is None:
             done = (previous or {}).get("committed_steps") or []
             start_step = max(done) + 1 if done else 0
@@ -82,7 +88,9 @@ class Probe:
                           previous=previous)
         if self.rank == 0 and not (mode == "append" and self.layout.run_manifest.exists()):
             self._write_run_manifest(tags or {})
-        errors = sink.write_manifest()
+        # resuming a killed run: its uncommitted last step would otherwise sit beside the new one
+        errors = sink.drop_uncommitted() if previous is not None and not previous.get("closed") else []
+        errors = errors or sink.write_manifest()
         if errors:
             raise ProbeError(f"cannot write to the dump directory {self.path}: {errors[0]}")
         self._writer = BackgroundWriter(sink, max_inflight_bytes)
@@ -140,8 +148,9 @@ class Probe:
             for d in list(tensors.rglob(f"rank={rank}")):
                 shutil.rmtree(d, ignore_errors=True)
 
-    def _agree_run_id(self) -> str:
-        run_id = os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
+    def _agree_run_id(self, previous: str | None) -> str:
+        """Rank 0's run id for every rank (its earlier one when appending), else a new one."""
+        run_id = previous or os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
         if self.world_size > 1:
             from rlprobe.frameworks.torch_adapter import torch_rank_and_world
 
@@ -279,6 +288,10 @@ class Probe:
         writer.wait_idle()
         writer.stop()
         self._raise_background_errors()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def __enter__(self) -> "Probe":
         return self

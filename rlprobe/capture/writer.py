@@ -88,6 +88,7 @@ class BackgroundWriter:
             except Exception as e:  # a bug or an unexpected failure must not kill the thread
                 self.report([f"rlprobe writer: {type(e).__name__}: {e}"])
             finally:
+                item = job = None  # let the job's buffers go before waiting for the next one
                 with self._cond:
                     self._inflight -= nbytes
                     self._cond.notify_all()
@@ -98,36 +99,47 @@ def write_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs
     sink = writer.sink
     errors: list[str] = []
     for job in jobs:
-        leaf = job.leaf
-        where = f"key {job.key!r} step {step} micro_step {job.micro_step}" + (f" index {job.index!r}" if job.index else "")
+        row = None
         try:
-            if leaf.finish is not None:
-                leaf.finish()
-            values = widen(leaf.raw, leaf.dtype) if leaf.raw is not None else None
-            stats = dict(leaf.device_stats or {})
-            if values is not None and any(s.name not in stats for s in STATISTICS):
-                stats.update({k: v for k, v in host_statistics(values).items() if k not in stats})
-            row: dict[str, Any] = {
-                "key": job.key, "step": step, "micro_step": job.micro_step, "index": job.index,
-                "dtype": leaf.dtype, "framework": job.framework, "shape": list(leaf.shape),
-                "numel": int(np.prod(leaf.shape, dtype=np.int64)), **stats,
-                "hash": bitwise_hash(leaf.raw) if leaf.raw is not None else None, "tensor_file": None,
-            }
-        except Exception as e:
-            msg = f"{where}: could not compute statistics: {type(e).__name__}: {e}"
-            sink.record_error(msg, {"kind": "key_data", "key": job.key, "step": step, "micro_step": job.micro_step,
-                                    "index": job.index, "what": "row"})
-            errors.append(msg)
-            continue
-        if save_tensors and values is not None:
-            path = layout.key_data_tensor(job.key, step, sink.rank, job.micro_step, job.index)
-            try:
-                row["tensor_file"] = sink.write_tensor(path, narrow_integers(values, stats.get("min"), stats.get("max")))
-            except OSError as e:
-                msg = f"{where}: tensor not written to {path}: {e}; its statistics are kept"
-                sink.record_error(msg, {"kind": "key_data", "key": job.key, "step": step, "micro_step": job.micro_step,
-                                        "index": job.index, "what": "tensor"})
-                errors.append(msg)
-        sink.add_row("key_data", row)
-        leaf.raw = None  # release the host copy now, not when the job list dies
+            row = _key_data_row(job, step, sink, layout, save_tensors, errors)
+        finally:
+            job.leaf.raw = None  # drop the host copy now, not when the job list dies
+            if job.leaf.release is not None:
+                job.leaf.release()
+        if row is not None:
+            sink.add_row("key_data", row)
     writer.report(errors)
+
+
+def _key_data_row(job: LeafJob, step: int, sink: RankWriter, layout: DumpLayout, save_tensors: bool,
+                  errors: list[str]) -> dict[str, Any] | None:
+    leaf = job.leaf
+    where = f"key {job.key!r} step {step} micro_step {job.micro_step}" + (f" index {job.index!r}" if job.index else "")
+    lost = {"kind": "key_data", "key": job.key, "step": step, "micro_step": job.micro_step, "index": job.index}
+    try:
+        if leaf.finish is not None:
+            leaf.finish()
+        values = widen(leaf.raw, leaf.dtype) if leaf.raw is not None else None
+        stats = dict(leaf.device_stats or {})
+        if values is not None and any(s.name not in stats for s in STATISTICS):
+            stats.update({k: v for k, v in host_statistics(values).items() if k not in stats})
+        row: dict[str, Any] = {
+            "key": job.key, "step": step, "micro_step": job.micro_step, "index": job.index,
+            "dtype": leaf.dtype, "framework": job.framework, "shape": list(leaf.shape),
+            "numel": int(np.prod(leaf.shape, dtype=np.int64)), **stats,
+            "hash": bitwise_hash(leaf.raw) if leaf.raw is not None else None, "tensor_file": None,
+        }
+    except Exception as e:
+        msg = f"{where}: could not compute statistics: {type(e).__name__}: {e}"
+        sink.record_error(msg, {**lost, "what": "row"})
+        errors.append(msg)
+        return None
+    if save_tensors and values is not None:
+        path = layout.key_data_tensor(job.key, step, sink.rank, job.micro_step, job.index)
+        try:
+            row["tensor_file"] = sink.write_tensor(path, narrow_integers(values, stats.get("min"), stats.get("max")))
+        except OSError as e:
+            msg = f"{where}: tensor not written to {path}: {e}; its statistics are kept"
+            sink.record_error(msg, {**lost, "what": "tensor"})
+            errors.append(msg)
+    return row

@@ -24,6 +24,7 @@ class StagedLeaf:
     raw: np.ndarray | None
     device_stats: dict[str, float | int | None] | None = None
     finish: Callable[[], None] | None = None
+    release: Callable[[], None] | None = None  # the writer calls it when done with `raw`
     nbytes: int = 0
 
 

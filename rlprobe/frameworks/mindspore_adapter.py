@@ -41,7 +41,7 @@ class MindSporeAdapter:
             dtype = _dtype_name(t)
             if dtype == "bfloat16":
                 # numpy has no bfloat16: widen exactly, then keep the top 16 bits as the raw bytes
-                wide = np.ascontiguousarray(t.astype(ms.float32).asnumpy())
+                wide = np.asarray(t.astype(ms.float32).asnumpy(), order="C")  # keeps 0-d (ascontiguousarray makes it 1-d)
                 raw = (wide.view(np.uint32) >> 16).astype(np.uint16)
             else:
                 raw = np.array(t.asnumpy(), copy=True, order="C")

@@ -1,10 +1,13 @@
 """PyTorch tensors on the CPU, CUDA or any other device.
 
-CPU tensors are cloned (a snapshot the training loop cannot change afterwards) and their
-statistics are computed from that copy on the writer thread. Tensors on an accelerator get
-their statistics computed there; the statistics of all tensors of one `save` call and their
-raw bytes reach the host through pinned buffers with non-blocking copies, and the writer
-waits on one CUDA event: the training thread never blocks on the device.
+CPU tensors are copied (a snapshot the training loop cannot change afterwards) and their
+statistics are computed from that copy on the writer thread. Tensors on an accelerator are
+stacked per (dtype, size) and reach the host through one pinned buffer per `save` call with a
+non-blocking copy; the writer waits on one CUDA event, so the training thread never blocks on
+the device. When the bytes travel anyway (tensors saved), the statistics are computed from
+that host copy on the writer thread: no statistics kernels queue up on the training stream.
+In stats-only mode nothing but the statistics leaves the device: they are computed there,
+a few kernels per call, and copied back as one small float64 block.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import torch
 
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks.base import StagedLeaf
-from rlprobe.lake.encoding import SUPPORTED
+from rlprobe.frameworks.staging import aligned, host_ring, pinned_ring
+from rlprobe.lake.encoding import SUPPORTED, storage_dtype
 from rlprobe.lake.statistics import host_statistics
 
 DEVICE_STATS = ("min", "max", "mean", "norm", "nan_count", "inf_count", "zero_count")
@@ -44,25 +48,25 @@ def _host_view(t: torch.Tensor) -> np.ndarray:
     return arr.view(np.uint16) if t.dtype == torch.bfloat16 else arr
 
 
-def _stats_row(x: torch.Tensor) -> torch.Tensor:
-    """The DEVICE_STATS of a non-empty tensor as one float64 vector, without a host sync."""
-    x = x.reshape(-1)
+def _stats_rows(x: torch.Tensor) -> torch.Tensor:
+    """DEVICE_STATS of each row of a 2-D (tensors x elements) stack, as float64, without a host sync."""
     if x.dtype == torch.bool:
         x = x.view(torch.uint8)
     elif x.dtype in _STORAGE and x.dtype != torch.bfloat16:  # float8: few kernels accept it
         x = x.float()
-    is_float = x.is_floating_point()
-    lo, hi = torch.aminmax(x)
-    xd = x.double()
-    total = xd.sum()
-    norm = torch.linalg.vector_norm(xd)
-    if is_float:
-        nan = torch.isnan(x).sum()
-        inf = torch.isinf(x).sum()
-    else:
-        nan = inf = torch.zeros((), dtype=torch.int64, device=x.device)
-    zero = x.numel() - torch.count_nonzero(x)
-    return torch.stack([lo.double(), hi.double(), total / x.numel(), norm, nan.double(), inf.double(), zero.double()])
+    n = x.shape[1]
+    f64 = torch.float64
+    # every launch counts (each costs microseconds of CPU time on the training thread), so
+    # reductions produce float64 directly and everything is gathered by one stack
+    lo, hi = torch.aminmax(x, dim=1)
+    if not x.is_floating_point():
+        x = x.double()
+    mean = torch.mean(x, dim=1, dtype=f64)
+    norm = torch.linalg.vector_norm(x, dim=1, dtype=f64)
+    nan = torch.isnan(x).sum(dim=1, dtype=f64)
+    inf = torch.isinf(x).sum(dim=1, dtype=f64)
+    zero = (x == 0).sum(dim=1, dtype=f64)
+    return torch.stack([lo.to(f64), hi.to(f64), mean, norm, nan, inf, zero], dim=1)
 
 
 def _as_dict(row: np.ndarray) -> dict[str, float | int | None]:
@@ -81,70 +85,127 @@ class TorchAdapter:
     def stage(self, values: Sequence[torch.Tensor], keep_raw: bool) -> list[StagedLeaf]:
         leaves: list[StagedLeaf | None] = [None] * len(values)
         on_device: dict[torch.device, list[int]] = {}
+        on_host: list[int] = []
         for i, t in enumerate(values):
             t = t.detach()
             if t.is_complex() or t.dtype not in _STORAGE and str(t.dtype).removeprefix("torch.") not in SUPPORTED:
                 raise ProbeError(f"unsupported torch dtype {t.dtype}; supported: {', '.join(SUPPORTED)}")
             if t.device.type == "cpu":
-                snap = t.resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
-                raw = _host_view(snap)
-                leaves[i] = StagedLeaf(_dtype_name(t.dtype), tuple(t.shape), raw, nbytes=raw.nbytes)
+                on_host.append(i)
             else:
                 on_device.setdefault(t.device, []).append(i)
+        if on_host:
+            self._stage_on_host([values[i].detach() for i in on_host], on_host, leaves)
         for device, idx in on_device.items():
             self._stage_on_device(device, [values[i].detach() for i in idx], keep_raw, idx, leaves)
         return leaves  # type: ignore[return-value]
 
+    def _stage_on_host(self, tensors, idx, leaves) -> None:
+        """Snapshots of CPU tensors, copied into one slot of the host staging ring with numpy's
+        single-threaded copy (torch's parallel copy stalls in its thread pool for milliseconds
+        when the writer thread holds the other core; fresh memory would page-fault)."""
+        views = [_host_view(t.resolve_conj().resolve_neg()) for t in tensors]
+        slot = host_ring().alloc(sum(aligned(v.nbytes) for v in views))
+        release = None
+        if slot is not None:
+            buffer, give_back = slot
+            pending = [len(views)]
+
+            def release() -> None:
+                pending[0] -= 1
+                if pending[0] == 0:
+                    give_back()
+
+        offset = 0
+        for k, (t, view) in enumerate(zip(tensors, views)):
+            if slot is None:
+                raw = np.array(view, copy=True, order="C")
+            else:
+                raw = buffer[offset:offset + view.nbytes].view(view.dtype).reshape(view.shape)
+                np.copyto(raw, view)
+                offset += aligned(view.nbytes)
+            leaves[idx[k]] = StagedLeaf(_dtype_name(t.dtype), tuple(t.shape), raw, nbytes=raw.nbytes, release=release)
+
     def _stage_on_device(self, device, tensors, keep_raw, idx, leaves) -> None:
+        """Tensors of one save call on one accelerator: tensors of equal dtype and size are
+        stacked, so a call costs a fixed handful of kernels and two copies however many keys
+        it holds. Statistics and raw bytes land in pinned host buffers; one event marks them."""
         cuda = device.type == "cuda"
-        nonempty = [k for k, t in enumerate(tensors) if t.numel() > 0]
-        stats_host = None
-        if nonempty:
-            stacked = torch.stack([_stats_row(tensors[k]) for k in nonempty])
-            stats_host = torch.empty(stacked.shape, dtype=torch.float64, pin_memory=cuda)
-            stats_host.copy_(stacked, non_blocking=cuda)
-        raws: list[torch.Tensor | None] = []
-        for t in tensors:
+        groups: dict[tuple[torch.dtype, int], list[int]] = {}
+        for k, t in enumerate(tensors):
+            if t.numel() > 0:
+                groups.setdefault((t.dtype, t.numel()), []).append(k)
+        stat_rows, row_of, raw_sources, raw_at, offset = [], {}, [], {}, 0
+        for (dtype, numel), members in groups.items():
+            flat = [tensors[k].reshape(-1) for k in members]
+            stacked = flat[0][None] if len(flat) == 1 else torch.stack(flat)
             if not keep_raw:
-                raws.append(None)
-                continue
-            src = t if t.is_contiguous() else t.contiguous()
-            storage = _STORAGE.get(t.dtype)
-            if storage is not None:
-                src = src.view(storage)
-            dst = torch.empty(src.shape, dtype=src.dtype, pin_memory=cuda)
-            dst.copy_(src, non_blocking=cuda)
-            raws.append(dst)
+                for k in members:
+                    row_of[k] = len(row_of)
+                stat_rows.append(_stats_rows(stacked))
+            if keep_raw:
+                storage = _STORAGE.get(dtype)
+                src = stacked.view(storage) if storage is not None else stacked
+                raw_sources.append((offset, src))
+                for r, k in enumerate(members):
+                    raw_at[k] = offset + r * src.shape[1] * src.element_size()
+                offset += -(-src.numel() * src.element_size() // 64) * 64  # keep slices aligned
+        stats_host = raw_host = None
+        if stat_rows:
+            stats_dev = stat_rows[0] if len(stat_rows) == 1 else torch.cat(stat_rows)
+            stats_host = torch.empty(stats_dev.shape, dtype=torch.float64, pin_memory=cuda)
+            stats_host.copy_(stats_dev, non_blocking=cuda)
+        give_back = None
+        if raw_sources:
+            slot = pinned_ring(device).alloc(offset) if cuda else None
+            if slot is not None:
+                raw_host, give_back = slot
+            else:  # larger than the staging ring (or not CUDA): a buffer of its own
+                raw_host = torch.empty(offset, dtype=torch.uint8, pin_memory=cuda)
+            for start, src in raw_sources:
+                nbytes = src.numel() * src.element_size()
+                raw_host[start:start + nbytes].view(src.dtype).view(src.shape).copy_(src, non_blocking=cuda)
         event = None
         if cuda:
             event = torch.cuda.Event()
             event.record()
 
         group = []
-        for k, (t, raw) in enumerate(zip(tensors, raws)):
-            nbytes = t.numel() * t.element_size()
-            leaf = StagedLeaf(_dtype_name(t.dtype), tuple(t.shape), None, nbytes=nbytes if keep_raw else 0)
+        for k, t in enumerate(tensors):
+            leaf = StagedLeaf(_dtype_name(t.dtype), tuple(t.shape), None,
+                              nbytes=t.numel() * t.element_size() if keep_raw else 0)
             leaves[idx[k]] = leaf
-            group.append((k, leaf, raw))
-        row_of = {k: r for r, k in enumerate(nonempty)}
+            group.append((k, leaf, t.numel()))
+        state = {"done": False, "pending": len(group)}
 
-        def finish() -> None:  # runs on the writer thread
+        def release() -> None:  # the slot goes back once the writer is done with every leaf
+            state["pending"] -= 1
+            if state["pending"] == 0 and give_back is not None:
+                give_back()
+
+        def finish() -> None:  # runs on the writer thread, once for the whole call
+            if state["done"]:
+                return
             if event is not None:
                 event.synchronize()
             rows = stats_host.numpy() if stats_host is not None else None
-            for k, leaf, raw in group:
-                leaf.raw = None if raw is None else (raw.numpy().view(np.uint16) if leaf.dtype == "bfloat16" else raw.numpy())
-                leaf.device_stats = _as_dict(rows[row_of[k]]) if k in row_of else host_statistics(np.empty(0, np.float32))
-
-        done = {"flag": False}
-
-        def finish_once() -> None:
-            if not done["flag"]:
-                finish()
-                done["flag"] = True
+            raw_bytes = raw_host.numpy() if raw_host is not None else None
+            for k, leaf, numel in group:
+                np_dtype = storage_dtype(leaf.dtype)
+                if k in row_of:
+                    leaf.device_stats = _as_dict(rows[row_of[k]])
+                elif k in raw_at:  # statistics come from this host copy on the writer thread
+                    start = raw_at[k]
+                    leaf.raw = raw_bytes[start:start + numel * np_dtype.itemsize].view(np_dtype).reshape(leaf.shape)
+                elif keep_raw:  # empty tensor: nothing was copied
+                    leaf.raw = np.empty(leaf.shape, np_dtype)
+                else:
+                    leaf.device_stats = host_statistics(np.empty(0, np.float32))
+            state["done"] = True
 
         for _, leaf, _ in group:
-            leaf.finish = finish_once
+            leaf.finish = finish
+            leaf.release = release
 
     def rank_and_world(self) -> tuple[int, int] | None:
         return torch_rank_and_world()

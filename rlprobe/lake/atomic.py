@@ -45,7 +45,7 @@ def atomic_write_json(path: Path, obj: Any) -> int:
 
 
 def atomic_save_npy(path: Path, array: np.ndarray) -> int:
-    return atomic_write(path, lambda f: np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False))
+    return atomic_write(path, lambda f: np.lib.format.write_array(f, np.asarray(array, order="C"), allow_pickle=False))
 
 
 def atomic_write_parquet(path: Path, table: "Any") -> int:

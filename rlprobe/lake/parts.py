@@ -68,6 +68,28 @@ class PartStore:
             if is_temporary(f):
                 f.unlink(missing_ok=True)
 
+    def drop_steps_after(self, last_step: int) -> int:
+        """Remove rows whose step is past `last_step` (a killed writer's uncommitted tail),
+        rewriting each affected part atomically; returns the number of rows removed."""
+        import pyarrow.compute as pc
+
+        self.remove_leftovers()
+        dropped = 0
+        for part in self.live():
+            table = pq.read_table(part.path, partitioning=None)
+            if "step" not in table.column_names:
+                continue
+            keep = pc.fill_null(pc.less_equal(table["step"], last_step), True)
+            kept = table.filter(keep)
+            if kept.num_rows == table.num_rows:
+                continue
+            dropped += table.num_rows - kept.num_rows
+            if kept.num_rows:
+                atomic_write_parquet(part.path, kept)
+            else:
+                part.path.unlink(missing_ok=True)
+        return dropped
+
     def _merge(self, parts: list[Part]) -> None:
         tables = [pq.read_table(p.path, partitioning=None) for p in parts]
         merged = pa.concat_tables(tables, promote_options="default")

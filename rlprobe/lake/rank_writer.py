@@ -9,6 +9,7 @@ nothing and a permanent one is recorded in the rank manifest.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -95,6 +96,32 @@ class RankWriter:
         if committed_step is not None and not errors and committed_step not in self.manifest["committed_steps"]:
             self.manifest["committed_steps"].append(committed_step)
         errors.extend(self.write_manifest())
+        return errors
+
+    def drop_uncommitted(self) -> list[str]:
+        """Before resuming a run whose writer was killed: remove this rank's rows and tensors of
+        steps after the last committed one, so the resumed steps neither duplicate nor contradict
+        them (their tensor files would be overwritten under the old rows). Returns errors."""
+        steps = self.manifest["committed_steps"]
+        last = max(steps) if steps else -1
+        errors: list[str] = []
+        for kind in self.layout.rank_dirs_for(self.rank):
+            try:
+                dropped = self._store(kind).drop_steps_after(last)
+            except (OSError, pa.ArrowException) as e:
+                errors.append(f"removing uncommitted {kind} rows in {self.layout.stats_dir(kind, self.rank)}: {e}")
+                continue
+            if dropped and kind in self.manifest["rows"]:
+                self.manifest["rows"][kind] = max(0, self.manifest["rows"][kind] - dropped)
+        tensors = self.layout.root / "tensors"
+        if tensors.is_dir():
+            for d in tensors.glob(f"*/*/step=*/rank={self.rank}"):
+                try:
+                    stale = int(d.parent.name[5:]) > last
+                except ValueError:
+                    continue
+                if stale:
+                    shutil.rmtree(d, ignore_errors=True)
         return errors
 
     def record_error(self, message: str, lost: dict[str, Any] | None = None) -> None:

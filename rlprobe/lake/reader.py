@@ -150,19 +150,17 @@ class Dump:
     # -- tensors -------------------------------------------------------------------------
     def tensor(self, key: str, step: int, rank: int = 0, micro_step: int = 0, index: str = "") -> np.ndarray:
         """The saved tensor in its original dtype (float32 for widened bf16/fp16/fp8)."""
-        import polars as pl
+        import pyarrow.compute as pc
 
-        rows = (
-            self.key_data()
-            .filter((pl.col("key") == key) & (pl.col("step") == step) & (pl.col("rank") == rank)
-                    & (pl.col("micro_step") == micro_step) & (pl.col("index") == index))
-            .select("tensor_file", "dtype")
-            .collect()
-        )
+        table = self.arrow("key_data").select(["key", "step", "rank", "micro_step", "index", "tensor_file", "dtype"])
+        mask = pc.and_(pc.and_(pc.equal(table["key"], key), pc.equal(table["step"], step)),
+                       pc.and_(pc.and_(pc.equal(table["rank"], rank), pc.equal(table["micro_step"], micro_step)),
+                               pc.equal(table["index"], index)))
+        rows = table.filter(mask)
         what = f"key {key!r} step {step} rank {rank} micro_step {micro_step} index {index!r}"
-        if rows.height == 0:
+        if rows.num_rows == 0:
             raise DumpReadError(f"{self.path}: no tensor {what}")
-        tensor_file, dtype = rows.row(-1)
+        tensor_file, dtype = rows["tensor_file"][-1].as_py(), rows["dtype"][-1].as_py()
         if tensor_file is None:
             raise DumpReadError(f"{self.path}: {what} was saved as statistics only (no tensor file)")
         return self.load_tensor(tensor_file, dtype)
@@ -181,13 +179,20 @@ class Dump:
         import duckdb
 
         con = con or duckdb.connect()
-        prefix = ""
+        previous = None
         if schema:
-            con.execute(f'CREATE SCHEMA IF NOT EXISTS "{_ident(schema)}"')
-            prefix = f'"{_ident(schema)}".'
-        for view, kind in VIEWS.items():
-            self._relation(con, kind).create_view(f"{prefix}{view}", replace=True)
-        con.from_arrow(self.configs_table()).create_view(f"{prefix}configs", replace=True)
+            # create_view() takes a bare view name (a "schema".view string becomes one odd name in
+            # the current schema), so the views are created while `schema` is the current one
+            database, previous = con.sql("SELECT current_database(), current_schema()").fetchall()[0]
+            con.execute(f'CREATE SCHEMA IF NOT EXISTS "{_ident(database)}"."{_ident(schema)}"')
+            con.execute(f'USE "{_ident(database)}"."{_ident(schema)}"')
+        try:
+            for view, kind in VIEWS.items():
+                self._relation(con, kind).create_view(view, replace=True)
+            con.from_arrow(self.configs_table()).create_view("configs", replace=True)
+        finally:
+            if previous is not None:
+                con.execute(f'USE "{_ident(database)}"."{_ident(previous)}"')
         return con
 
     def _relation(self, con: "duckdb.DuckDBPyConnection", kind: str) -> "duckdb.DuckDBPyRelation":

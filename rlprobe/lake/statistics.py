@@ -64,8 +64,9 @@ def _mean(v):
 
 @statistic("norm")
 def _norm(v):
+    # sum of squares in float64 without BLAS: BLAS threads would fight the training thread for cores
     with np.errstate(invalid="ignore", over="ignore"):
-        return float(np.linalg.norm(v.reshape(-1).astype(np.float64, copy=False)))
+        return float(np.sqrt(np.sum(np.square(v, dtype=np.float64))))
 
 
 @statistic("nan_count", "int64")

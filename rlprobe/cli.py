@@ -1,0 +1,197 @@
+"""The `rlprobe` command. Heavy libraries load inside each command, so `--help` is instant."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rlprobe._version import __version__
+from rlprobe.errors import DumpReadError, ProbeError
+
+EXIT_UNREADABLE = 3
+
+
+def _open(path: str):
+    import rlprobe
+
+    try:
+        return rlprobe.open(path)
+    except DumpReadError as e:
+        raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
+
+
+def _err(message: str, code: int) -> int:
+    click.secho(f"error: {message}", fg="red", err=True)
+    return code
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", "-V", prog_name="rlprobe")
+def main() -> None:
+    """rlprobe: find where RL training of LLMs goes numerically wrong.
+
+    Capture key data in training with rlprobe.Probe, then inspect and query the dumps here.
+    Every command takes rlprobe dumps and msprobe dumps alike.
+    """
+
+
+@main.command()
+@click.argument("dump", type=click.Path(file_okay=True, dir_okay=True))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
+def info(dump: str, as_json: bool) -> None:
+    """What DUMP holds: keys, steps, ranks, micro steps, dtypes, bytes, whether complete."""
+    from rlprobe.lake.summary import dump_summary
+
+    d = _open(dump)
+    try:
+        summary = dump_summary(d)
+    except DumpReadError as e:
+        raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
+    if as_json:
+        import json
+
+        click.echo(json.dumps(summary, indent=2, default=str))
+        return
+    _print_summary(summary)
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    complete = {True: "[green]complete[/]", False: "[yellow]incomplete (killed, or still running)[/]",
+                None: "unknown (msprobe dump)"}[s["complete"]]
+    console.print(f"[bold]{s['path']}[/]  format {s['format']}  run_id {s.get('run_id') or '-'}  {complete}")
+    console.print(f"ranks {s['ranks']}  world_size {s.get('world_size') or '-'}  framework {s.get('framework') or '-'}  "
+                  f"tensor bytes {_bytes(s['tensor_bytes'])}")
+    for problem in s["problems"]:
+        console.print(f"[red]! {problem}[/]")
+    table = Table(title="key data", title_justify="left")
+    table.add_column("key", no_wrap=True)
+    for column in ("dtypes", "steps", "ranks", "micro steps", "indexes", "tensors", "saved", "bytes"):
+        table.add_column(column)
+    for k in s["keys"]:
+        steps = f"{k['first_step']}-{k['last_step']} ({k['steps']})" if k["steps"] > 1 else str(k["first_step"])
+        table.add_row(k["key"], k["dtypes"], steps, str(k["ranks"]), str(k["micro_steps"]), str(k["indexes"]),
+                      str(k["tensors"]), str(k["tensor_files"]), _bytes(k["bytes"]))
+    console.print(table)
+    if s["scalars"]:
+        t2 = Table(title="scalars", title_justify="left")
+        t2.add_column("name", no_wrap=True)
+        for column in ("steps", "ranks", "mean"):
+            t2.add_column(column)
+        for m in s["scalars"]:
+            t2.add_row(m["name"], f"{m['first_step']}-{m['last_step']} ({m['steps']})", str(m["ranks"]),
+                       f"{m['mean_value']:.6g}")
+        console.print(t2)
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@main.command()
+@click.argument("dump")
+@click.argument("query")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table",
+              show_default=True, help="Output format; parquet needs --output.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the result to this file.")
+@click.option("--max-rows", type=int, default=50, show_default=True, help="Rows shown in table format.")
+def sql(dump: str, query: str, fmt: str, output: str | None, max_rows: int) -> None:
+    """Run a DuckDB QUERY over DUMP (views: key_data, scalars, configs).
+
+    \b
+    rlprobe sql ./dump "SELECT key, step, max(max) FROM key_data GROUP BY ALL"
+    """
+    import duckdb
+
+    if fmt == "parquet" and not output:
+        raise click.UsageError("--format parquet writes a file: give --output FILE.parquet")
+    d = _open(dump)
+    try:
+        con = d.connect()
+        result = con.sql(query)
+    except DumpReadError as e:
+        raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
+    except duckdb.Error as e:
+        raise click.exceptions.Exit(_err(f"query failed: {e}", 2)) from None
+    if result is None:  # a statement without rows (e.g. SET)
+        return
+    table = result.arrow()
+    if hasattr(table, "read_all"):
+        table = table.read_all()
+    _write_table(table, fmt, output, max_rows)
+
+
+def _write_table(table: Any, fmt: str, output: str | None, max_rows: int) -> None:
+    import pyarrow as pa
+
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, output)
+    elif fmt == "csv":
+        import pyarrow.csv as pacsv
+
+        sink = output or sys.stdout.buffer
+        pacsv.write_csv(table, sink)
+    elif fmt == "json":
+        import json
+
+        text = json.dumps(table.to_pylist(), default=str, indent=1)
+        Path(output).write_text(text + "\n") if output else click.echo(text)
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        view = Table(*table.column_names)
+        for row in table.slice(0, max_rows).to_pylist():
+            view.add_row(*("NULL" if v is None else str(v) for v in row.values()))
+        console = Console(file=open(output, "w") if output else None, width=None if output else None)
+        console.print(view)
+        if table.num_rows > max_rows:
+            console.print(f"({table.num_rows} rows, {max_rows} shown; --max-rows or --format csv for all)")
+        assert isinstance(table, pa.Table)
+
+
+@main.command()
+@click.argument("dump", type=click.Path(exists=True, file_okay=False))
+def compact(dump: str) -> None:
+    """Merge every rank's stats parts of DUMP into one file per kind and remove leftovers."""
+    from rlprobe.lake.compact import compact as run
+
+    d = _open(dump)
+    if d.format != "rlprobe":
+        raise click.exceptions.Exit(_err(f"{dump} is an {d.format} dump; only rlprobe dumps have parts to compact", 2))
+    result = run(dump)
+    click.echo(f"{dump}: {result['files_before']} files -> {result['files_after']}")
+
+
+@main.command("import-msprobe")
+@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("dst", type=click.Path())
+def import_msprobe(src: str, dst: str) -> None:
+    """Convert the msprobe SingleSave dump SRC into an rlprobe dump at DST."""
+    from rlprobe.lake.importer import import_msprobe as run
+
+    try:
+        result = run(src, dst)
+    except DumpReadError as e:
+        raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
+    except ProbeError as e:
+        raise click.exceptions.Exit(_err(str(e), 2)) from None
+    click.echo(f"imported {result['tensors']} tensors from {result['ranks']} rank(s) into {dst}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""What a dump holds, for `rlprobe info` and Dump users."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rlprobe.lake.layout import safe_component
+from rlprobe.lake.reader import Dump
+from rlprobe.resources import sql_text
+
+
+def dump_summary(dump: Dump) -> dict[str, Any]:
+    con = dump.connect()
+    keys = _records(con, "info_key_data.sql")
+    scalars = _records(con, "info_scalars.sql")
+    for k in keys:
+        k["bytes"] = _tree_bytes(_key_dir(dump, k["key"]))
+    manifests = dump.rank_manifests
+    problems = []
+    for rank, m in manifests.items():
+        if m.get("errors"):
+            problems.append(f"rank {rank}: {len(m['errors'])} error(s), first: {m['errors'][0]}")
+        if m.get("lost"):
+            problems.append(f"rank {rank}: {len(m['lost'])} item(s) lost (see {dump.layout.rank_manifest(rank)})")
+    world = dump.manifest.get("world_size")
+    if world and len(manifests) < world and dump.format == "rlprobe":
+        missing = sorted(set(range(world)) - set(manifests))
+        problems.append(f"ranks {missing} of world_size {world} wrote nothing")
+    run_ids = {m.get("run_id") for m in manifests.values()}
+    if len(run_ids) > 1:
+        problems.append(f"ranks disagree on run_id: {sorted(map(str, run_ids))}")
+    ranks = sorted(manifests) or sorted({r for r, in con.execute("select distinct rank from key_data").fetchall()})
+    return {
+        "path": str(dump.path),
+        "format": dump.format,
+        "run_id": dump.manifest.get("run_id"),
+        "framework": dump.manifest.get("framework"),
+        "world_size": world,
+        "ranks": ranks,
+        "complete": dump.complete,
+        "committed_steps": {r: len(m.get("committed_steps", [])) for r, m in manifests.items()},
+        "tensor_bytes": sum(k["bytes"] for k in keys),
+        "keys": keys,
+        "scalars": scalars,
+        "problems": problems,
+    }
+
+
+def _records(con: Any, sql_file: str) -> list[dict[str, Any]]:
+    cursor = con.execute(sql_text(sql_file))
+    columns = [d[0] for d in cursor.description]
+    return [dict(zip(columns, row)) for row in cursor.fetchall()]
+
+
+def _key_dir(dump: Dump, key: str) -> Path:
+    if dump.format == "rlprobe":
+        return dump.path / "tensors" / "key_data" / f"key={safe_component(key)}"
+    return dump.path / "data" / key
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    stack = [root]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.name.endswith(".npy"):
+                        total += entry.stat(follow_symlinks=False).st_size
+        except FileNotFoundError:
+            continue
+    return total

@@ -1,0 +1,102 @@
+"""CUDA tensors: statistics on the device, pinned non-blocking copies, no sync on the training thread.
+
+Runs where a GPU exists (skipped elsewhere: the only skip the project allows)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+
+import rlprobe
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _cases():
+    g = torch.Generator(device="cpu").manual_seed(0)
+    f = torch.randn(64, 33, generator=g)
+    f[0, 0], f[1, 1], f[2, 2], f[3, 3] = float("nan"), float("inf"), float("-inf"), -0.0
+    return {
+        "f32": f,
+        "bf16": f.to(torch.bfloat16),
+        "f16": f.to(torch.float16),
+        "f64": f.double(),
+        "fp8": torch.randn(8, 8, generator=g).to(torch.float8_e4m3fn),
+        "tokens": torch.randint(0, 50000, (16, 40), generator=g),
+        "mask": torch.rand(5, 7, generator=g) > 0.5,
+        "empty": torch.empty(0, 3),
+        "scalar": torch.tensor(2.5),
+        "transposed": torch.arange(24, dtype=torch.float32).reshape(4, 6).t(),
+    }
+
+
+def _raw(t: torch.Tensor) -> np.ndarray:
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    if t.dtype == torch.float8_e4m3fn:
+        return t.view(torch.uint8).numpy()
+    return t.numpy()
+
+
+def _wide(t: torch.Tensor) -> np.ndarray:
+    if t.dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
+        return t.float().numpy()
+    return t.contiguous().numpy()
+
+
+@pytest.mark.parametrize("stats_only", [False, True])
+def test_cuda_stats_hash_and_tensors(tmp_path, stats_only):
+    cpu = _cases()
+    with rlprobe.Probe(tmp_path / "d", stats_only=stats_only) as probe:
+        probe.save({k: v.cuda() for k, v in cpu.items()})
+        probe.step()
+    d = rlprobe.open(tmp_path / "d")
+    rows = {r["key"]: r for r in d.arrow("key_data").to_pylist()}
+    for key, t in cpu.items():
+        row = rows[key]
+        v = _wide(t).astype(np.float64)
+        assert row["dtype"] == str(t.dtype).removeprefix("torch."), key
+        assert row["shape"] == list(t.shape) and row["numel"] == t.numel()
+        assert row["nan_count"] == int(np.isnan(v).sum()) and row["inf_count"] == int(np.isinf(v).sum())
+        assert row["zero_count"] == int((v == 0).sum()), key
+        if v.size:
+            np.testing.assert_equal(row["min"], np.min(v))
+            np.testing.assert_equal(row["max"], np.max(v))
+            np.testing.assert_allclose(row["mean"], np.mean(v), rtol=1e-9, equal_nan=True)
+            np.testing.assert_allclose(row["norm"], np.sqrt(np.sum(v * v)), rtol=1e-9, equal_nan=True)
+        if stats_only:
+            assert row["tensor_file"] is None and row["hash"] is None
+        else:
+            assert row["hash"] == hashlib.blake2b(_raw(t).tobytes(), digest_size=16).hexdigest(), key
+            back = d.tensor(key, 0)
+            expect = _wide(t) if t.dtype not in (torch.int64, torch.bool) else t.numpy()
+            assert back.dtype == expect.dtype, key
+            np.testing.assert_array_equal(back, expect)
+
+
+def test_save_does_not_synchronise_the_training_thread(tmp_path):
+    x = torch.randn(64, 4096, device="cuda")
+    probe = rlprobe.Probe(tmp_path / "d")
+    probe.save({"warm": x})  # first call may allocate pinned pages
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(4):
+            probe.save({"log_prob": x, "responses": torch.randint(0, 9, (64, 4096), device="cuda")})
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    probe.close()
+    assert rlprobe.open(tmp_path / "d").arrow("key_data").num_rows == 9
+
+
+def test_in_place_change_after_save_is_not_seen(tmp_path):
+    x = torch.zeros(1024, device="cuda")
+    with rlprobe.Probe(tmp_path / "d") as probe:
+        probe.save({"x": x})
+        x.add_(1.0)  # same stream, after the copy was queued
+        probe.save({"x": x})
+    d = rlprobe.open(tmp_path / "d")
+    assert d.tensor("x", 0, micro_step=0).max() == 0.0 and d.tensor("x", 0, micro_step=1).min() == 1.0

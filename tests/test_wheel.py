@@ -1,0 +1,51 @@
+"""Build the wheel, install it into a fresh virtual environment and run rlprobe from there.
+
+A file missing from the wheel (sql/, pipelines/, examples/, a module) fails here, not on a
+user's machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+SMOKE = """
+import json, sys
+import numpy as np
+import rlprobe
+from rlprobe.resources import resource_dir
+assert 'site-packages' in rlprobe.__file__, rlprobe.__file__
+for name in ('sql', 'pipelines', 'examples'):
+    assert 'site-packages' in str(resource_dir(name)), resource_dir(name)
+assert (resource_dir('sql') / 'info_key_data.sql').is_file()
+assert (resource_dir('examples') / 'capture_key_data.py').is_file()
+with rlprobe.Probe(sys.argv[1]) as p:
+    p.save({'responses': np.arange(6).reshape(2, 3), 'log_prob': np.zeros(3, np.float32)})
+    p.step()
+print('ok')
+"""
+
+
+def test_wheel_installs_and_runs(tmp_path):
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
+                   check=True, cwd=tmp_path)
+    wheel = next(dist.glob("rlprobe-*.whl"))
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], check=True, cwd=tmp_path)
+    out = subprocess.run([str(py), "-c", SMOKE, str(tmp_path / "dump")], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+    info = subprocess.run([str(env_dir / "bin" / "rlprobe"), "info", "--json", str(tmp_path / "dump")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert info.returncode == 0, info.stderr
+    summary = json.loads(info.stdout)
+    assert summary["complete"] is True
+    assert {k["key"]: k["dtypes"] for k in summary["keys"]} == {"log_prob": "float32", "responses": "int64"}
