@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from rlprobe.capture.probe import Probe
     from rlprobe.lake.reader import Dump
 
-__all__ = ["Probe", "ProbeError", "DumpReadError", "Dump", "open", "__version__"]
+__all__ = ["Probe", "ProbeError", "DumpReadError", "Dump", "open", "compare", "__version__"]
 
 
 def open(path: Any) -> "Dump":  # noqa: A001 - mirrors the io.open idiom: rlprobe.open(dump)
@@ -30,6 +30,10 @@ def __getattr__(name: str) -> Any:
         from rlprobe.capture.probe import Probe
 
         return Probe
+    if name == "compare":  # the subpackage is callable: rlprobe.compare(a, b, out) -> summary
+        import rlprobe.compare as compare
+
+        return compare
     if name == "Dump":
         from rlprobe.lake.reader import Dump
 

@@ -48,4 +48,8 @@ def test_wheel_installs_and_runs(tmp_path):
     assert info.returncode == 0, info.stderr
     summary = json.loads(info.stdout)
     assert summary["complete"] is True
+    compared = subprocess.run([str(env_dir / "bin" / "rlprobe"), "compare", str(tmp_path / "dump"), str(tmp_path / "dump"),
+                               "-o", str(tmp_path / "out"), "--quiet"], capture_output=True, text=True, cwd=tmp_path)
+    assert compared.returncode == 0, compared.stderr
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["counts"] == {"match": 2}
     assert {k["key"]: k["dtypes"] for k in summary["keys"]} == {"log_prob": "float32", "responses": "int64"}

@@ -61,3 +61,16 @@ class SingleSave:
             probe.close()
         cls._probes.clear()
         cls._current = None
+
+
+class SingleComparator:
+    """msprobe's SingleComparator call shape: per-key `<key>.xlsx` files in `output_path`,
+    with rlprobe's full comparison (report.xlsx, summary.json, key_data.parquet) beside them."""
+
+    @classmethod
+    def compare(cls, dir1: str, dir2: str, output_path: str = "./msprobe_compare_output",
+                num_processes: int = 8) -> dict[str, Any]:
+        from rlprobe.compare.run import compare
+
+        return compare(dir1, dir2, output_path, workers=max(1, int(num_processes)), lang="zh",
+                       per_key_files=True, per_key_dir=".")

@@ -92,8 +92,9 @@ class Dump:
             found.setdefault(rank, []).append(str(part.path))
         return found
 
-    def arrow(self, kind: str) -> pa.Table:
-        """A whole stats table with its rank column."""
+    def arrow(self, kind: str, errors: list[str] | None = None) -> pa.Table:
+        """A whole stats table with its rank column. With `errors` given, an unreadable part is
+        skipped and described there instead of raising DumpReadError."""
         if self.format == "msprobe":
             return self._msprobe_key_data if kind == "key_data" else _empty(kind)
         if self.format == "msprobe-grad":
@@ -104,7 +105,11 @@ class Dump:
                 try:
                     t = pq.read_table(f, partitioning=None)
                 except (OSError, pa.ArrowException) as e:
-                    raise DumpReadError(f"{f}: unreadable Parquet part ({e}); run `rlprobe compact` or remove it") from None
+                    message = f"{f}: unreadable Parquet part ({e}); its rows are missing from this dump"
+                    if errors is None:
+                        raise DumpReadError(message) from None
+                    errors.append(message)
+                    continue
                 tables.append(t.append_column("rank", pa.array([rank] * t.num_rows, pa.int64())))
         if not tables:
             return _empty(kind)

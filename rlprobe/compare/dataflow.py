@@ -1,0 +1,34 @@
+"""The order in which PPO/GRPO data is produced, used to pick the *first* divergence in a step."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+DEFAULT_ORDER = (
+    "prompts", "responses", "rewards", "token_level_scores", "values", "old_log_prob", "ref_log_prob",
+    "kl", "advantages", "returns", "log_prob", "ratio", "pg_loss", "vf_loss", "kl_loss", "entropy", "loss",
+)
+# singular and misspelt forms seen in the wild (msprobe's docs use ref_log_probe / old_log_probe)
+ALIASES = {
+    "prompt": "prompts", "response": "responses", "reward": "rewards", "value": "values",
+    "advantage": "advantages", "return": "returns", "ref_log_probe": "ref_log_prob",
+    "old_log_probe": "old_log_prob", "log_probe": "log_prob", "old_log_probs": "old_log_prob",
+    "ref_log_probs": "ref_log_prob", "log_probs": "log_prob", "ref_logprob": "ref_log_prob",
+    "old_logprob": "old_log_prob", "logprob": "log_prob", "token_level_rewards": "token_level_scores",
+}
+
+
+def canonical(key: str) -> str:
+    return ALIASES.get(key, key)
+
+
+def key_order_table(order: list[str] | tuple[str, ...] | None = None) -> pa.Table:
+    """(name, canonical, position) for every known name and alias; unknown keys sort after."""
+    order = list(order or DEFAULT_ORDER)
+    names, canon, pos = [], [], []
+    for i, key in enumerate(order):
+        names.append(key), canon.append(key), pos.append(i)
+    for alias, target in ALIASES.items():
+        if target in order and alias not in order:
+            names.append(alias), canon.append(target), pos.append(order.index(target))
+    return pa.table({"name": names, "canonical": canon, "position": pa.array(pos, pa.int64())})

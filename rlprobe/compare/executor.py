@@ -1,0 +1,396 @@
+"""Local executor: compare many pairs of ``.npy`` files in parallel threads.
+
+The pair kernels release the GIL (``nogil=True``), and so does reading with ``os.preadv``,
+so a :class:`concurrent.futures.ThreadPoolExecutor` gives real parallelism with no process
+start-up and no pickling. Pairs larger than ``split_elements`` are cut into ranges (at
+multiples of the chunk size, so the result is bit-identical to a one-shot pass) that run on
+all workers, so one big tensor does not serialise the run.
+
+Memory stays bounded whatever the tensor sizes: files are opened with
+``np.load(mmap_mode='r')`` (which validates the header and the file length), then read chunk
+by chunk (``chunk`` elements, default 256 Ki) into a reusable per-thread buffer with
+``os.preadv`` (``io="pread"``, the default). Reading through the memory map itself
+(``io="mmap"``) is also available; it drops the pages of each chunk from the process with
+``madvise(MADV_DONTNEED)`` once compared, because mapped file pages otherwise stay in the
+resident set until the map is closed (see ``benchmarks/pair_memory.py`` for the figures).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any, Callable, Hashable, Iterable, NamedTuple
+
+import numpy as np
+
+from rlprobe.compare.pair_metrics import (
+    DEFAULT_CHUNK,
+    MappedPages,
+    Partial,
+    _chunk_bounds,
+    _flat_slice,
+    chunk_partial,
+    combine,
+    common_dtype,
+    ranges,
+)
+
+__all__ = ["DEFAULT_SPLIT_ELEMENTS", "PairTask", "run_pairs"]
+
+DEFAULT_SPLIT_ELEMENTS = 8 * 1024 * 1024
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+class PairTask(NamedTuple):
+    """One pair to compare: two absolute paths of ``.npy`` files."""
+
+    task_id: Hashable
+    path_a: str
+    path_b: str
+
+
+class PairError(Exception):
+    """A pair that cannot be compared; the message becomes the result's ``error``."""
+
+
+# --------------------------------------------------------------------------------------
+# reading .npy files
+
+
+def _describe_bad_npy(path: str, exc: BaseException) -> str:
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(len(_NPY_MAGIC))
+    except OSError:
+        return f"cannot read {path}: {exc}"
+    if size == 0:
+        return f"cannot read {path}: empty file (0 bytes), not a .npy file"
+    if head != _NPY_MAGIC:
+        return f"cannot read {path}: not a .npy file (bad magic bytes)"
+    try:
+        shape, _, dtype, header_len = _read_header(path)
+    except Exception:  # noqa: BLE001
+        return f"cannot read {path}: corrupt or truncated .npy header ({size} bytes; numpy: {exc})"
+    if dtype.hasobject:
+        return f"cannot read {path}: holds Python objects (dtype {dtype}), not numbers"
+    expected = header_len + math.prod(shape) * dtype.itemsize
+    if not dtype.hasobject and size < expected:
+        return (f"cannot read {path}: truncated .npy file ({size} bytes, but its header describes "
+                f"{dtype} {list(shape)} needing {expected} bytes)")
+    return f"cannot read {path}: corrupt .npy file ({size} bytes; numpy: {exc})"
+
+
+def _read_header(path: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        return shape, fortran, dtype, f.tell()
+
+
+def _open_npy(path: str) -> np.ndarray:
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise PairError(f"cannot read {path}: file not found") from None
+    except IsADirectoryError:
+        raise PairError(f"cannot read {path}: is a directory, not a .npy file") from None
+    except PermissionError as exc:
+        raise PairError(f"cannot read {path}: permission denied ({exc.strerror})") from None
+    except (OSError, ValueError, EOFError) as exc:
+        # numpy versions that cannot memory-map an empty array: accept an empty .npy
+        try:
+            shape, _, dtype, _ = _read_header(path)
+        except Exception:  # noqa: BLE001 - describe the original failure
+            raise PairError(_describe_bad_npy(path, exc)) from None
+        if math.prod(shape) == 0 and not dtype.hasobject:
+            return np.empty(shape, dtype=dtype)
+        raise PairError(_describe_bad_npy(path, exc)) from None
+    if not isinstance(arr, np.ndarray):  # np.load returned an NpzFile
+        getattr(arr, "close", lambda: None)()
+        raise PairError(f"cannot read {path}: an .npz archive, not a .npy file")
+    return arr
+
+
+_local = threading.local()
+_FADVISE = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_SEQUENTIAL")
+
+
+def _scratch(slot: int, nbytes: int) -> np.ndarray:
+    """A per-thread reusable byte buffer (slot 0 for side A, 1 for side B), 64-byte aligned."""
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = [None, None]
+    buf = bufs[slot]
+    if buf is None or buf.nbytes < nbytes:
+        raw = np.empty(nbytes + 64, dtype=np.uint8)
+        start = (-raw.ctypes.data) % 64
+        buf = bufs[slot] = raw[start:start + nbytes]
+    return buf[:nbytes]
+
+
+class _NpyFile:
+    """A :class:`~rlprobe.compare.pair_metrics.FlatSource` over one ``.npy`` file."""
+
+    def __init__(self, path: str, slot: int, io: str):
+        self.path = path
+        self.slot = slot
+        arr = _open_npy(path)
+        self.shape = arr.shape
+        self.dtype = arr.dtype
+        self.size = int(arr.size)
+        self.nbytes = self.size * self.dtype.itemsize
+        self._fd: int | None = None
+        self._arr: np.ndarray | None = None
+        self._pages: MappedPages | None = None
+        c_order = arr.flags.c_contiguous
+        if io == "pread" and c_order and isinstance(arr, np.memmap) and self.size and hasattr(os, "preadv"):
+            self._offset = int(arr.offset)
+            try:
+                self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError as exc:
+                raise PairError(f"cannot read {path}: {exc.strerror or exc}") from None
+            del arr  # unmaps (the header and the length were checked by np.load)
+            if _FADVISE:  # a larger read-ahead window for the sequential reads
+                try:
+                    os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                except OSError:
+                    pass
+        else:
+            self._arr = arr.reshape(-1) if c_order else arr
+            self._pages = MappedPages(arr)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        if self._fd is None:
+            return _flat_slice(self._arr, start, stop)
+        item = self.dtype.itemsize
+        nbytes = (stop - start) * item
+        buf = _scratch(self.slot, nbytes)
+        pos = self._offset + start * item
+        got = 0
+        while got < nbytes:
+            n = os.preadv(self._fd, [buf[got:]], pos + got)
+            if n <= 0:
+                raise PairError(f"cannot read {self.path}: unexpected end of file at byte {pos + got} "
+                                "(the file was truncated while being compared)")
+            got += n
+        return buf.view(self.dtype)
+
+    def release(self, start: int, stop: int) -> None:
+        """Drop the mapped pages of elements [start, stop) from the resident set (io="mmap")."""
+        if self._pages is not None:
+            self._pages.release(start, stop)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._arr = None
+        self._pages = None
+
+
+_READ_BYTES = 1 << 20  # read at least this much per call, in whole chunks (larger gave no gain)
+
+
+def _compare_range(fa: _NpyFile, fb: _NpyFile, start: int, stop: int, chunk: int) -> list[Partial]:
+    """Partials of [start, stop), one per chunk; files are read in blocks of whole chunks."""
+    item = max(fa.dtype.itemsize, fb.dtype.itemsize)
+    block = chunk * max(1, _READ_BYTES // (chunk * item))
+    out: list[Partial] = []
+    for bs, be in _chunk_bounds(start, stop, block):
+        ca = fa.read(bs, be)
+        cb = fb.read(bs, be)
+        for s, e in _chunk_bounds(bs, be, chunk):
+            out.append(chunk_partial(ca[s - bs:e - bs], cb[s - bs:e - bs], s))
+        fa.release(bs, be)
+        fb.release(bs, be)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# scheduling
+
+
+class _Split:
+    """A pair cut into ranges that run as separate jobs."""
+
+    def __init__(self, task: PairTask, fa: _NpyFile, fb: _NpyFile, parts: list[tuple[int, int]]):
+        self.task = task
+        self.fa = fa
+        self.fb = fb
+        self.parts = parts
+        self.remaining = len(parts)
+        self.partials: list[Partial] = []
+        self.error: str | None = None
+        self.reported_bytes = 0
+
+    def close(self) -> None:
+        self.fa.close()
+        self.fb.close()
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, PairError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _shape_text(f: _NpyFile) -> str:
+    return f"{f.path} has shape {list(f.shape)} ({f.size} elements)"
+
+
+def _open_pair(task: PairTask, io: str, chunk: int, split_elements: int, workers: int):
+    """Job: open a pair; compare it whole, or hand back a split plan for a big one."""
+    fa = fb = None
+    try:
+        fa = _NpyFile(os.fspath(task.path_a), 0, io)
+        fb = _NpyFile(os.fspath(task.path_b), 1, io)
+        if fa.size != fb.size:
+            raise PairError(f"shape mismatch: {_shape_text(fa)}, {_shape_text(fb)}")
+        try:
+            common_dtype(fa.dtype, fb.dtype)
+        except TypeError as exc:
+            raise PairError(f"cannot compare {fa.path} ({fa.dtype}) with {fb.path} ({fb.dtype}): {exc}") from None
+        n = fa.size
+        if workers > 1 and n > split_elements:
+            parts = ranges(n, -(-n // split_elements), align=chunk)
+            if len(parts) > 1:
+                split = _Split(task, fa, fb, parts)
+                fa = fb = None  # owned by the split now
+                return "split", split
+        return "done", (task, combine(_compare_range(fa, fb, 0, n, chunk)))
+    except Exception as exc:  # noqa: BLE001 - one bad pair must not stop the others
+        return "done", (task, {"error": _error_text(exc)})
+    finally:
+        if fa is not None:
+            fa.close()
+        if fb is not None:
+            fb.close()
+
+
+def _run_part(split: _Split, start: int, stop: int, chunk: int):
+    """Job: one range of a split pair."""
+    if split.error is not None:
+        return "part", (split, start, stop, None, None)
+    try:
+        return "part", (split, start, stop, _compare_range(split.fa, split.fb, start, stop, chunk), None)
+    except Exception as exc:  # noqa: BLE001
+        return "part", (split, start, stop, None, _error_text(exc))
+
+
+def _file_size(path: Any) -> int:
+    try:
+        return os.stat(path).st_size
+    except (OSError, TypeError, ValueError):
+        return 0
+
+
+def run_pairs(
+    tasks: Iterable[PairTask],
+    workers: int = 2,
+    progress: Callable[[int, int], None] | None = None,
+    split_elements: int = DEFAULT_SPLIT_ELEMENTS,
+    *,
+    chunk: int = DEFAULT_CHUNK,
+    io: str = "pread",
+) -> dict[Hashable, dict[str, Any]]:
+    """Compare every pair of ``.npy`` files; returns ``{task_id: metrics}``.
+
+    ``metrics`` is :func:`rlprobe.compare.pair_metrics.combine`'s dict (``numel``,
+    ``equal_count``, ``first_mismatch_index``, ``max_abs_err``, ``max_rel_err``,
+    ``within_1e3_count``, ``within_1e2_count``, ``cosine``, ``nan_mismatch_count``), or
+    ``{"error": message}`` when a file is missing, truncated or corrupt (the message names
+    the file), when the two element counts differ (``"shape mismatch: ..."``) or when a
+    dtype cannot be compared. Arrays are compared flat, in C order.
+
+    ``workers`` threads run the pairs; pairs of more than ``split_elements`` elements are
+    cut into ranges of about that size that run in parallel. ``progress(done_bytes,
+    total_bytes)`` is called from the calling thread after each finished job, with byte
+    counts of the files (both sides). ``chunk`` is the number of elements read and
+    compared at a time (memory per worker is a few chunks); ``io`` is ``"pread"`` (read
+    into a reused buffer) or ``"mmap"`` (read through the memory map, dropping pages after
+    each chunk).
+    """
+    tasks = list(tasks)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if split_elements < 1 or chunk < 1:
+        raise ValueError(f"split_elements and chunk must be >= 1, got {split_elements}, {chunk}")
+    if io not in ("pread", "mmap"):
+        raise ValueError(f"io must be 'pread' or 'mmap', got {io!r}")
+    ids = [t.task_id for t in tasks]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"duplicate task_id {dup!r}")
+
+    results: dict[Hashable, dict[str, Any]] = {}
+    if not tasks:
+        if progress is not None:
+            progress(0, 0)
+        return results
+
+    pair_bytes = {t.task_id: _file_size(t.path_a) + _file_size(t.path_b) for t in tasks}
+    total = sum(pair_bytes.values())
+    done_bytes = 0
+    max_inflight = max(2, 2 * workers)  # bounds open files and queued work
+
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlprobe-compare")
+    pending: set[Future] = set()
+    open_splits: set[_Split] = set()
+    todo = iter(tasks)
+    exhausted = False
+    try:
+        while True:
+            while not exhausted and len(pending) < max_inflight:
+                task = next(todo, None)
+                if task is None:
+                    exhausted = True
+                    break
+                pending.add(pool.submit(_open_pair, task, io, chunk, split_elements, workers))
+            if not pending:
+                break
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                kind, payload = fut.result()
+                if kind == "done":
+                    task, metrics = payload
+                    results[task.task_id] = metrics
+                    done_bytes += pair_bytes[task.task_id]
+                elif kind == "split":
+                    split = payload
+                    open_splits.add(split)
+                    for s, e in split.parts:
+                        pending.add(pool.submit(_run_part, split, s, e, chunk))
+                    continue
+                else:  # a range of a split pair
+                    split, s, e, partials, error = payload
+                    split.remaining -= 1
+                    if error is not None and split.error is None:
+                        split.error = error
+                    if partials is not None:
+                        split.partials.extend(partials)
+                    pb = pair_bytes[split.task.task_id]
+                    step = pb * (e - s) // max(1, split.fa.size)
+                    if split.remaining == 0:
+                        step = pb - split.reported_bytes
+                        split.close()
+                        open_splits.discard(split)
+                        results[split.task.task_id] = (
+                            {"error": split.error} if split.error is not None else combine(split.partials))
+                    split.reported_bytes += step
+                    done_bytes += step
+                if progress is not None:
+                    progress(done_bytes, total)
+    finally:
+        for fut in pending:
+            fut.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+        for split in open_splits:  # only after an exception
+            split.close()
+    return results

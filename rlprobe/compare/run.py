@@ -1,0 +1,250 @@
+"""`rlprobe compare A B -o OUT`: match both runs' rows in SQL, compare tensors element-wise,
+find the first divergence, explain it, and write the result tables and reports."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rlprobe._version import __version__
+from rlprobe.compare.dataflow import key_order_table
+from rlprobe.compare.verdict import explain
+from rlprobe.errors import ProbeError
+from rlprobe.lake.reader import Dump, open_dump
+from rlprobe.lake.schema import KEY_DATA, with_rank
+from rlprobe.resources import sql_text
+
+Progress = Callable[[int, int], None]
+
+
+def compare(
+    a: Any, b: Any, out: Any, *,
+    keys: list[str] | None = None, steps: list[int] | None = None, ranks: list[int] | None = None,
+    workers: int = 2, lang: str = "en", per_key_files: bool = False, per_key_dir: str = "per_key",
+    stats_rtol: float = 0.0,
+    order: list[str] | None = None, reports: bool = True, progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Compare dumps `a` and `b` (rlprobe or msprobe format); write results under `out`; return the summary."""
+    started = time.perf_counter()
+    # load numba and the compiled kernels while the runs' statistics are read and matched
+    warm = threading.Thread(target=_warm_up_kernels, name="rlprobe-warm-up", daemon=True)
+    warm.start()
+    dump_a, dump_b = open_dump(a), open_dump(b)
+    out = Path(out)
+    work = _work_dir(out)
+    try:
+        tables, summary = compare_dumps(dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
+                                        stats_rtol=stats_rtol, order=order, progress=progress)
+        summary["elapsed_s"] = round(time.perf_counter() - started, 3)
+        _write_outputs(work, tables, summary, lang=lang, per_key_files=per_key_files, per_key_dir=per_key_dir,
+                       reports=reports)
+        _publish(work, out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return summary
+
+
+def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=None, workers=2, stats_rtol=0.0,
+                  order=None, progress: Progress | None = None) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+    """The comparison itself, in memory: (tables by name, summary)."""
+    import duckdb
+
+    from rlprobe.compare.executor import PairTask, run_pairs
+
+    con = duckdb.connect()
+    read_errors: list[str] = []
+    con.register("stats_a", _stats(dump_a, read_errors, "A"))
+    con.register("stats_b", _stats(dump_b, read_errors, "B"))
+    con.register("key_order", key_order_table(order))
+    params = {"keys": keys, "steps": steps, "ranks": ranks}
+    pairs = _arrow(con, sql_text("key_data_pairs.sql"), params)
+    con.register("pairs", pairs)
+
+    tasks = []
+    for row in pairs.select(["pair_id", "in_a", "in_b", "file_a", "file_b", "shape_a", "shape_b"]).to_pylist():
+        if row["in_a"] and row["in_b"] and row["file_a"] and row["file_b"] and row["shape_a"] == row["shape_b"]:
+            tasks.append(PairTask(row["pair_id"], str(dump_a.path / row["file_a"]), str(dump_b.path / row["file_b"])))
+    results = run_pairs(tasks, workers=workers, progress=progress)
+    con.register("pair_results", _results_table(results))
+
+    key_data = _arrow(con, sql_text("key_data.sql"), {"stats_rtol": stats_rtol})
+    key_data = _prepend_read_errors(key_data, read_errors)
+    con.register("key_data", key_data)
+    first = _records(con.execute(sql_text("first_divergence.sql")))
+    first = first[0] if first else None
+    if first is not None:
+        first["kind"] = "key_data"
+        first["canonical_key"] = _canonical(con, first["key"])
+    key_data = _mark_first(key_data, first)
+    con.register("key_data", key_data)
+
+    diverged_at_step = {}
+    if first is not None:
+        for r in _records(con.execute(sql_text("key_status_at_step.sql"), {"step": first["step"]})):
+            diverged_at_step[r["canonical_key"]] = bool(r["diverged"])
+    on_policy = {name: _on_policy(con, table) for name, table in (("A", "stats_a"), ("B", "stats_b"))}
+    verdict = explain(first, diverged_at_step, on_policy)
+    if first is not None:
+        earliest = _records(con.execute(sql_text("earliest_in_step.sql"), {"step": first["step"]}))
+        if earliest and earliest[0]["micro_step"] < first["micro_step"]:
+            e = earliest[0]
+            verdict["suspect"] += (f"; note: within step {e['step']}, {e['key']} already differs at micro_step "
+                                   f"{e['micro_step']}, before this micro-batch")
+
+    key_rollup = _arrow(con, sql_text("key_rollup.sql"))
+    step_rollup = _arrow(con, sql_text("step_rollup.sql"))
+    counts = {r["status"]: r["rows"] for r in _records(con.execute(sql_text("status_counts.sql")))}
+    summary = {
+        "rlprobe_version": __version__,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "run_a": str(dump_a.path), "run_b": str(dump_b.path),
+        "format_a": dump_a.format, "format_b": dump_b.format,
+        "first_divergence": None if first is None else {
+            k: first.get(k) for k in ("kind", "key", "step", "rank", "micro_step", "index", "status",
+                                      "max_abs_err", "max_rel_err", "message")},
+        "module_first_divergence": None,
+        "grad_first_flagged": None,
+        **verdict,
+        "on_policy_recompute": {name: rows for name, rows in on_policy.items() if rows},
+        "gates": [],
+        "counts": counts,
+        "keys": key_rollup.to_pylist(),
+        "steps": step_rollup.to_pylist(),
+        "read_errors": read_errors,
+        "pairs_compared": len(tasks),
+    }
+    tables = {"key_data": key_data, "key_rollup": key_rollup, "step_rollup": step_rollup}
+    return tables, summary
+
+
+def _warm_up_kernels() -> None:
+    from rlprobe.compare.pair_metrics import warm_up
+
+    warm_up()
+
+
+def _stats(dump: Dump, read_errors: list[str], side: str) -> pa.Table:
+    errors: list[str] = []
+    table = dump.arrow("key_data", errors=errors)
+    read_errors.extend(f"run {side}: {e}" for e in errors)
+    return table.select([f.name for f in with_rank(KEY_DATA)]) if table.num_rows else with_rank(KEY_DATA).empty_table()
+
+
+def _results_table(results: dict[int, dict[str, Any]]) -> pa.Table:
+    rows = []
+    for pair_id, r in results.items():
+        rows.append({"pair_id": pair_id, "numel": r.get("numel"), "equal_count": r.get("equal_count"),
+                     "first_mismatch_index": r.get("first_mismatch_index"), "max_abs_err": r.get("max_abs_err"),
+                     "max_rel_err": r.get("max_rel_err"), "within_1e3_count": r.get("within_1e3_count"),
+                     "within_1e2_count": r.get("within_1e2_count"), "cosine": r.get("cosine"),
+                     "nan_mismatch_count": r.get("nan_mismatch_count"), "error": r.get("error")})
+    return pa.Table.from_pylist(rows, schema=pa.schema([
+        ("pair_id", pa.int64()), ("numel", pa.int64()), ("equal_count", pa.int64()), ("first_mismatch_index", pa.int64()),
+        ("max_abs_err", pa.float64()), ("max_rel_err", pa.float64()), ("within_1e3_count", pa.int64()),
+        ("within_1e2_count", pa.int64()), ("cosine", pa.float64()), ("nan_mismatch_count", pa.int64()),
+        ("error", pa.string())]))
+
+
+def _prepend_read_errors(key_data: pa.Table, read_errors: list[str]) -> pa.Table:
+    """An unreadable stats part becomes an error row (step -1, so it is the first thing to fix)."""
+    if not read_errors:
+        return key_data
+    rows = [{"key": "(unreadable stats)", "step": -1, "rank": -1, "micro_step": -1, "index": str(i),
+             "status": "error", "message": msg, "canonical_key": "(unreadable stats)", "flow_position": -1}
+            for i, msg in enumerate(read_errors)]
+    extra = pa.Table.from_pylist(rows, schema=pa.schema([key_data.schema.field(c) for c in rows[0]]))
+    return pa.concat_tables([extra, key_data], promote_options="default")
+
+
+def _mark_first(key_data: pa.Table, first: dict[str, Any] | None) -> pa.Table:
+    flags = [False] * key_data.num_rows
+    if first is not None:
+        cols = [key_data[c].to_pylist() for c in ("key", "step", "rank", "micro_step", "index")]
+        target = tuple(first[c] for c in ("key", "step", "rank", "micro_step", "index"))
+        for i, row in enumerate(zip(*cols)):
+            if row == target:
+                flags[i] = True
+                break
+    return key_data.append_column("is_first_divergence", pa.array(flags, pa.bool_()))
+
+
+def _canonical(con, key: str) -> str:
+    rows = con.execute("SELECT canonical FROM key_order WHERE name = ?", [key]).fetchall()
+    return rows[0][0] if rows else key
+
+
+def _on_policy(con, table: str) -> list[dict[str, Any]]:
+    con.execute(f"CREATE OR REPLACE TEMP VIEW stats AS SELECT * FROM {table}")
+    return _records(con.execute(sql_text("on_policy_recompute.sql")))
+
+
+def _arrow(con, query: str, params: dict[str, Any] | None = None) -> pa.Table:
+    """A query's result as an Arrow table (DuckDB 1.x and 2.x spell it differently)."""
+    relation = con.sql(query, params=params)
+    to_table = getattr(relation, "to_arrow_table", None) or getattr(relation, "arrow")
+    return to_table()
+
+
+def _records(result) -> list[dict[str, Any]]:
+    columns = [d[0] for d in result.description]
+    return [dict(zip(columns, row)) for row in result.fetchall()]
+
+
+# -- outputs -------------------------------------------------------------------------------
+def _work_dir(out: Path) -> Path:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        work = out / f".rlprobe-tmp-{uuid.uuid4().hex[:8]}"
+        work.mkdir()
+    except OSError as e:
+        raise ProbeError(f"output directory {out} cannot be written: {e.strerror or e}") from None
+    return work
+
+
+def _write_outputs(work: Path, tables: dict[str, pa.Table], summary: dict[str, Any], *, lang: str,
+                   per_key_files: bool, per_key_dir: str, reports: bool) -> None:
+    key_data = tables["key_data"]
+    pq.write_table(key_data, work / "key_data.parquet", compression="zstd")
+    (work / "summary.json").write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    if not reports:
+        return
+    from rlprobe.report.csv_report import write_key_data_csv
+    from rlprobe.report.markdown import write_summary_md
+    from rlprobe.report.xlsx import write_per_key_xlsx, write_report_xlsx
+
+    public = key_data.drop_columns([c for c in ("file_a", "file_b", "canonical_key", "flow_position") if c in key_data.column_names])
+    write_key_data_csv(work / "key_data.csv", public, lang=lang)
+    write_summary_md(work / "summary.md", summary, public)
+    write_report_xlsx(work / "report.xlsx", public, summary, lang=lang)
+    if per_key_files:
+        write_per_key_xlsx(work / per_key_dir, public, lang=lang)
+
+
+def _publish(work: Path, out: Path) -> None:
+    """Move finished files into `out` (each a rename), so no half-written report is ever there."""
+    for item in sorted(work.iterdir()):
+        target = out / item.name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        item.replace(target)
+
+
+def jsonable(value: Any) -> Any:
+    """Strict JSON: non-finite floats become the strings "nan", "inf", "-inf"."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)

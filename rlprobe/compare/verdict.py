@@ -1,0 +1,113 @@
+"""From the first divergence to words: which stage is suspect and what to capture next.
+
+The rules follow the PPO data flow: a key diverging while everything upstream of it at the
+same step matches points at the code that produces that key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Suspect:
+    what: str  # the stage or code, in words
+    stage: str | None  # the module-dump stage that would show which layer differs
+    advice: str
+
+
+UPSTREAM_OF = {
+    "responses": ("prompts",),
+    "rewards": ("prompts", "responses"),
+    "token_level_scores": ("prompts", "responses"),
+    "values": ("prompts", "responses"),
+    "old_log_prob": ("prompts", "responses"),
+    "ref_log_prob": ("prompts", "responses"),
+    "kl": ("old_log_prob", "ref_log_prob"),
+    "advantages": ("rewards", "token_level_scores", "values", "old_log_prob", "ref_log_prob", "kl"),
+    "returns": ("rewards", "token_level_scores", "values"),
+    "log_prob": ("prompts", "responses"),
+}
+
+RULES: dict[str, Suspect] = {
+    "prompts": Suspect(
+        "the input data: the prompts differ (data loading, shuffling or dataset order)", None,
+        "check the data seed, the sampler and the dataset version; nothing downstream can match while the prompts differ"),
+    "responses": Suspect(
+        "rollout sampling: generation produced different tokens from the same prompts", None,
+        "check the sampling seed and generation settings (temperature, top-p, max length) and the inference engine; "
+        "if those are identical, compare the rollout model's logits"),
+    "rewards": Suspect(
+        "the reward: the reward model's forward or the rule-based reward function", "reward_compute",
+        "dump the reward model's modules for this step"),
+    "values": Suspect("the critic's forward (value estimates)", "critic_compute_values",
+                      "dump the critic's modules for this step"),
+    "old_log_prob": Suspect("the actor's forward when computing log-probs of the rollouts", "actor_compute_log_prob",
+                            "dump the actor's modules during log-prob computation for this step"),
+    "ref_log_prob": Suspect("the reference model's forward", "reference_compute_log_prob",
+                            "dump the reference model's modules for this step"),
+    "kl": Suspect("the KL computation (both log-probs it is made from match)", None,
+                  "check the KL estimator and its coefficient in the config"),
+    "advantages": Suspect(
+        "the advantage computation (GAE or group normalisation), not a model: its inputs match", None,
+        "check gamma, lambda, whitening and the advantage estimator in the config (configs table)"),
+    "returns": Suspect("the return computation, not a model: its inputs match", None,
+                       "check gamma and lambda in the config"),
+    "log_prob": Suspect("the actor's forward during the update", "actor_update",
+                        "dump the actor's modules during the update for this step"),
+}
+LOSSES = {"ratio", "pg_loss", "vf_loss", "kl_loss", "entropy", "loss"}
+RULES["token_level_scores"] = RULES["rewards"]
+
+
+def explain(first: dict[str, Any] | None, diverged_at_step: dict[str, bool],
+            on_policy: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """suspect, advice and next_config for a first divergence.
+
+    `diverged_at_step`: canonical key -> whether it diverged at the first divergent step;
+    `on_policy`: run name -> rows where log_prob and old_log_prob of a first micro-batch differ."""
+    if first is None:
+        return {"suspect": None, "advice": "the runs agree on every compared value", "next_config": None}
+    key, canon, step, status = first["key"], first["canonical_key"], first["step"], first["status"]
+    where = f"step {step}, rank {first['rank']}, micro_step {first['micro_step']}"
+    if status in ("only_in_a", "only_in_b"):
+        missing = "B" if status == "only_in_a" else "A"
+        return {"suspect": f"the runs captured different data: run {missing} has no {key!r} at {where}",
+                "advice": "compare like with like: the same keys, steps and ranks (use --keys/--steps/--ranks), "
+                          "or find why one run stopped or skipped saving",
+                "next_config": None}
+    if status == "error":
+        return {"suspect": f"a file could not be read ({first.get('message')})",
+                "advice": "fix or re-capture the unreadable file; the other rows are still compared", "next_config": None}
+    if status == "shape_mismatch":
+        return {"suspect": f"{key!r} has different shapes at {where}: the runs used different batch or sequence sizes",
+                "advice": "check micro-batch size, sequence lengths and padding in both configs", "next_config": None}
+
+    upstream_ok = [k for k in UPSTREAM_OF.get(canon, ()) if diverged_at_step.get(k) is False]
+    same = f" ({', '.join(upstream_ok)} identical)" if upstream_ok else ""
+    if canon == "responses" and step > 0 and diverged_at_step.get("prompts") is not True:
+        suspect = Suspect(
+            f"the parameter update after step {step - 1}: all key data up to step {step - 1} matched, "
+            f"yet new rollouts differ", None,
+            f"compare the optimizer settings (learning rate, schedule, clipping) and the weight sync to the rollout "
+            f"engine; monitor gradients (monitor_grads) around step {step - 1}")
+    elif canon in RULES:
+        suspect = RULES[canon]
+    elif canon in LOSSES:
+        suspect = Suspect(f"the loss computation for {key!r}: the data it is computed from matches", "actor_update",
+                          "check the loss settings (clip ratio, coefficients, aggregation) in the config")
+    else:
+        suspect = Suspect(f"the code that produces {key!r}", None, f"capture the inputs of {key!r} as key data too")
+    what = suspect.what
+    if canon in ("old_log_prob", "log_prob") and any(on_policy.values()):
+        runs = ", ".join(sorted(name for name, rows in on_policy.items() if rows))
+        what += f"; in run {runs} log_prob differs from old_log_prob at the first on-policy micro-batch: " \
+                "the actor's recomputation is not deterministic"
+    advice = suspect.advice
+    next_config = None
+    if suspect.stage:
+        next_config = {"rlprobe_config": {"dump_path": "./rlprobe_dump_modules", "key_data_dump": True,
+                                          "stages": [suspect.stage], "step_start": step, "step_end": step}}
+        advice += f" (rlprobe_config below: stage {suspect.stage}, step {step})"
+    return {"suspect": f"{key} diverges first at {where}{same} -> {what}", "advice": advice, "next_config": next_config}

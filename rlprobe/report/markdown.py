@@ -1,0 +1,120 @@
+"""summary.md: the comparison in a few lines and tables, fit for a CI comment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rlprobe.report.headers import header
+from rlprobe.report.output_file import write_report_file
+from rlprobe.report.summary_text import (MATCHING_STATUSES, cell_text, format_number, list_text, ordered_counts,
+                                         rollup_columns, verdict, yaml_lines)
+
+MAX_DIVERGING_ROWS = 20
+MAX_STEP_ROWS = 50  # a CI comment holds about 65,000 characters
+MAX_CELL_CHARS = 200
+KEY_COLUMNS = ("key", "rows", "match", "matching", "mismatch", "diverging", "other", "only_in_a", "only_in_b",
+               "errors", "first_divergent_step", "max_abs_err", "max_rel_err")
+STEP_COLUMNS = ("step", "rows", "diverging", "diverged_keys", "max_abs_err", "max_rel_err")
+ROW_COLUMNS = ("key", "step", "rank", "micro_step", "index", "status", "shape_a", "shape_b", "same_pct",
+               "max_abs_err", "max_rel_err", "message")
+
+
+def write_summary_md(path: str | Path, summary: Mapping[str, Any], key_data: pa.Table) -> Path:
+    """Write the Markdown summary of a comparison (see render_summary_md)."""
+    text = render_summary_md(summary, key_data).encode("utf-8")
+    return write_report_file(path, lambda f: f.write(text))
+
+
+def render_summary_md(summary: Mapping[str, Any], key_data: pa.Table) -> str:
+    """Verdict, suspect and advice, counts per status, the per-key and per-step tables and the
+    first non-matching rows."""
+    first = summary.get("first_divergence")
+    lines = [f"## rlprobe: {'❌' if first else '✅'} {escape_md(verdict(summary))}", ""]
+    if summary.get("run_a") or summary.get("run_b"):
+        lines += [f"Run A: `{_code(summary.get('run_a'))}`  ", f"Run B: `{_code(summary.get('run_b'))}`", ""]
+    for what in ("suspect", "advice"):
+        if summary.get(what):
+            lines += [f"**{what.capitalize()}:** {escape_md(str(summary[what]))}", ""]
+    if summary.get("next_config"):
+        lines += ["Next capture config:", "", "```yaml", *yaml_lines(summary["next_config"]), "```", ""]
+    errors = summary.get("read_errors") or []
+    if errors:
+        lines += [f"**Read errors ({len(errors)}):**", ""] + [f"- {escape_md(str(e))}" for e in errors] + [""]
+
+    counts = ordered_counts(summary.get("counts"))
+    if counts:
+        lines += ["### Rows per status", "", *table(["status", "rows"], [list(c) for c in counts]), ""]
+    keys = summary.get("keys") or []
+    if keys:
+        columns = rollup_columns(keys, KEY_COLUMNS)
+        lines += ["### Per key", "", *table([header(c) for c in columns], _records(keys, columns)), ""]
+    steps = [s for s in summary.get("steps") or [] if _diverging(s)]
+    if steps:
+        columns = rollup_columns(steps, STEP_COLUMNS)
+        lines += ["### Steps with divergence", "",
+                  *table([header(c) for c in columns], _records(steps[:MAX_STEP_ROWS], columns))]
+        if len(steps) > MAX_STEP_ROWS:
+            lines.append(f"\n… and {len(steps) - MAX_STEP_ROWS} more steps with divergence (see report.xlsx)")
+        lines.append("")
+    gates = summary.get("gates") or []
+    if gates:
+        columns = rollup_columns(gates, ("name", "passed", "rows"))
+        lines += ["### Gates", "", *table(columns, _records(gates, columns)), ""]
+
+    shown, total = _non_matching_rows(key_data)
+    if total:
+        title = f"### First {len(shown)} of {total} non-matching rows" if total > len(shown) else "### Non-matching rows"
+        columns = [c for c in ROW_COLUMNS if c in key_data.column_names]
+        lines += [title, "", *table([header(c) for c in columns], [[r.get(c) for c in columns] for r in shown]), ""]
+    if summary.get("elapsed_s") is not None:
+        lines.append(f"<sub>compared in {format_number(summary['elapsed_s'])} s</sub>")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """A GitHub-flavoured Markdown table; cells escaped, numbers formatted."""
+    out = ["| " + " | ".join(escape_md(str(c)) for c in columns) + " |",
+           "|" + "|".join("---" for _ in columns) + "|"]
+    out += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return out
+
+
+def escape_md(text: str) -> str:
+    """Text safe inside a table cell: pipes escaped, HTML tags shown as text, line breaks as <br>."""
+    text = text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;")
+    return text.replace("\r\n", "<br>").replace("\n", "<br>").replace("\r", "<br>")
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        value = list_text(value)
+    text = value if isinstance(value, str) else format_number(value)
+    if len(text) > MAX_CELL_CHARS:
+        text = text[: MAX_CELL_CHARS - 1] + "…"
+    return escape_md(text)
+
+
+def _records(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[list[Any]]:
+    return [[cell_text(r.get(c)) for c in columns] for r in records]
+
+
+def _code(value: Any) -> str:
+    return str(value).replace("`", "'")
+
+
+def _diverging(step: Mapping[str, Any]) -> bool:
+    return any(step.get(c) for c in ("diverging", "diverged_keys", "mismatch"))
+
+
+def _non_matching_rows(key_data: pa.Table) -> tuple[list[dict[str, Any]], int]:
+    """The first MAX_DIVERGING_ROWS rows whose status is neither match nor stats_only_match, and how many there are."""
+    if "status" not in key_data.column_names or key_data.num_rows == 0:
+        return [], 0
+    status = key_data.column("status").cast(pa.string())
+    mask = pc.invert(pc.is_in(status, value_set=pa.array(sorted(MATCHING_STATUSES), pa.string())))
+    rows = key_data.filter(pc.fill_null(mask, True))
+    return rows.slice(0, MAX_DIVERGING_ROWS).to_pylist(), rows.num_rows

@@ -1,0 +1,140 @@
+"""What the xlsx reports need from openpyxl: a write-only workbook whose cell formats are named
+styles, cells that keep text as text, and sheet names that follow Excel's rules.
+
+Write-only mode streams each sheet's rows to a temporary file, so memory stays flat; sheets are
+written one after another in tab order, and a sheet's column widths and frozen header must be set
+before its first row. A cell format is registered once as a named style ("rlprobe bold FFC7CE"
+and so on, listed among Excel's cell styles) and applied by name: setting font, fill and number
+format on each cell makes openpyxl hash every style object every time, about 10% slower.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any, Sequence
+
+import openpyxl
+from openpyxl.cell import WriteOnlyCell
+from openpyxl.styles import Font, NamedStyle, PatternFill
+from openpyxl.utils import get_column_letter
+from openpyxl.worksheet.hyperlink import Hyperlink
+
+from rlprobe.report.safe_cells import FORMULA_TRIGGERS, xlsx_cell
+
+if TYPE_CHECKING:
+    from openpyxl.worksheet._write_only import WriteOnlyWorksheet
+
+MAX_ROWS = 1_048_576  # rows per sheet in Excel
+
+
+@dataclass(frozen=True)
+class CellFormat:
+    bold: bool = False
+    fill: str | None = None  # "RRGGBB"
+    number_format: str | None = None  # an Excel format code; None = General
+
+
+Style = str | None  # a registered named style; None = the default look
+
+
+class Workbook:
+    """An openpyxl write-only workbook written into a binary file object when the `with` block
+    ends; after a failure it is closed without being written (the caller discards the file)."""
+
+    def __init__(self, fileobj: IO[bytes]) -> None:
+        self._fileobj = fileobj
+        self.book = openpyxl.Workbook(write_only=True)
+        self._styles: dict[CellFormat, Style] = {CellFormat(): None}
+
+    def __enter__(self) -> "Workbook":
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.book.save(self._fileobj)
+            return
+        # finish each sheet's temporary file now (openpyxl deletes them at exit), rather than
+        # when the garbage collector meets a half-written one
+        for ws in self.book.worksheets:
+            try:
+                if not ws.closed:
+                    ws.close()
+            except Exception:  # noqa: BLE001 - the write already failed; that error is the one to report
+                pass
+
+    def style(self, fmt: CellFormat) -> Style:
+        """The named style that gives a cell `fmt`, registered on first use."""
+        if fmt not in self._styles:
+            parts = ["rlprobe"] + ["bold"] * fmt.bold + [fmt.fill or ""] + [fmt.number_format or ""]
+            style = NamedStyle(name=" ".join(p for p in parts if p),
+                               font=Font(name="Calibri", sz=11, family=2, scheme="minor", b=fmt.bold),
+                               number_format=fmt.number_format or "General")
+            if fmt.fill:
+                style.fill = PatternFill("solid", fgColor="FF" + fmt.fill)
+            self.book.add_named_style(style)
+            self._styles[fmt] = style.name
+        return self._styles[fmt]
+
+    def add_sheet(self, name: str, widths: Sequence[float] = (), *,
+                  freeze_header: bool = False) -> "WriteOnlyWorksheet":
+        """The next sheet; `name` must already follow Excel's rules (see SheetNames)."""
+        ws = self.book.create_sheet(name)
+        for i, width in enumerate(widths, 1):
+            ws.column_dimensions[get_column_letter(i)].width = round(width, 2)
+        if freeze_header:
+            ws.freeze_panes = "A2"
+        return ws
+
+
+def row_cells(ws: "WriteOnlyWorksheet", values: Sequence[Any], styles: Sequence[Style] | Style = None,
+              links: dict[int, str] | None = None) -> list[Any]:
+    """One row for `ws.append`: values as xlsx_cell stores them, each styled (one style for the row or one
+    per column) and, where `links` names a sheet for the 0-based column, a link to that sheet's cell A1."""
+    if styles is None or isinstance(styles, str):
+        styles = [styles] * len(values)
+    row = []
+    for j, (value, style) in enumerate(zip(values, styles)):
+        value = xlsx_cell(value)
+        target = links.get(j) if links else None
+        formula_like = type(value) is str and value.startswith(FORMULA_TRIGGERS)
+        if style is None and target is None and not formula_like:
+            row.append(value)  # openpyxl writes plain values without a cell object of their own
+            continue
+        cell = WriteOnlyCell(ws, value)
+        if type(value) is str:
+            cell.data_type = "s"  # never a formula, whatever the text starts with
+        if style is not None:
+            cell.style = style
+        if target is not None:
+            cell.hyperlink = Hyperlink(ref="", location=f"{quoted_sheet(target)}!A1", display=str(value))
+        row.append(cell)
+    return row
+
+
+def quoted_sheet(name: str) -> str:
+    return "'" + name.replace("'", "''") + "'"
+
+
+class SheetNames:
+    """Names that follow Excel's rules: at most 31 characters, none of []:*?/\\, no leading or
+    trailing apostrophe, not 'History', unique regardless of case."""
+
+    MAX_LEN = 31
+    _FORBIDDEN = re.compile(r"[\[\]:*?/\\\x00-\x1f]")
+
+    def __init__(self) -> None:
+        self._taken: set[str] = set()
+
+    def claim(self, wanted: str) -> str:
+        base = self._FORBIDDEN.sub("_", wanted).strip("'").strip() or "sheet"
+        if base.casefold() == "history":  # reserved by Excel
+            base = "History_"
+        base = base[: self.MAX_LEN]
+        name, n = base, 1
+        while name.casefold() in self._taken:
+            n += 1
+            suffix = f" ({n})"
+            name = base[: self.MAX_LEN - len(suffix)].rstrip("'") + suffix
+        self._taken.add(name.casefold())
+        return name

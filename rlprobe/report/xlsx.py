@@ -1,0 +1,381 @@
+"""report.xlsx (a Summary sheet, then one sheet per key, then extra tables such as Grads) and
+msprobe-style `<key>.xlsx` files, one per key, written with openpyxl.
+
+openpyxl writes about 2,500 rows of 31 styled columns a second, so a key sheet of report.xlsx
+holds at most `max_sheet_rows` rows (MAX_SHEET_ROWS by default): the rows that differ first,
+then matching ones, in the table's order; the sheet's last row and the Summary say what was left
+out, and key_data.csv / key_data.parquet keep every row. The per-key files hold every row.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+from openpyxl.utils import get_column_letter
+
+from rlprobe.errors import ProbeError
+from rlprobe.lake.layout import safe_component
+from rlprobe.report.headers import MSPROBE_LAYOUT, check_lang, header, label, msprobe_headers
+from rlprobe.report.output_file import write_report_file
+from rlprobe.report.summary_text import (MATCHING_STATUSES, cell_text, list_text, ordered_counts, rollup_columns,
+                                         verdict, yaml_lines)
+from rlprobe.report.workbook import MAX_ROWS, CellFormat, SheetNames, Workbook, row_cells
+
+SUMMARY_SHEET = "Summary"
+MAX_WIDTH = 60
+MIN_WIDTH = 6
+ROWS_PER_SHEET = MAX_ROWS - 1  # one row is the header
+MAX_SHEET_ROWS = 20_000  # rows of a key sheet in report.xlsx; key_data.csv / .parquet have them all
+
+# Row fills by status family; the first-divergence row is bold on its own fill.
+FILLS = {"bad": "FFC7CE", "missing": "FFEB9C", "first": "FF7C80", "header": "D9D9D9"}
+STATUS_FAMILY = {
+    "mismatch": "bad", "stats_only_mismatch": "bad", "shape_mismatch": "bad", "dtype_mismatch": "bad",
+    "error": "bad", "only_in_a": "missing", "only_in_b": "missing",
+}
+FAMILIES = (None, "bad", "missing", "first")
+
+# Per-key sheet column order; columns not named here follow in table order.
+KEY_SHEET_COLUMNS = (
+    "step", "rank", "micro_step", "index", "status", "first_divergence", "shape_a", "shape_b", "dtype_a",
+    "dtype_b", "numel", "equal_count", "same_pct", "first_mismatch_index", "max_abs_err", "max_rel_err",
+    "within_1e3_pct", "within_1e2_pct", "cosine", "nan_mismatch_count", "min_a", "min_b", "max_a", "max_b",
+    "mean_a", "mean_b", "norm_a", "norm_b", "nan_count_a", "nan_count_b", "inf_count_a", "inf_count_b",
+    "zero_count_a", "zero_count_b", "hash_a", "hash_b", "message",
+)
+ROLLUP_KEY_COLUMNS = ("key", "sheet", "rows", "match", "matching", "mismatch", "diverging", "other",
+                      "only_in_a", "only_in_b", "errors", "first_divergent_step", "max_abs_err", "max_rel_err")
+FIRST_DIVERGENCE_FIELDS = ("key", "step", "rank", "micro_step", "index", "status", "max_abs_err", "max_rel_err",
+                           "message")
+DETAIL_FIELDS = ("created_at", "rlprobe_version", "format_a", "format_b", "pairs_compared", "elapsed_s")
+
+
+def number_format(column: str) -> str | None:
+    """Percentages with 4 decimals, errors in scientific notation, the rest General."""
+    if column.endswith("_pct"):
+        return "0.0000"
+    if column.endswith("_err"):
+        return "0.000E+00"
+    return None
+
+
+def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str, Any], lang: str = "en",
+                      extra_sheets: Mapping[str, pa.Table] | None = None,
+                      max_sheet_rows: int = MAX_SHEET_ROWS) -> Path:
+    """Write report.xlsx: Summary, one sheet per key (in the summary's key order), then `extra_sheets`.
+
+    A key sheet holds at most `max_sheet_rows` rows: every row that differs first (the first
+    divergence before all), then matching rows, kept in the table's order."""
+    check_lang(lang)
+    _require(key_data, ("key",), "key_data")
+    if type(max_sheet_rows) is not int or not 1 <= max_sheet_rows <= MAX_ROWS - 3:  # header, empty row, note
+        raise ProbeError(f"max_sheet_rows must be a whole number from 1 to {MAX_ROWS - 3}, not {max_sheet_rows!r}")
+    extra_sheets = dict(extra_sheets or {})
+    names = SheetNames()
+    summary_name = names.claim(SUMMARY_SHEET)
+    extra_names = {title: names.claim(title) for title in extra_sheets}
+    groups = _split_by_key(key_data, [r.get("key") for r in summary.get("keys") or []])
+    key_sheets = {key: names.claim(str(key)) for key in groups}
+    marks = _first_marks(key_data, summary.get("first_divergence"))
+    shown: dict[str, tuple[pa.Table, list[bool] | None]] = {}  # key -> the rows its sheet shows, their marks
+    left_out: dict[str, tuple[int, int]] = {}  # key -> (rows shown, rows) where the cap left rows out
+    for key, table in groups.items():
+        key_marks = marks.get(key)
+        picked = _pick_rows(table, key_marks, max_sheet_rows)
+        if picked is not None:
+            left_out[key] = (len(picked), table.num_rows)
+            table = table.take(pa.array(picked, pa.int64()))
+            key_marks = None if key_marks is None else [key_marks[i] for i in picked]
+        shown[key] = (table, key_marks)
+
+    def write(f) -> None:
+        with Workbook(f) as book:
+            _write_summary_sheet(book, summary_name, summary, key_sheets, lang, left_out)
+            for key, (table, key_marks) in shown.items():
+                note = _rows_shown(*left_out[key], lang) if key in left_out else None
+                _write_table_sheets(book, [key_sheets[key]], table, lang, key_marks, drop=("key",),
+                                    order=KEY_SHEET_COLUMNS, note=note)
+            for title, table in extra_sheets.items():
+                n = max(1, math.ceil(table.num_rows / ROWS_PER_SHEET))
+                sheet_names = [extra_names[title]] + [names.claim(title) for _ in range(n - 1)]
+                _write_table_sheets(book, sheet_names, table, lang, None, drop=(), order=())
+
+    return write_report_file(path, write)
+
+
+def _pick_rows(table: pa.Table, marks: list[bool] | None, cap: int) -> list[int] | None:
+    """Indices of the rows a capped sheet shows, in table order; None when all fit. The first
+    divergence comes first, then the other rows whose status is not a match, then matching rows,
+    each in table order, until `cap` rows are chosen."""
+    n = table.num_rows
+    if n <= cap:
+        return None
+    statuses = table.column("status").to_pylist() if "status" in table.column_names else [None] * n
+    marks = marks or [False] * n
+    rank = [0 if m else (2 if s is None or s in MATCHING_STATUSES else 1) for s, m in zip(statuses, marks)]
+    return sorted(sorted(range(n), key=rank.__getitem__)[:cap])  # a stable sort keeps table order per rank
+
+
+def _rows_shown(shown: int, total: int, lang: str) -> str:
+    return label("rows_shown", lang).format(shown=shown, total=total)
+
+
+def write_per_key_xlsx(out_dir: str | Path, key_data: pa.Table, lang: str = "zh") -> dict[str, Path]:
+    """msprobe's per-key files: `<key>.xlsx` with step, rank, micro_step, id, shape1, shape2 and its six
+    metrics, in its order; return key -> file."""
+    check_lang(lang)
+    _require(key_data, ("key",) + tuple(column for _, column in MSPROBE_LAYOUT), "key_data")
+    out_dir = Path(out_dir)
+    heads = msprobe_headers(lang)
+    written: dict[str, Path] = {}
+    taken: set[str] = set()
+    marks = _first_marks(key_data, None)
+    for key, table in _split_by_key(key_data, []).items():
+        stem, n = safe_component(key), 1
+        while (stem if n == 1 else f"{stem}~{n}").casefold() in taken:  # case-insensitive file systems
+            n += 1
+        stem = stem if n == 1 else f"{stem}~{n}"
+        taken.add(stem.casefold())
+        columns = [_column_values(table, column) for _, column in MSPROBE_LAYOUT]
+        columns[3] = [_msprobe_id(i) for i in columns[3]]
+        families = _row_families(table, marks.get(key))
+        formats = [number_format(column) for _, column in MSPROBE_LAYOUT]
+
+        def write(f, columns=columns, families=families, formats=formats, n_rows=table.num_rows) -> None:
+            widths = [_width(h, vals, fmt) for h, vals, fmt in zip(heads, columns, formats)]
+            with Workbook(f) as book:
+                for part, start in enumerate(range(0, max(n_rows, 1), ROWS_PER_SHEET)):
+                    stop = min(n_rows, start + ROWS_PER_SHEET)
+                    _write_grid(book, f"Sheet{part + 1}", heads, [c[start:stop] for c in columns],
+                                families[start:stop], formats, widths)
+
+        written[key] = write_report_file(out_dir / f"{stem}.xlsx", write)
+    return written
+
+
+# -- the Summary sheet ------------------------------------------------------------------------
+def _write_summary_sheet(book: Workbook, name: str, summary: Mapping[str, Any],
+                         key_sheets: Mapping[str, str], lang: str,
+                         left_out: Mapping[str, tuple[int, int]]) -> None:
+    """The Summary sheet; `left_out` is key -> (rows shown, rows) for key sheets that were capped."""
+    style = book.style
+    bold = style(CellFormat(bold=True))
+    head = style(CellFormat(bold=True, fill=FILLS["header"]))
+    rows: list[tuple[list[Any], Any]] = []
+    links: dict[int, dict[int, str]] = {}  # row index -> column -> sheet it links to
+
+    def pair(what: str, value: Any, value_style: str | None = None) -> None:
+        rows.append(([label(what, lang), value], [bold, value_style]))
+
+    def table(title: str, columns: Sequence[str], records: Sequence[Mapping[str, Any]], family_of) -> None:
+        rows.append(([], None))
+        rows.append(([label(title, lang)], bold))
+        rows.append(([header(c, lang) for c in columns], head))
+        for record in records:
+            fam = family_of(record)
+            rows.append(([cell_text(record.get(c)) for c in columns],
+                         [style(CellFormat(fill=FILLS.get(fam), number_format=number_format(c))) for c in columns]))
+
+    rows.append(([label("title", lang)], bold))
+    pair("run_a", summary.get("run_a"))
+    pair("run_b", summary.get("run_b"))
+    first = summary.get("first_divergence")
+    pair("verdict", verdict(summary, lang), style(CellFormat(bold=True, fill=FILLS["first"] if first else None)))
+    if first:
+        fields = [f for f in FIRST_DIVERGENCE_FIELDS if f in first]
+        rows.append(([None] + [header(f, lang) for f in fields], [None] + [head] * len(fields)))
+        rows.append(([None] + [first.get(f) for f in fields],
+                     [None] + [style(CellFormat(number_format=number_format(f))) for f in fields]))
+        if first.get("key") in key_sheets and "key" in fields:
+            links[len(rows) - 1] = {1 + fields.index("key"): key_sheets[first["key"]]}
+    for what in ("suspect", "advice"):
+        if summary.get(what):
+            pair(what, summary[what])
+    if summary.get("next_config"):
+        lines = yaml_lines(summary["next_config"])
+        pair("next_config", lines[0])
+        rows += [([None, line], None) for line in lines[1:]]
+    for what in DETAIL_FIELDS:
+        if summary.get(what) is not None:
+            pair(what, summary[what])
+    for i, (key, (shown, total)) in enumerate(left_out.items()):
+        rows.append(([label("rows_left_out", lang) if i == 0 else None, f"{key}: {_rows_shown(shown, total, lang)}"],
+                     [bold, style(CellFormat(fill=FILLS["missing"]))]))
+    for i, error in enumerate(summary.get("read_errors") or []):
+        rows.append(([label("read_errors", lang) if i == 0 else None, str(error)], [bold, style(CellFormat(fill=FILLS["bad"]))]))
+
+    table("counts", ["status", "rows"], [{"status": s, "rows": n} for s, n in ordered_counts(summary.get("counts"))],
+          lambda r: STATUS_FAMILY.get(r["status"]))
+    key_records = [dict(r, sheet=key_sheets.get(r.get("key"))) for r in summary.get("keys") or []]
+    key_columns = rollup_columns(key_records, ROLLUP_KEY_COLUMNS)
+    table("per_key", key_columns, key_records, _rollup_family)
+    if "sheet" in key_columns:
+        first_record = len(rows) - len(key_records)
+        for i, r in enumerate(key_records):
+            if r["sheet"]:
+                links[first_record + i] = {key_columns.index("sheet"): r["sheet"]}
+    steps = summary.get("steps") or []
+    table("per_step", rollup_columns(steps, ("step", "rows")), steps, _rollup_family)
+    gates = summary.get("gates") or []
+    if gates:
+        table("gates", rollup_columns(gates, ("name", "passed", "rows")), gates,
+              lambda r: None if r.get("passed", True) else "bad")
+
+    n_cols = max(len(values) for values, _ in rows)
+    widths = [float(MIN_WIDTH)] * n_cols
+    for values, _ in rows:
+        if len(values) == 2 and isinstance(values[1], str) and len(values[1]) > 30:
+            values = values[:1]  # prose runs on into the empty cells to its right
+        for j, v in enumerate(values):
+            widths[j] = max(widths[j], min(MAX_WIDTH, _display_width(_shown(v)) + 2))
+    ws = book.add_sheet(name, widths)
+    for i, (values, row_style) in enumerate(rows):
+        ws.append(row_cells(ws, values, row_style, links.get(i)))
+
+
+def _rollup_family(record: Mapping[str, Any]) -> str | None:
+    bad = any(record.get(c) for c in ("diverging", "mismatch", "other", "errors", "diverged_keys"))
+    return "bad" if bad else None
+
+
+# -- table sheets -------------------------------------------------------------------------------
+def _write_table_sheets(book: Workbook, sheet_names: Sequence[str], table: pa.Table, lang: str,
+                        marks: list[bool] | None, drop: Sequence[str], order: Sequence[str],
+                        note: str | None = None) -> None:
+    """One table on one or more sheets (Excel holds 1,048,576 rows a sheet), styled by status;
+    columns named in `order` first, the first-divergence marker right after the status; `note`,
+    if any, is the last sheet's last row."""
+    present = [c for c in table.column_names if c not in drop and c != "is_first_divergence"]
+    if marks is None and "is_first_divergence" in table.column_names:
+        marks = [bool(v) for v in table.column("is_first_divergence").to_pylist()]
+    columns = [c for c in order if c in present] + [c for c in present if c not in order]
+    if marks is not None and any(marks):
+        at = columns.index("status") + 1 if "status" in columns else len(columns)
+        columns.insert(at, "first_divergence")
+    marker = label("first_divergence_marker", lang)
+    values = [[marker if m else None for m in marks] if c == "first_divergence" else _column_values(table, c)
+              for c in columns]
+    families = _row_families(table, marks)
+    formats = [number_format(c) for c in columns]
+    heads = [header(c, lang) for c in columns]
+    widths = [_width(h, vals, fmt) for h, vals, fmt in zip(heads, values, formats)]
+    for part, name in enumerate(sheet_names):
+        start, stop = part * ROWS_PER_SHEET, min(table.num_rows, (part + 1) * ROWS_PER_SHEET)
+        _write_grid(book, name, heads, [v[start:stop] for v in values], families[start:stop], formats, widths,
+                    note if part == len(sheet_names) - 1 else None)
+
+
+def _write_grid(book: Workbook, name: str, heads: list[str], columns: list[list[Any]], families: list[int],
+                formats: list[str | None], widths: list[float], note: str | None = None) -> None:
+    """A header row (frozen, with an autofilter) over rows filled by family; then, after an empty
+    row, `note` in bold if there is one."""
+    head = book.style(CellFormat(bold=True, fill=FILLS["header"]))
+    by_family = [[book.style(CellFormat(bold=fam == "first", fill=FILLS.get(fam), number_format=fmt))
+                  for fmt in formats] for fam in FAMILIES]
+    ws = book.add_sheet(name, widths, freeze_header=True)
+    ws.auto_filter.ref = f"A1:{get_column_letter(len(heads))}{len(families) + 1}"
+    ws.append(row_cells(ws, heads, head))
+    for family, values in zip(families, zip(*columns)):
+        ws.append(row_cells(ws, values, by_family[family]))
+    if note is not None:
+        ws.append([])
+        ws.append(row_cells(ws, [note], book.style(CellFormat(bold=True))))
+
+
+def _row_families(table: pa.Table, marks: list[bool] | None) -> list[int]:
+    """Per row, the index into FAMILIES: 0 plain, 1 bad, 2 missing, 3 first divergence."""
+    if "status" in table.column_names:
+        index = {s: FAMILIES.index(f) for s, f in STATUS_FAMILY.items()}
+        families = [index.get(s, 0) for s in table.column("status").to_pylist()]
+    else:
+        families = [0] * table.num_rows
+    if marks:
+        families = [3 if m else f for f, m in zip(families, marks)]
+    return families
+
+
+def _first_marks(key_data: pa.Table, first: Mapping[str, Any] | None) -> dict[str, list[bool]]:
+    """key -> per-row first-divergence flags, from is_first_divergence, else from summary's first_divergence."""
+    keys = key_data.column("key").to_pylist() if "key" in key_data.column_names else []
+    if "is_first_divergence" in key_data.column_names:
+        flags = [bool(v) for v in key_data.column("is_first_divergence").to_pylist()]
+    elif first and first.get("key") is not None:
+        fields = [f for f in ("key", "step", "rank", "micro_step", "index") if f in key_data.column_names]
+        rows = zip(*(key_data.column(f).to_pylist() for f in fields))
+        flags = [all(v == first.get(f) for f, v in zip(fields, row)) for row in rows]
+    else:
+        return {}
+    marks: dict[str, list[bool]] = {}
+    for key, flag in zip(keys, flags):
+        marks.setdefault(key, []).append(flag)
+    return marks
+
+
+def _split_by_key(table: pa.Table, order: Sequence[Any]) -> dict[str, pa.Table]:
+    """key -> its rows, keys in `order` first, then in order of first appearance; row order kept."""
+    rows: dict[str, list[int]] = {k: [] for k in order if k is not None}
+    for i, key in enumerate(table.column("key").to_pylist()):
+        rows.setdefault(key, []).append(i)
+    return {key: table.take(pa.array(idx, pa.int64())) for key, idx in rows.items() if idx}
+
+
+def _column_values(table: pa.Table, column: str) -> list[Any]:
+    col = table.column(column)
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    t = col.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return [None if v is None else list_text(v) for v in col.to_pylist()]
+    return col.to_pylist()
+
+
+def _msprobe_id(index: Any) -> Any:
+    """msprobe's id: 0 for a plain tensor, the list position as a number, dict keys as text."""
+    if index in (None, ""):
+        return 0
+    return int(index) if isinstance(index, str) and index.isdigit() else index
+
+
+def _require(table: pa.Table, columns: Sequence[str], what: str) -> None:
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise ProbeError(f"{what} lacks the column(s) {', '.join(missing)}; pass the key_data table "
+                         "that `rlprobe compare` writes (key_data.parquet)")
+
+
+# -- widths -------------------------------------------------------------------------------------
+def _display_width(text: str) -> int:
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _width(head: str, values: Sequence[Any], fmt: str | None) -> float:
+    """Column width from the header and the content, capped at MAX_WIDTH."""
+    content = 0
+    strings = [v for v in values if type(v) is str]
+    if strings:
+        content = max(map(len, strings))
+    if len(strings) < len(values):
+        if fmt == "0.0000":
+            content = max(content, 9)
+        elif fmt == "0.000E+00":
+            content = max(content, 10)
+        else:
+            numbers = [v for v in values if type(v) in (int, float)]
+            if any(type(v) is float for v in numbers):
+                content = max(content, 11)  # Excel's General shows up to 11 characters
+            elif numbers:
+                content = max(content, len(str(max(numbers, key=abs))))
+    # +3 for the autofilter button beside the header
+    return float(min(MAX_WIDTH, max(MIN_WIDTH, _display_width(head) + 3, content + 2)))

@@ -1,0 +1,66 @@
+"""`rlprobe compare` exit codes and output, and msprobe's SingleComparator call shape."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import openpyxl
+from click.testing import CliRunner
+
+import rlprobe
+from rlprobe.cli import main
+
+
+def _dump(path, value):
+    with rlprobe.Probe(path) as p:
+        p.save({"responses": np.arange(8), "ref_log_prob": value})
+        p.step()
+    return path
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_compare_prints_verdict_and_exit_codes(tmp_path):
+    a = _dump(tmp_path / "a", np.ones(8, np.float32))
+    b = _dump(tmp_path / "b", np.ones(8, np.float32) * 1.5)
+    result = run("compare", a, b, "-o", tmp_path / "out", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "first divergence" in result.output and "ref_log_prob" in result.output
+    assert "reference model" in result.output
+    assert run("compare", a, b, "-o", tmp_path / "out2", "--quiet", "--fail-on-diff").exit_code == 1
+    assert run("compare", a, a, "-o", tmp_path / "out3", "--quiet", "--fail-on-diff").exit_code == 0
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["first_divergence"]["key"] == "ref_log_prob"
+
+
+def test_compare_usage_and_unreadable_runs(tmp_path):
+    a = _dump(tmp_path / "a", np.ones(2, np.float32))
+    assert run("compare", a, tmp_path / "missing", "-o", tmp_path / "o").exit_code == 3
+    assert run("compare", a, a, "-o", tmp_path / "o", "--steps", "x-y").exit_code == 2
+    assert run("compare", a, a).exit_code == 2  # -o is required
+    (tmp_path / "f").write_text("")
+    assert run("compare", a, a, "-o", tmp_path / "f" / "out", "--quiet").exit_code == 3
+
+
+def test_compare_zh_per_key_files_and_plots(tmp_path):
+    a = _dump(tmp_path / "a", np.ones(8, np.float32))
+    b = _dump(tmp_path / "b", np.ones(8, np.float32) * 2)
+    out = tmp_path / "out"
+    result = run("compare", a, b, "-o", out, "--lang", "zh", "--per-key-files", "--plots", "--quiet")
+    assert result.exit_code == 0, result.output
+    sheet = openpyxl.load_workbook(out / "per_key" / "ref_log_prob.xlsx").active
+    headers = [c.value for c in next(sheet.iter_rows(max_row=1))]
+    assert headers[:4] == ["step", "rank", "micro_step", "id"] and "相同元素百分比(%)" in headers
+    assert (out / "plots" / "key_data_heatmap.png").stat().st_size > 1000
+
+
+def test_single_comparator_compat(fixtures_dir, tmp_path):
+    from rlprobe.compat.msprobe import SingleComparator
+
+    base = fixtures_dir / "msprobe/keydata"
+    summary = SingleComparator.compare(str(base / "run_a"), str(base / "run_b"), str(tmp_path / "out"), num_processes=2)
+    assert summary["first_divergence"]["key"] == "responses"
+    for key in ("log_prob", "responses", "kl_loss"):
+        assert (tmp_path / "out" / f"{key}.xlsx").is_file()  # where msprobe users look
