@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from rlprobe.capture.probe import Probe
     from rlprobe.lake.reader import Dump
 
-__all__ = ["Probe", "ProbeError", "DumpReadError", "Dump", "open", "compare", "__version__"]
+__all__ = ["Probe", "ProbeError", "DumpReadError", "Dump", "open", "compare", "from_config", "__version__"]
 
 
 def open(path: Any) -> "Dump":  # noqa: A001 - mirrors the io.open idiom: rlprobe.open(dump)
@@ -23,6 +23,13 @@ def open(path: Any) -> "Dump":  # noqa: A001 - mirrors the io.open idiom: rlprob
     from rlprobe.lake.reader import open_dump
 
     return open_dump(path)
+
+
+def from_config(cfg: Any, **probe_kwargs: Any) -> Any:
+    """A probe switched by a training config's rlprobe_config (or msprobe_config) section; see docs/modules.md."""
+    from rlprobe.capture.config import from_config as build
+
+    return build(cfg, **probe_kwargs)
 
 
 def __getattr__(name: str) -> Any:

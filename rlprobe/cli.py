@@ -101,28 +101,46 @@ def _bytes(n: int | None) -> str:
 
 
 @main.command()
-@click.argument("dump")
-@click.argument("query")
+@click.argument("args", nargs=-1, required=True, metavar="[DUMP] QUERY")
+@click.option("--run", "runs", multiple=True, metavar="NAME=PATH",
+              help="A dump or comparison result directory, visible as schema NAME (repeatable).")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table",
               show_default=True, help="Output format; parquet needs --output.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the result to this file.")
 @click.option("--max-rows", type=int, default=50, show_default=True, help="Rows shown in table format.")
-def sql(dump: str, query: str, fmt: str, output: str | None, max_rows: int) -> None:
-    """Run a DuckDB QUERY over DUMP (views: key_data, scalars, configs).
+def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | None, max_rows: int) -> None:
+    """Run a DuckDB QUERY over DUMP (views: key_data, scalars, configs), or over several runs.
 
     \b
     rlprobe sql ./dump "SELECT key, step, max(max) FROM key_data GROUP BY ALL"
+    rlprobe sql --run a=./dumps/a --run b=./dumps/b \\
+      "SELECT a.key, a.step, a.mean, b.mean FROM a.key_data a JOIN b.key_data b USING (key, step, rank, micro_step, index)"
+    rlprobe sql --run mon=./out/mon --run tue=./out/tue "SELECT run, status, count(*) FROM all_key_data GROUP BY ALL"
+
+    With --run, each run is a schema (NAME.key_data, NAME.scalars, NAME.configs; a result
+    directory gives one view per Parquet file) and all_<table> stacks them with a run column.
     """
     import duckdb
 
     if fmt == "parquet" and not output:
         raise click.UsageError("--format parquet writes a file: give --output FILE.parquet")
-    d = _open(dump)
+    if len(args) > 2 or (len(args) == 1 and not runs):
+        raise click.UsageError("give DUMP QUERY, or --run NAME=PATH (repeatable) and QUERY")
+    query = args[-1]
     try:
-        con = d.connect()
+        if runs:
+            from rlprobe.pipeline.catalog import attach_runs, parse_run_option
+
+            pairs = [parse_run_option(r) for r in runs]
+            con = _open(args[0]).connect() if len(args) == 2 else None
+            con = attach_runs(pairs, con)
+        else:
+            con = _open(args[0]).connect()
         result = con.sql(query)
     except DumpReadError as e:
         raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
+    except ProbeError as e:
+        raise click.exceptions.Exit(_err(str(e), 2)) from None
     except duckdb.Error as e:
         raise click.exceptions.Exit(_err(f"query failed: {e}", 2)) from None
     if result is None:  # a statement without rows (e.g. SET)
@@ -235,6 +253,57 @@ def import_msprobe(src: str, dst: str) -> None:
     except ProbeError as e:
         raise click.exceptions.Exit(_err(str(e), 2)) from None
     click.echo(f"imported {result['tensors']} tensors from {result['ranks']} rank(s) into {dst}")
+
+
+@main.group()
+def pipeline() -> None:
+    """Declared, repeatable comparisons: validate and run pipeline YAML files (see pipelines/)."""
+
+
+_SET_OPTION = click.option("--set", "overrides", multiple=True, metavar="FIELD.PATH=VALUE",
+                           help="Override a field, e.g. --set runs.candidate=./dumps/b (repeatable).")
+
+
+@pipeline.command("validate")
+@click.argument("file", type=click.Path(dir_okay=False))
+@_SET_OPTION
+def pipeline_validate(file: str, overrides: tuple[str, ...]) -> None:
+    """Check FILE: fields, types, SQL files, run directories. Exit 0 valid, 2 bad spec, 3 a run missing."""
+    from rlprobe.pipeline.cli_support import validate_command
+
+    raise click.exceptions.Exit(validate_command(file, overrides))
+
+
+@pipeline.command("run")
+@click.argument("file", type=click.Path(dir_okay=False))
+@_SET_OPTION
+@click.option("--dry-run", is_flag=True, help="Validate and print what would run; compare nothing.")
+@click.option("--quiet", is_flag=True, help="No progress, only the verdict.")
+def pipeline_run(file: str, overrides: tuple[str, ...], dry_run: bool, quiet: bool) -> None:
+    """Run the pipeline FILE: compare, queries, gates, reports, history.
+
+    \b
+    Exit codes: 0 every gate passed, 1 a gate failed, 2 bad spec, usage or a failing query,
+    3 a run that cannot be read or an output that cannot be written.
+    """
+    if "scipy" not in sys.modules:
+        sys.modules["scipy"] = None  # type: ignore[assignment]  # see `compare`
+    from rlprobe.pipeline.cli_support import run_command
+
+    raise click.exceptions.Exit(run_command(file, overrides, dry_run=dry_run, quiet=quiet))
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--plots", "plots_dir", type=click.Path(file_okay=False),
+              help="Folder for the trend PNGs (default: <FILE stem>_plots beside FILE).")
+@click.option("--no-plots", is_flag=True, help="Only print the table.")
+@click.option("--last", type=click.IntRange(1), default=30, show_default=True, help="Runs shown in the table.")
+def history(file: str, plots_dir: str | None, no_plots: bool, last: int) -> None:
+    """Show a pipeline history FILE (Parquet) as a table of runs and write trend plots."""
+    from rlprobe.pipeline.cli_support import history_command
+
+    raise click.exceptions.Exit(history_command(file, plots_dir, no_plots, last))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import uuid
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rlprobe._version import __version__
 from rlprobe.capture.flatten import flatten
@@ -22,6 +22,9 @@ from rlprobe.errors import ProbeError
 from rlprobe.frameworks import FRAMEWORKS, detect_rank_and_world
 from rlprobe.lake.atomic import atomic_write_json
 from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout
+
+if TYPE_CHECKING:
+    from rlprobe.capture.grads import GradMonitor
 
 Mode = Literal["new", "overwrite", "append"]
 OnError = Literal["raise", "warn"]
@@ -256,6 +259,28 @@ class Probe:
         except OSError as e:
             self._fail(f"{where}: could not write {self.layout.config_file(self.rank)}: {e}")
 
+    def stage(self, name: str, model: Any = None, *, steps: Any = None, backward: bool | None = None,
+              tensors: bool = False) -> Any:
+        """Module-level dump inside a `with` block: every submodule's inputs/outputs (and, for
+        `*_update` stages or backward=True, its gradients); outside `steps` nothing is installed.
+        See docs/modules.md."""
+        from rlprobe.capture.stages import stage_context
+
+        return stage_context(self, name, model, steps, backward, tensors)
+
+    def monitor_grads(self, model: Any = None, optimizer: Any = None, *, name: str = "default", level: str = "L1",
+                      bounds: list[float] | None = None, params: list[str] | None = None, steps: Any = None,
+                      ranks: Any = None) -> "GradMonitor":
+        """Record gradient statistics (and, at L1/L2, sign maps) at every step of the optimizer that
+        steps `model`'s parameters; returns a removable handle (see docs/grads.md)."""
+        from rlprobe.capture.grads import GradMonitor
+
+        self._usable(f"rank {self.rank}: monitor_grads(name={name!r})")
+        monitor = GradMonitor(self, model, optimizer, name=name, level=level, bounds=bounds, params=params,
+                              steps=steps, ranks=ranks)
+        self.__dict__.setdefault("_grad_monitors", []).append(monitor)
+        return monitor
+
     def step(self) -> None:
         """End the current step: its rows are committed as one part per kind."""
         if not self._usable(f"rank {self.rank} step {self.current_step}"):
@@ -281,6 +306,8 @@ class Probe:
             return
         self._closed = True
         atexit.unregister(self._atexit)
+        for monitor in self.__dict__.pop("_grad_monitors", []):
+            monitor.remove()
         writer = self._writer
         if self._step_has_data:
             self._commit(self.current_step)

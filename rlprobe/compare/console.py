@@ -44,6 +44,9 @@ def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: 
         from rlprobe.report.plots import write_key_data_plots
 
         write_key_data_plots(out)
+        from rlprobe.report.grad_plots import write_grad_plots
+
+        write_grad_plots(out)
     print_verdict(Console(), summary, out)
     diverged = summary["first_divergence"] is not None
     return EXIT_DIVERGED if diverged and fail_on_diff else EXIT_OK

@@ -1,4 +1,7 @@
-"""The order in which PPO/GRPO data is produced, used to pick the *first* divergence in a step."""
+"""The order in which PPO/GRPO data is produced, used to pick the *first* divergence in a step.
+
+DESIGN.md's default order, plus `token_level_rewards` (the scores minus the KL penalty, as
+verl names them) right after `kl`, where it is computed."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import pyarrow as pa
 
 DEFAULT_ORDER = (
     "prompts", "responses", "rewards", "token_level_scores", "values", "old_log_prob", "ref_log_prob",
-    "kl", "advantages", "returns", "log_prob", "ratio", "pg_loss", "vf_loss", "kl_loss", "entropy", "loss",
+    "kl", "token_level_rewards", "advantages", "returns", "log_prob", "ratio", "pg_loss", "vf_loss", "kl_loss", "entropy", "loss",
 )
 # singular and misspelt forms seen in the wild (msprobe's docs use ref_log_probe / old_log_probe)
 ALIASES = {
@@ -14,7 +17,7 @@ ALIASES = {
     "advantage": "advantages", "return": "returns", "ref_log_probe": "ref_log_prob",
     "old_log_probe": "old_log_prob", "log_probe": "log_prob", "old_log_probs": "old_log_prob",
     "ref_log_probs": "ref_log_prob", "log_probs": "log_prob", "ref_logprob": "ref_log_prob",
-    "old_logprob": "old_log_prob", "logprob": "log_prob", "token_level_rewards": "token_level_scores",
+    "old_logprob": "old_log_prob", "logprob": "log_prob",
 }
 
 

@@ -53,16 +53,19 @@ def compare(
 
 
 def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=None, workers=2, stats_rtol=0.0,
-                  order=None, progress: Progress | None = None) -> tuple[dict[str, pa.Table], dict[str, Any]]:
-    """The comparison itself, in memory: (tables by name, summary)."""
+                  order=None, progress: Progress | None = None,
+                  executor: Callable[..., dict] | None = None) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+    """The comparison itself, in memory: (tables by name, summary). `executor` runs the pair
+    kernels, called like rlprobe.compare.executor.run_pairs(tasks, workers=, progress=) (default)."""
     import duckdb
 
     from rlprobe.compare.executor import PairTask, run_pairs
 
     con = duckdb.connect()
     read_errors: list[str] = []
-    con.register("stats_a", _stats(dump_a, read_errors, "A"))
-    con.register("stats_b", _stats(dump_b, read_errors, "B"))
+    stats_a, stats_b = _stats(dump_a, read_errors, "A"), _stats(dump_b, read_errors, "B")
+    con.register("stats_a", stats_a)
+    con.register("stats_b", stats_b)
     con.register("key_order", key_order_table(order))
     params = {"keys": keys, "steps": steps, "ranks": ranks}
     pairs = _arrow(con, sql_text("key_data_pairs.sql"), params)
@@ -72,7 +75,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     for row in pairs.select(["pair_id", "in_a", "in_b", "file_a", "file_b", "shape_a", "shape_b"]).to_pylist():
         if row["in_a"] and row["in_b"] and row["file_a"] and row["file_b"] and row["shape_a"] == row["shape_b"]:
             tasks.append(PairTask(row["pair_id"], str(dump_a.path / row["file_a"]), str(dump_b.path / row["file_b"])))
-    results = run_pairs(tasks, workers=workers, progress=progress)
+    results = (executor or run_pairs)(tasks, workers=workers, progress=progress)
     con.register("pair_results", _results_table(results))
 
     key_data = _arrow(con, sql_text("key_data.sql"), {"stats_rtol": stats_rtol})
@@ -121,7 +124,21 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
         "read_errors": read_errors,
         "pairs_compared": len(tasks),
     }
-    tables = {"key_data": key_data, "key_rollup": key_rollup, "step_rollup": step_rollup}
+    tables = {"key_data": key_data, "key_rollup": key_rollup, "step_rollup": step_rollup,
+              "stats_a": stats_a, "stats_b": stats_b}
+    from rlprobe.compare.modules import compare_modules, describe, has_module_stats
+
+    if has_module_stats(dump_a) or has_module_stats(dump_b):  # module dumps (probe.stage): docs/modules.md
+        tables["modules"], summary["module_first_divergence"] = compare_modules(
+            dump_a, dump_b, steps=steps, ranks=ranks, workers=workers, progress=progress, executor=executor,
+            read_errors=read_errors)
+        summary["module_suspect"] = describe(summary["module_first_divergence"])
+        summary["suspect"] = summary["suspect"] or summary["module_suspect"]
+    from rlprobe.compare.grads import compare_grads, has_grads
+
+    if has_grads(dump_a) or has_grads(dump_b):  # gradient monitors (probe.monitor_grads): docs/grads.md
+        grad_tables, summary["grad_first_flagged"] = compare_grads(dump_a, dump_b, read_errors=read_errors)
+        tables.update(grad_tables)
     return tables, summary
 
 
@@ -213,6 +230,18 @@ def _write_outputs(work: Path, tables: dict[str, pa.Table], summary: dict[str, A
                    per_key_files: bool, per_key_dir: str, reports: bool) -> None:
     key_data = tables["key_data"]
     pq.write_table(key_data, work / "key_data.parquet", compression="zstd")
+    extra_sheets = {}
+    if "modules" in tables:
+        from rlprobe.compare.modules import public_table
+
+        extra_sheets["Modules"] = public_table(tables["modules"])
+        pq.write_table(extra_sheets["Modules"], work / "modules.parquet", compression="zstd")
+    if "grads" in tables:
+        from rlprobe.compare.grads import write_grad_outputs
+
+        write_grad_outputs(work, tables)
+        extra_sheets["Grads"] = tables["grad_steps"]
+        extra_sheets["Grad params"] = tables["grads"]
     (work / "summary.json").write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n", encoding="utf-8")
     if not reports:
         return
@@ -223,7 +252,7 @@ def _write_outputs(work: Path, tables: dict[str, pa.Table], summary: dict[str, A
     public = key_data.drop_columns([c for c in ("file_a", "file_b", "canonical_key", "flow_position") if c in key_data.column_names])
     write_key_data_csv(work / "key_data.csv", public, lang=lang)
     write_summary_md(work / "summary.md", summary, public)
-    write_report_xlsx(work / "report.xlsx", public, summary, lang=lang)
+    write_report_xlsx(work / "report.xlsx", public, summary, lang=lang, extra_sheets=extra_sheets)
     if per_key_files:
         write_per_key_xlsx(work / per_key_dir, public, lang=lang)
 

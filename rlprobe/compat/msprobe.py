@@ -74,3 +74,66 @@ class SingleComparator:
 
         return compare(dir1, dir2, output_path, workers=max(1, int(num_processes)), lang="zh",
                        per_key_files=True, per_key_dir=".")
+
+
+class GradComparator:
+    """msprobe's GradComparator call shape: OUT/rank<R>/similarities.csv (msprobe's layout) and
+    rlprobe's gradient comparison (grads.parquet, grad_steps.parquet, plots) under OUT."""
+
+    @classmethod
+    def compare_distributed(cls, path1: str, path2: str, output: str) -> dict[str, Any]:
+        import shutil
+
+        from rlprobe.compare.run import compare
+        from rlprobe.report.grad_plots import write_grad_plots
+
+        summary = compare(path1, path2, output, reports=False)
+        write_grad_plots(output)
+        out = Path(output)
+        for csv_file in (out / "grads").glob("**/similarities.csv"):  # msprobe puts rank<R>/ at the top
+            target = out / csv_file.relative_to(out / "grads")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(csv_file, target)
+        return summary
+
+
+class PrecisionDebugger:
+    """msprobe's grad_probe PrecisionDebugger: PrecisionDebugger(config_json).monitor(model) for
+    torch (a model, an optimizer, or both) or monitor(optimizer) for MindSpore; stop() closes."""
+
+    def __init__(self, config_path: str, **probe_options: Any):
+        import json
+
+        try:
+            config = json.loads(Path(config_path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ProbeError(f"PrecisionDebugger: cannot read config {config_path}: {e}") from None
+        if config.get("task") != "grad_probe":
+            raise ProbeError(f"PrecisionDebugger: {config_path} has task={config.get('task')!r}; "
+                             "only 'grad_probe' is supported here (key data: use SingleSave)")
+        if not config.get("dump_path"):
+            raise ProbeError(f"PrecisionDebugger: {config_path} has no dump_path")
+        grad = config.get("grad_probe") or {}
+        self.options = {"level": grad.get("grad_level", "L1"), "bounds": grad.get("bounds") or None,
+                        "params": grad.get("param_list") or None, "steps": config.get("step") or None,
+                        "ranks": config.get("rank") or None}
+        self.dump_path = config["dump_path"]
+        self.probe_options = {"mode": "overwrite", **probe_options}
+        self.probe: Probe | None = None
+
+    def monitor(self, model: Any, optimizer: Any = None, name: str = "default") -> Any:
+        if self.probe is None or self.probe.closed:
+            self.probe = Probe(self.dump_path, **self.probe_options)
+        from rlprobe.capture.grads import _is_mindspore
+
+        if _is_mindspore(model):
+            return self.probe.monitor_grads(optimizer=model, name=name, **self.options)
+        return self.probe.monitor_grads(model, optimizer=optimizer, name=name, **self.options)
+
+    def step(self) -> None:
+        if self.probe is not None:
+            self.probe.step()
+
+    def stop(self) -> None:
+        if self.probe is not None:
+            self.probe.close()

@@ -106,6 +106,18 @@ class DumpLayout:
             / f"rank={rank}" / f"micro_step={micro_step}" / f"{stem}.npy"
         )
 
+    def module_tensor(self, stage: str, step: int, rank: int, seq: int, io: str, index: str) -> Path:
+        stem = safe_component(index) if index else PLAIN_TENSOR_FILE
+        return (
+            self.root / "tensors" / "module" / f"stage={safe_component(stage)}" / f"step={step}"
+            / f"rank={rank}" / f"{seq}.{io}.{stem}.npy"
+        )
+
+    def grad_signs(self, monitor: str, step: int, rank: int) -> Path:
+        """Packed gradient-sign bits of every parameter of one monitor, step and rank."""
+        return (self.root / "tensors" / "grad_sign" / f"monitor={safe_component(monitor)}" / f"step={step}"
+                / f"rank={rank}" / "signs.npy")
+
     def rank_dirs(self, kind: str) -> dict[int, Path]:
         base = self.root / "stats" / kind
         found: dict[int, Path] = {}

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from rlprobe.errors import DumpReadError
-from rlprobe.lake.schema import KEY_DATA, with_rank
+from rlprobe.lake.schema import GRAD, KEY_DATA, with_rank
 
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^rank(\d+)$")
@@ -97,7 +97,8 @@ def _float(value: Any) -> float | None:
 
 
 def grad_table(root: Path) -> pa.Table:
-    """grad_probe summaries: one row per (rank, step, param), sign-map path where it exists."""
+    """grad_probe summaries in the rlprobe `grad` schema (+ rank): one row per (rank, step, param).
+    Sign maps are msprobe's bool .npy per parameter, so sign_offset is null (docs/grads.md)."""
     rows: list[dict[str, Any]] = []
     for rank, rank_dir in _numbered(root, _RANK):
         for f in sorted(rank_dir.iterdir()):
@@ -107,20 +108,31 @@ def grad_table(root: Path) -> pa.Table:
             step = int(m.group(1))
             with open(f, newline="", encoding="utf-8-sig") as fh:
                 for rec in csv.DictReader(fh):
-                    param = rec.pop("param_name")
-                    signs = rank_dir / f"step{step}" / f"{param}.npy"
-                    shape = rec.pop("shape", None)
-                    rows.append({
-                        "monitor": "default", "param": param, "step": step, "rank": rank,
-                        "shape": json.loads(shape) if shape else None,
-                        "max": _float(rec.pop("max", None)), "min": _float(rec.pop("min", None)),
-                        "norm": _float(rec.pop("norm", None)),
-                        "zero_fraction": _float(rec.pop("=0", None)),
-                        "buckets": json.dumps({k: _float(v) for k, v in rec.items()}),
-                        "sign_file": signs.relative_to(root).as_posix() if signs.exists() else None,
-                    })
-    return pa.Table.from_pylist(rows, schema=pa.schema([
-        ("monitor", pa.string()), ("param", pa.string()), ("step", pa.int64()), ("rank", pa.int64()),
-        ("shape", pa.list_(pa.int64())), ("max", pa.float64()), ("min", pa.float64()), ("norm", pa.float64()),
-        ("zero_fraction", pa.float64()), ("buckets", pa.string()), ("sign_file", pa.string()),
-    ]))
+                    rows.append(_grad_row(root, rank_dir, rank, step, rec))
+    return pa.Table.from_pylist(rows, schema=with_rank(GRAD))
+
+
+def _grad_row(root: Path, rank_dir: Path, rank: int, step: int, rec: dict[str, str]) -> dict[str, Any]:
+    param = rec.pop("param_name")
+    signs = rank_dir / f"step{step}" / f"{param}.npy"
+    shape_text = rec.pop("shape", None)
+    shape = json.loads(shape_text) if shape_text else None
+    numel = int(np.prod(shape, dtype=np.int64)) if shape is not None else None
+    digest = rec.pop("MD5", None)
+    zero = _float(rec.pop("=0", None))
+    row = {
+        "monitor": "default", "param": param, "step": step, "probe_step": None, "rank": rank,
+        "level": "L0" if digest is not None else ("L2" if zero is not None else "L1"),
+        "framework": "msprobe", "dtype": None, "shape": shape, "numel": numel,
+        "max": _float(rec.pop("max", None)), "min": _float(rec.pop("min", None)),
+        "norm": _float(rec.pop("norm", None)),
+        "digest": digest, "digest_algo": "msprobe-MD5-column" if digest is not None else None,
+        "bounds": None, "bucket_fractions": None, "zero_fraction": zero,
+        "sign_file": signs.relative_to(root).as_posix() if signs.exists() else None,
+        "sign_offset": None, "sign_numel": numel if signs.exists() else None,
+    }
+    intervals = [(k, v) for k, v in rec.items() if k and k.startswith("(")]
+    if intervals:
+        row["bucket_fractions"] = [_float(v) for _, v in intervals]
+        row["bounds"] = [_float(k.split(",")[1].strip(" ])")) for k, _ in intervals[:-1]]
+    return row

@@ -40,7 +40,47 @@ SCALAR = pa.schema(
     ]
 )
 
-SCHEMAS: dict[str, pa.Schema] = {"key_data": KEY_DATA, "scalar": SCALAR}
+MODULE = pa.schema(
+    [
+        pa.field("stage", pa.string()),
+        pa.field("step", pa.int64()),
+        pa.field("module", pa.string()),
+        pa.field("call", pa.int64()),
+        pa.field("direction", pa.string()),
+        pa.field("io", pa.string()),
+        pa.field("index", pa.string()),
+        pa.field("seq", pa.int64()),
+        *_tensor_columns(),
+    ]
+)
+
+# gradient statistics (capture/grads.py); contract details in docs/grads.md
+GRAD = pa.schema(
+    [
+        pa.field("monitor", pa.string()),
+        pa.field("param", pa.string()),
+        pa.field("step", pa.int64()),  # this optimizer's step count
+        pa.field("probe_step", pa.int64()),
+        pa.field("level", pa.string()),
+        pa.field("framework", pa.string()),
+        pa.field("dtype", pa.string()),
+        pa.field("shape", pa.list_(pa.int64())),
+        pa.field("numel", pa.int64()),
+        pa.field("max", pa.float64()),
+        pa.field("min", pa.float64()),
+        pa.field("norm", pa.float64()),
+        pa.field("digest", pa.string()),
+        pa.field("digest_algo", pa.string()),
+        pa.field("bounds", pa.list_(pa.float64())),
+        pa.field("bucket_fractions", pa.list_(pa.float64())),
+        pa.field("zero_fraction", pa.float64()),
+        pa.field("sign_file", pa.string()),
+        pa.field("sign_offset", pa.int64()),  # bytes into sign_file; null: sign_file is a bool .npy (msprobe)
+        pa.field("sign_numel", pa.int64()),  # bits (elements) from sign_offset
+    ]
+)
+
+SCHEMAS: dict[str, pa.Schema] = {"key_data": KEY_DATA, "scalar": SCALAR, "module": MODULE, "grad": GRAD}
 # rank added by readers from the hive path
 RANK_FIELD = pa.field("rank", pa.int64())
 

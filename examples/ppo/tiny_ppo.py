@@ -1,0 +1,333 @@
+"""A small but real PPO trainer, instrumented with rlprobe. `rlprobe demo` runs it.
+
+    python examples/ppo/tiny_ppo.py --config examples/ppo/config.yaml --out ./dumps/base
+    python examples/ppo/tiny_ppo.py --config examples/ppo/config.yaml --out ./dumps/bad --fault ref-bf16
+    torchrun --nproc-per-node 2 examples/ppo/tiny_ppo.py --config examples/ppo/config.yaml --out ./dumps/ddp
+
+The flow follows PPO as RLHF frameworks run it: synthetic prompts -> the rollout engine (a copy
+of the actor whose weights are synced after every update) samples responses -> a rule reward
+plus a small reward model (trained first on synthetic preference pairs with the pairwise
+logsigmoid loss) score them -> the actor recomputes old log-probs, the frozen reference model
+ref log-probs, the critic values -> per-token KL penalty -> GAE advantages and returns -> PPO
+epochs over micro-batches with the clipped policy loss and clipped value loss -> optimizer
+steps -> weight sync. Timings and throughput are logged the way MindSpeed-RL names them.
+
+Faults that `--fault` plants (what rlprobe should conclude):
+  ref-bf16          the reference model runs in bfloat16            -> ref_log_prob, reference forward
+  nondeterministic  one actor layer reduces in a random order       -> old_log_prob, that layer
+  advantage-bug     GAE uses the wrong lambda                       -> advantages, not a model
+  sampling-seed     the rollout samples with another seed           -> responses, rollout sampling
+  lr                the actor's learning rate differs               -> responses from step 1, the update
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import yaml
+
+import rlprobe
+
+FAULTS = ("ref-bf16", "nondeterministic", "advantage-bug", "sampling-seed", "lr")
+
+
+# -- models --------------------------------------------------------------------------------
+class Attention(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d // self.heads)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+        out = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v
+        return self.proj(out.transpose(1, 2).reshape(b, t, d))
+
+
+class OrderedLinear(nn.Linear):
+    """nn.Linear; with `nondeterministic` set, it sums the input features in a different order on
+    every call, like an atomic-add reduction on a GPU: equal in exact arithmetic, not in float32."""
+
+    def __init__(self, d_in: int, d_out: int, nondeterministic: bool = False):
+        super().__init__(d_in, d_out)
+        self.nondeterministic = nondeterministic
+        self._order = torch.Generator().manual_seed(1234)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.nondeterministic:
+            return super().forward(x)
+        perm = torch.randperm(x.shape[-1], generator=self._order)
+        return x[..., perm] @ self.weight[:, perm].t() + self.bias
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int, nondeterministic: bool = False):
+        super().__init__()
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = OrderedLinear(4 * d, d, nondeterministic)  # the planted fault lives here
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int, nondeterministic: bool = False):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = Attention(d, heads)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = MLP(d, nondeterministic)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyLM(nn.Module):
+    """A causal transformer; `head` is the LM head (vocab logits) or a scalar head (critic, reward)."""
+
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, max_len: int, out: int, faulty_layer: int = -1):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(max_len, d)
+        self.layers = nn.ModuleList(Block(d, heads, i == faulty_layer) for i in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, out)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.ln_f(x))
+
+
+def token_log_probs(model: nn.Module, seq: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """log p(response token | prefix) for every response position, in float32."""
+    logits = model(seq[:, :-1]).float()[:, prompt_len - 1:]
+    return torch.log_softmax(logits, dim=-1).gather(-1, seq[:, prompt_len:, None])[..., 0]
+
+
+# -- data and rewards ----------------------------------------------------------------------
+def make_prompts(gen: torch.Generator, n: int, length: int, vocab: int) -> torch.Tensor:
+    return torch.randint(1, vocab, (n, length), generator=gen)
+
+
+def rule_reward(responses: torch.Tensor) -> torch.Tensor:
+    """Reward even tokens, like a format reward."""
+    return (responses % 2 == 0).float().mean(dim=1)
+
+
+def train_reward_model(cfg: dict[str, Any], gen: torch.Generator) -> TinyLM:
+    """A small reward model trained on synthetic preference pairs (chosen: more even tokens)."""
+    m = cfg["model"]
+    rm = TinyLM(m["vocab"], m["d_model"], 1, m["heads"], m["prompt_len"] + m["response_len"], 1)
+    opt = torch.optim.AdamW(rm.parameters(), lr=cfg["reward_model"]["lr"])
+    length = m["prompt_len"] + m["response_len"]
+    for _ in range(cfg["reward_model"]["steps"]):
+        chosen = torch.randint(0, m["vocab"] // 2, (16, length), generator=gen) * 2
+        rejected = torch.randint(0, m["vocab"] // 2, (16, length), generator=gen) * 2 + 1
+        loss = -F.logsigmoid(rm(chosen)[:, -1, 0] - rm(rejected)[:, -1, 0]).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return rm.requires_grad_(False)
+
+
+# -- PPO maths -----------------------------------------------------------------------------
+def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros(rewards.shape[0])
+    for t in reversed(range(rewards.shape[1])):
+        next_value = values[:, t + 1] if t + 1 < rewards.shape[1] else torch.zeros(rewards.shape[0])
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last = delta + gamma * lam * last
+        advantages[:, t] = last
+    return advantages, advantages + values
+
+
+def whiten(x: torch.Tensor) -> torch.Tensor:
+    return (x - x.mean()) / (x.std() + 1e-8)
+
+
+@torch.no_grad()
+def sample(model: nn.Module, prompts: torch.Tensor, length: int, gen: torch.Generator, temperature: float) -> torch.Tensor:
+    seq = prompts
+    for _ in range(length):
+        logits = model(seq)[:, -1].float() / temperature
+        nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
+        seq = torch.cat([seq, nxt], dim=1)
+    return seq
+
+
+# -- the trainer ---------------------------------------------------------------------------
+def train(cfg: dict[str, Any], out: str | None = None, fault: str | None = None, mode: str = "overwrite") -> Path:
+    if fault is not None and fault not in FAULTS:
+        raise SystemExit(f"--fault {fault!r}: expected one of {', '.join(FAULTS)}")
+    torch.set_num_threads(1)  # tiny matrices: threads only add scheduling noise
+    rank, world = 0, 1
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+    m, p = cfg["model"], cfg["ppo"]
+    probe_cfg = copy.deepcopy(cfg)
+    if out is not None:
+        probe_cfg.setdefault("rlprobe_config", {})["dump_path"] = str(out)
+    probe = rlprobe.from_config(probe_cfg, mode=mode)
+
+    torch.manual_seed(cfg["seed"])
+    data_gen = torch.Generator().manual_seed(cfg["seed"] + 1000 * rank)
+    sample_gen = torch.Generator().manual_seed(cfg["sampling_seed"] + (7 if fault == "sampling-seed" else 0) + 1000 * rank)
+    faulty_layer = m["layers"] - 1 if fault == "nondeterministic" else -1
+    max_len = m["prompt_len"] + m["response_len"]
+    actor = TinyLM(m["vocab"], m["d_model"], m["layers"], m["heads"], max_len, m["vocab"], faulty_layer)
+    rollout = TinyLM(m["vocab"], m["d_model"], m["layers"], m["heads"], max_len, m["vocab"])  # the inference engine
+    reference = TinyLM(m["vocab"], m["d_model"], m["layers"], m["heads"], max_len, m["vocab"])
+    critic = TinyLM(m["vocab"], m["d_model"], m["layers"], m["heads"], max_len, 1)
+    rollout.load_state_dict(actor.state_dict())
+    reference.load_state_dict(actor.state_dict())
+    reference.requires_grad_(False)
+    if fault == "ref-bf16":
+        reference.to(torch.bfloat16)
+    reward_model = train_reward_model(cfg, torch.Generator().manual_seed(cfg["seed"] + 1))
+    lr = p["actor_lr"] * (3.0 if fault == "lr" else 1.0)
+    actor_opt = torch.optim.AdamW(actor.parameters(), lr=lr)
+    critic_opt = torch.optim.AdamW(critic.parameters(), lr=p["critic_lr"])
+    lam = p["lam"] * (0.5 if fault == "advantage-bug" else 1.0)
+    probe.save_config(cfg)
+    probe.monitor_grads(actor, optimizer=actor_opt, name="actor", level="L1")
+    probe.monitor_grads(critic, optimizer=critic_opt, name="critic", level="L0")
+
+    batch, micro = p["batch_size"], p["micro_batches"]
+    mb = batch // micro
+    for step in range(p["steps"]):
+        t_all = time.perf_counter()
+        prompts = make_prompts(data_gen, batch, m["prompt_len"], m["vocab"])
+        t0 = time.perf_counter()
+        seq = sample(rollout, prompts, m["response_len"], sample_gen, p["temperature"])
+        timing = {"timing/rollout": time.perf_counter() - t0}
+        responses = seq[:, m["prompt_len"]:]
+
+        t0 = time.perf_counter()
+        with probe.stage("reward_compute", model=reward_model, steps=_steps(cfg)), torch.no_grad():
+            scores = rule_reward(responses) + torch.sigmoid(reward_model(seq)[:, -1, 0])
+        timing["timing/rule_reward"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with probe.stage("actor_compute_log_prob", model=actor, steps=_steps(cfg)), torch.no_grad():
+            old_log_prob = token_log_probs(actor, seq, m["prompt_len"])
+        timing["timing/old_log_p"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with probe.stage("reference_compute_log_prob", model=reference, steps=_steps(cfg)), torch.no_grad():
+            ref_log_prob = token_log_probs(reference, seq, m["prompt_len"])
+        timing["timing/reference_model"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with probe.stage("critic_compute_values", model=critic, steps=_steps(cfg)), torch.no_grad():
+            values = critic(seq[:, :-1])[:, m["prompt_len"] - 1:, 0]
+        timing["timing/critic_model"] = time.perf_counter() - t0
+
+        kl = old_log_prob - ref_log_prob
+        token_level_scores = torch.zeros_like(kl)
+        token_level_scores[:, -1] = scores  # the sequence reward sits on the last token
+        token_level_rewards = token_level_scores - p["kl_coef"] * kl  # per-token KL penalty
+        advantages, returns = gae(token_level_rewards, values, p["gamma"], lam)
+        advantages = whiten(advantages)
+        for i in range(micro):
+            s = slice(i * mb, (i + 1) * mb)
+            probe.save({"prompts": prompts[s], "responses": responses[s], "rewards": scores[s],
+                        "token_level_scores": token_level_scores[s], "values": values[s],
+                        "old_log_prob": old_log_prob[s], "ref_log_prob": ref_log_prob[s], "kl": kl[s],
+                        "token_level_rewards": token_level_rewards[s], "advantages": advantages[s],
+                        "returns": returns[s]})
+
+        t0 = time.perf_counter()
+        for _epoch in range(p["ppo_epochs"]):
+            actor_opt.zero_grad()
+            critic_opt.zero_grad()
+            for i in range(micro):
+                s = slice(i * mb, (i + 1) * mb)
+                with probe.stage("actor_update", model=actor, steps=_steps(cfg)):
+                    log_prob = token_log_probs(actor, seq[s], m["prompt_len"])
+                ratio = torch.exp(log_prob - old_log_prob[s])
+                pg_loss = torch.max(-advantages[s] * ratio,
+                                    -advantages[s] * ratio.clamp(1 - p["clip"], 1 + p["clip"])).mean()
+                kl_loss = (log_prob - ref_log_prob[s]).mean()
+                entropy = -log_prob.mean()
+                loss = pg_loss + p["kl_coef"] * kl_loss
+                (loss / micro).backward()
+                with probe.stage("critic_update", model=critic, steps=_steps(cfg)):
+                    v = critic(seq[s, :-1])[:, m["prompt_len"] - 1:, 0]
+                v_clipped = values[s] + (v - values[s]).clamp(-p["clip"], p["clip"])
+                vf_loss = 0.5 * torch.max((v - returns[s]) ** 2, (v_clipped - returns[s]) ** 2).mean()
+                (vf_loss / micro).backward()
+                probe.save({"log_prob": log_prob, "ratio": ratio, "pg_loss": pg_loss, "vf_loss": vf_loss,
+                            "kl_loss": kl_loss, "entropy": entropy, "loss": loss})
+            torch.nn.utils.clip_grad_norm_(actor.parameters(), 1.0)
+            actor_opt.step()
+            critic_opt.step()
+        timing["timing/update"] = time.perf_counter() - t0
+        rollout.load_state_dict(actor.state_dict())  # weight sync to the inference engine
+        timing["timing/all"] = time.perf_counter() - t_all
+        tokens = batch * max_len / world
+        probe.log_metrics({**timing, "e2e_tps": tokens / timing["timing/all"],
+                           "update_tps": tokens / timing["timing/update"], "vllm_tps": tokens / timing["timing/rollout"],
+                           "response_length/mean": float(m["response_len"]), "reward/mean": scores.mean(),
+                           "actor/pg_loss": pg_loss, "critic/vf_loss": vf_loss, "actor/kl_loss": kl_loss})
+        probe.step()
+    probe.close()
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return Path(probe_cfg.get("rlprobe_config", {}).get("dump_path", "."))
+
+
+def _steps(cfg: dict[str, Any]) -> str:
+    rc = cfg.get("rlprobe_config", {})
+    return f"{rc.get('step_start', 0)}-{rc.get('step_end', 10**9)}"
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    cfg = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    for dotted, value in (overrides or {}).items():
+        node = cfg
+        *parents, leaf = dotted.split(".")
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = value
+    return cfg
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(Path(__file__).with_name("config.yaml")))
+    ap.add_argument("--out", help="dump directory (overrides rlprobe_config.dump_path)")
+    ap.add_argument("--fault", choices=FAULTS)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config value, e.g. --set ppo.steps=2 (YAML syntax for the value)")
+    args = ap.parse_args()
+    overrides = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        overrides[key] = yaml.safe_load(value)
+    path = train(load_config(args.config, overrides), args.out, args.fault)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,360 @@
+"""Module-level dumps of one RL stage: `with probe.stage("reference_compute_log_prob", model=ref, steps="2"):`.
+
+Inside the block every submodule's forward inputs (snapshot before its forward runs) and
+outputs, and for update stages its backward grad_output/grad_input, become rows of the
+`module` stats kind, and `.npy` files with `tensors=True`. Outside the step range nothing is
+installed: `Probe.stage` returns one shared null context manager.
+
+Order: `seq` numbers module calls within a step in the order they *finish* (a forward hook
+fires after its children's), and backward calls as their hooks fire, so that sorting by seq
+puts a layer's rows before those of the containers that enclose it; the first row that
+differs in seq order is then the innermost module whose output first changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import warnings
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from rlprobe.errors import ProbeError
+from rlprobe.frameworks import get_adapter
+from rlprobe.frameworks.base import StagedLeaf
+from rlprobe.lake.encoding import narrow_integers, widen
+from rlprobe.lake.layout import check_name
+from rlprobe.lake.statistics import STATISTICS, bitwise_hash, host_statistics
+from rlprobe.selection import parse_int_set
+
+STAGES = ("actor_compute_log_prob", "actor_update", "reference_compute_log_prob", "critic_compute_values",
+          "critic_update", "reward_compute")
+NULL_STAGE = contextlib.nullcontext()  # what a stage outside its steps (or a disabled probe) returns
+_MAX_DEPTH = 16
+
+
+@lru_cache(maxsize=256)
+def _step_set(spec: Any) -> frozenset[int] | None:
+    parsed = parse_int_set(spec, "steps")
+    return None if parsed is None else frozenset(parsed)
+
+
+def steps_of(spec: Any) -> frozenset[int] | None:
+    """`"2-3"`, `[0, "4-6"]`, an int, or None/"all" (every step) -> a set of steps (None = all)."""
+    try:
+        return _step_set(tuple(spec) if isinstance(spec, list) else spec)
+    except (ValueError, TypeError) as e:
+        raise ProbeError(f"stage steps={spec!r}: {e}") from None
+
+
+def stage_context(probe: Any, name: str, model: Any, steps: Any, backward: bool | None, tensors: bool):
+    """What `Probe.stage` returns: NULL_STAGE outside `steps`, else a StageCapture."""
+    wanted = steps_of(steps)
+    if wanted is not None and probe.current_step not in wanted:
+        return NULL_STAGE
+    where = f"rank {probe.rank} step {probe.current_step}"
+    if not probe._usable(where):
+        return NULL_STAGE
+    check_name(name, "stage name", where)
+    if model is None:
+        raise ProbeError(f"{where}: stage({name!r}) needs model=: a module, a list of modules or a dict name -> module")
+    roots = _roots(model, f"{where}, stage {name!r}")
+    if backward is None:
+        backward = name.endswith("_update")
+    return StageCapture(probe, name, roots, bool(backward), bool(tensors))
+
+
+def _roots(model: Any, where: str) -> list[tuple[str, Any]]:
+    if isinstance(model, Mapping):
+        roots = []
+        for key, m in model.items():
+            if not isinstance(key, str) or not key:
+                raise ProbeError(f"{where}: model dict keys must be non-empty strings, got {key!r}")
+            roots.append((key, m))
+        return roots
+    if isinstance(model, (list, tuple)):
+        return [(f"m{i}", m) for i, m in enumerate(model)]
+    return [("", model)]
+
+
+# -- frameworks ----------------------------------------------------------------------------------
+class _TorchHooks:
+    framework = "torch"
+
+    @staticmethod
+    def owns(module: Any) -> bool:
+        torch = sys.modules.get("torch")
+        return torch is not None and isinstance(module, torch.nn.Module)
+
+    @staticmethod
+    def named(module: Any) -> Iterator[tuple[str, Any]]:
+        return module.named_modules()
+
+    @staticmethod
+    def install(module, pre, post, backward) -> list[Any]:
+        handles = [module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post)]
+        if backward is not None:
+            handles.append(module.register_full_backward_hook(backward))
+        return handles
+
+    @staticmethod
+    def check(backward: bool) -> None:
+        if backward:  # an embedding's grad_input is None by design; torch warns about it on every backward
+            warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
+                                    "respect to module outputs", category=UserWarning)
+
+
+class _MindSporeHooks:
+    framework = "mindspore"
+
+    @staticmethod
+    def owns(module: Any) -> bool:
+        ms = sys.modules.get("mindspore")
+        return ms is not None and isinstance(module, ms.nn.Cell)
+
+    @staticmethod
+    def named(module: Any) -> Iterator[tuple[str, Any]]:
+        return module.cells_and_names()
+
+    @staticmethod
+    def install(module, pre, post, backward) -> list[Any]:
+        handles = [module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post)]
+        if backward is not None:
+            handles.append(module.register_backward_hook(backward))
+        return handles
+
+    @staticmethod
+    def check(backward: bool) -> None:
+        import mindspore as ms
+
+        if ms.get_context("mode") != ms.PYNATIVE_MODE:
+            raise ProbeError("module dumps of MindSpore Cells need PyNative mode (hooks do not run in graph mode); "
+                             "call mindspore.set_context(mode=mindspore.PYNATIVE_MODE) or dump key data instead")
+        if not hasattr(ms.nn.Cell, "register_forward_pre_hook"):
+            raise ProbeError(f"this MindSpore ({ms.__version__}) has no Cell.register_forward_pre_hook; "
+                             "module dumps need MindSpore 2.3 or newer")
+
+
+_HOOKS = (_TorchHooks, _MindSporeHooks)
+
+
+def _hooks_for(module: Any, where: str):
+    for h in _HOOKS:
+        if h.owns(module):
+            return h
+    raise ProbeError(f"{where}: cannot hook a {type(module).__module__}.{type(module).__name__}: module dumps take "
+                     "torch.nn.Module or mindspore.nn.Cell models (or a list/dict of them)")
+
+
+# -- per-step counters ----------------------------------------------------------------------------
+@dataclass
+class _StepCounters:
+    step: int
+    seq: int = 0
+    calls: dict[tuple[str, str, str], int] = field(default_factory=dict)
+
+
+def _counters(probe: Any) -> _StepCounters:
+    c = getattr(probe, "_module_counters", None)
+    if c is None or c.step != probe.current_step:
+        c = _StepCounters(probe.current_step)
+        probe._module_counters = c
+    return c
+
+
+# -- capture ------------------------------------------------------------------------------------
+@dataclass
+class ModuleLeaf:
+    module: str
+    call: int
+    direction: str
+    io: str
+    index: str
+    seq: int
+    leaf: StagedLeaf
+
+
+class StageCapture:
+    """Hooks on every submodule of the stage's model(s) while the `with` block runs."""
+
+    def __init__(self, probe: Any, stage: str, roots: list[tuple[str, Any]], backward: bool, tensors: bool):
+        self.probe, self.stage, self.roots, self.backward, self.tensors = probe, stage, roots, backward, tensors
+        self.handles: list[Any] = []
+        self.active = False
+        self._pending: dict[str, list[tuple[list[tuple[str, str]], list[StagedLeaf]]]] = {}
+        self._full_backward_flags: list[tuple[Any, Any]] = []
+
+    def __enter__(self) -> "StageCapture":
+        where = f"rank {self.probe.rank} step {self.probe.current_step}, stage {self.stage!r}"
+        seen: set[int] = set()
+        try:
+            for prefix, root in self.roots:
+                hooks = _hooks_for(root, where)
+                hooks.check(self.backward)
+                for name, module in hooks.named(root):
+                    if id(module) in seen:
+                        continue
+                    seen.add(id(module))
+                    path = f"{prefix}.{name}" if prefix and name else (prefix or name)
+                    if hooks is _TorchHooks and self.backward:
+                        self._full_backward_flags.append((module, module.__dict__.get("_is_full_backward_hook")))
+                    self.handles.extend(hooks.install(
+                        module, self._pre_hook(path, hooks.framework), self._post_hook(path, hooks.framework),
+                        self._backward_hook(path, hooks.framework) if self.backward else None))
+        except BaseException:
+            self._remove()
+            raise
+        self.active = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.active = False
+        self._remove()
+        if exc[0] is None:
+            self.probe._raise_background_errors()
+
+    def _remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        for module, flag in self._full_backward_flags:  # torch marks a module for good once hooked
+            module.__dict__["_is_full_backward_hook"] = flag
+        self._full_backward_flags.clear()
+        self._pending.clear()
+
+    # hooks ---------------------------------------------------------------------------------------
+    def _pre_hook(self, path: str, framework: str) -> Callable:
+        def pre(module, args, kwargs):
+            if self.active:
+                leaves = list(_tensor_leaves(args, "", framework)) + list(_tensor_leaves(kwargs, "", framework))
+                self._pending.setdefault(path, []).append(([("input", i) for i, _ in leaves],
+                                                           self._stage_values([t for _, t in leaves], framework)))
+            return None
+
+        return pre
+
+    def _post_hook(self, path: str, framework: str) -> Callable:
+        def post(module, args, output):
+            if not self.active:
+                return None
+            stack = self._pending.get(path)
+            names, staged = stack.pop() if stack else ([], [])
+            out = list(_tensor_leaves(output, "", framework))
+            names = names + [("output", i) for i, _ in out]
+            staged = staged + self._stage_values([t for _, t in out], framework)
+            self._submit(path, "forward", names, staged, framework)
+            return None
+
+        return post
+
+    def _backward_hook(self, path: str, framework: str) -> Callable:
+        def backward(module, grad_input, grad_output):
+            if not self.active:  # torch keeps the hooks of a forward that ran inside the block
+                return None
+            gout = list(_tensor_leaves(grad_output, "", framework))
+            gin = list(_tensor_leaves(grad_input, "", framework))
+            names = [("grad_output", i) for i, _ in gout] + [("grad_input", i) for i, _ in gin]
+            staged = self._stage_values([t for _, t in gout + gin], framework)
+            self._submit(path, "backward", names, staged, framework)
+            return None
+
+        return backward
+
+    def _stage_values(self, values: list[Any], framework: str) -> list[StagedLeaf]:
+        if not values:
+            return []
+        try:
+            return get_adapter(framework).stage(values, keep_raw=self.tensors)
+        except ProbeError as e:
+            self.probe._fail(f"rank {self.probe.rank} step {self.probe.current_step}, stage {self.stage!r}: {e}")
+            return []
+
+    def _submit(self, path: str, direction: str, names: list[tuple[str, str]], staged: list[StagedLeaf],
+                framework: str) -> None:
+        probe = self.probe
+        counters = _counters(probe)
+        key = (self.stage, path, direction)
+        call = counters.calls.get(key, 0)
+        counters.calls[key] = call + 1
+        seq = counters.seq
+        counters.seq += 1
+        if len(names) != len(staged):  # a staging failure was reported (on_error="warn"); keep nothing half-made
+            return
+        if not staged:
+            return
+        jobs = [ModuleLeaf(path, call, direction, io, index, seq, leaf) for (io, index), leaf in zip(names, staged)]
+        writer, layout, stage, step = probe._writer, probe.layout, self.stage, probe.current_step
+        fw, save_tensors = probe.framework or framework, self.tensors
+        writer.submit(lambda: write_module_rows(writer, layout, stage, step, fw, jobs, save_tensors),
+                      sum(j.leaf.nbytes for j in jobs))
+        probe._step_has_data = True
+
+
+def _tensor_leaves(value: Any, prefix: str, framework: str, depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """(index, tensor) of every tensor in nested tuples/lists/dicts; other values (None, ints, strings) are skipped."""
+    if depth > _MAX_DEPTH:
+        return
+    if get_adapter(framework).is_tensor(value):
+        yield prefix, value
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _tensor_leaves(item, f"{prefix}.{i}" if prefix else str(i), framework, depth + 1)
+    elif isinstance(value, Mapping):
+        for name, item in value.items():
+            yield from _tensor_leaves(item, f"{prefix}.{name}" if prefix else str(name), framework, depth + 1)
+
+
+# -- writer thread ------------------------------------------------------------------------------
+def write_module_rows(writer: Any, layout: Any, stage: str, step: int, framework: str, jobs: list[ModuleLeaf],
+                      save_tensors: bool) -> None:
+    """Writer-thread job: one stats row (and with tensors, one .npy) per tensor of one module call."""
+    sink = writer.sink
+    errors: list[str] = []
+    for job in jobs:
+        try:
+            row = _module_row(job, stage, step, framework, sink, layout, save_tensors, errors)
+        finally:
+            job.leaf.raw = None
+            if job.leaf.release is not None:
+                job.leaf.release()
+        if row is not None:
+            sink.add_row("module", row)
+    writer.report(errors)
+
+
+def _module_row(job: ModuleLeaf, stage: str, step: int, framework: str, sink: Any, layout: Any, save_tensors: bool,
+                errors: list[str]) -> dict[str, Any] | None:
+    leaf = job.leaf
+    where = f"stage {stage!r} step {step} module {job.module!r} call {job.call} {job.io} {job.index!r}"
+    lost = {"kind": "module", "stage": stage, "step": step, "module": job.module, "call": job.call,
+            "io": job.io, "index": job.index}
+    try:
+        if leaf.finish is not None:
+            leaf.finish()
+        values = widen(leaf.raw, leaf.dtype) if leaf.raw is not None else None
+        stats = dict(leaf.device_stats or {})
+        if values is not None and any(s.name not in stats for s in STATISTICS):
+            stats.update({k: v for k, v in host_statistics(values).items() if k not in stats})
+        row: dict[str, Any] = {
+            "stage": stage, "step": step, "module": job.module, "call": job.call, "direction": job.direction,
+            "io": job.io, "index": job.index, "seq": job.seq, "dtype": leaf.dtype, "framework": framework,
+            "shape": list(leaf.shape), "numel": int(np.prod(leaf.shape, dtype=np.int64)), **stats,
+            "hash": bitwise_hash(leaf.raw) if leaf.raw is not None else None, "tensor_file": None,
+        }
+    except Exception as e:
+        msg = f"{where}: could not compute statistics: {type(e).__name__}: {e}"
+        sink.record_error(msg, {**lost, "what": "row"})
+        errors.append(msg)
+        return None
+    if save_tensors and values is not None:
+        path = layout.module_tensor(stage, step, sink.rank, job.seq, job.io, job.index)
+        try:
+            row["tensor_file"] = sink.write_tensor(path, narrow_integers(values, stats.get("min"), stats.get("max")))
+        except OSError as e:
+            msg = f"{where}: tensor not written to {path}: {e}; its statistics are kept"
+            sink.record_error(msg, {**lost, "what": "tensor"})
+            errors.append(msg)
+    return row

@@ -1,0 +1,93 @@
+"""Gradient statistics of many torch tensors on their device, in a few batched ops, returned to
+the host in ONE copy per step: the float64 stats matrix, the int64 digests and the packed sign
+bits travel as one uint8 buffer (pinned and non-blocking on CUDA)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from rlprobe.capture.grad_stats import (
+    MIX_K1, MIX_K2, PACK_MAGIC, STAT_COLUMNS, Finish, GradBatch, padded_bytes, sign_offsets,
+)
+
+
+def mix64(flat: torch.Tensor) -> torch.Tensor:
+    """`mix64` of a 1-D contiguous tensor's raw bytes, computed on its device (an int64 scalar)."""
+    b = flat.contiguous().view(torch.uint8)
+    pad = (-b.numel()) % 4
+    if pad:
+        b = torch.cat([b, b.new_zeros(pad)])
+    w = b.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    i = torch.arange(w.numel(), device=w.device, dtype=torch.int64)
+    h = (w ^ (i * MIX_K1)) * MIX_K2
+    h = h ^ (h >> 31)
+    return h.sum()
+
+
+def _stats_row(flat: torch.Tensor, bounds: torch.Tensor | None, k: int) -> torch.Tensor:
+    if flat.numel() == 0:
+        row = torch.zeros(k, dtype=torch.float64, device=flat.device)
+        row[:3] = float("nan")
+        return row
+    f = flat if flat.dtype in (torch.float32, torch.float64) else flat.float()
+    parts = [torch.aminmax(f), torch.linalg.vector_norm(f), torch.count_nonzero(f == 0)]
+    lo_hi = parts[0]
+    values = [lo_hi.max, lo_hi.min, parts[1], parts[2]]
+    if bounds is not None:
+        # cumulative counts x <= b: the right-closed intervals msprobe reports follow by difference
+        values.extend(torch.count_nonzero(f.unsqueeze(0) <= bounds.unsqueeze(1), dim=1).unbind(0)
+                      if f.numel() * bounds.numel() <= (1 << 26) else
+                      [torch.count_nonzero(f <= b) for b in bounds.unbind(0)])
+    return torch.stack([v.to(torch.float64) for v in values])
+
+
+def launch(grads: Sequence[torch.Tensor], level: str, bounds: Sequence[float]) -> tuple[Finish, int]:
+    """Queue the statistics of `grads` on their device; returns (finish, host bytes). `finish()`
+    waits for the copy and splits it; call it off the training thread."""
+    device = grads[0].device
+    flats = [g.detach().reshape(-1) for g in grads]
+    k = len(STAT_COLUMNS) + (len(bounds) if level == "L2" else 0)
+    b = torch.tensor(list(bounds), dtype=torch.float32, device=device) if level == "L2" else None
+    stats = torch.stack([_stats_row(f, b, k) for f in flats])
+    pieces = [stats.reshape(-1).view(torch.uint8)]
+    if level == "L0":
+        pieces.append(torch.stack([mix64(f) for f in flats]).view(torch.uint8))
+    numels = [f.numel() for f in flats]
+    offsets = sign_offsets(numels)
+    n_sign_bytes = 0
+    if level != "L0":
+        n_sign_bytes = sum(padded_bytes(n) for n in numels)
+        bits = torch.zeros(n_sign_bytes * 8, dtype=torch.bool, device=device)
+        for f, off in zip(flats, offsets):
+            torch.gt(f, 0, out=bits[off * 8: off * 8 + f.numel()])
+        words = bits.view(torch.uint8).view(torch.int64)
+        pieces.append((((words * PACK_MAGIC) >> 56) & 0xFF).to(torch.uint8))
+    payload = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+    event = None
+    if device.type == "cpu":
+        host = payload
+    else:
+        host = torch.empty(payload.numel(), dtype=torch.uint8, pin_memory=device.type == "cuda")
+        host.copy_(payload, non_blocking=True)
+        if device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+    n = len(flats)
+
+    def finish() -> GradBatch:
+        if event is not None:
+            event.synchronize()
+        raw = host.numpy()
+        at = n * k * 8
+        stat_matrix = raw[:at].view(np.float64).reshape(n, k).copy()
+        digests = None
+        if level == "L0":
+            digests = raw[at: at + 8 * n].view(np.int64).view(np.uint64).copy()
+            at += 8 * n
+        signs = raw[at: at + n_sign_bytes].copy() if level != "L0" else None
+        return GradBatch(stat_matrix, digests, signs, offsets)
+
+    return finish, int(payload.numel())

@@ -1,0 +1,75 @@
+-- grads: one row per (monitor, rank, step, param) seen in EITHER run.
+-- Inputs: grad_a, grad_b (the `grad` stats tables), sign_results (same_count per compared pair,
+-- from XOR + popcount of the packed sign bits); `position` keeps the runs' parameter order. Parameters: $first_step_min, $max_drop, $norm_rtol.
+-- A parameter is flagged at its first compared step (step 0 normally) when its similarity is
+-- below $first_step_min, later when it drops more than $max_drop below its previous step.
+-- Without sign maps (L0, or one side without them) the row is stats_only and is flagged when
+-- the digests differ or the norms differ by more than $norm_rtol (relative).
+WITH pairs AS (
+    SELECT
+        coalesce(a.monitor, b.monitor) AS monitor,
+        coalesce(a.rank, b.rank)       AS rank,
+        coalesce(a.step, b.step)       AS step,
+        coalesce(a.param, b.param)     AS param,
+        a.param IS NOT NULL            AS in_a,
+        b.param IS NOT NULL            AS in_b,
+        a.shape AS shape_a, b.shape AS shape_b,
+        coalesce(a.numel, b.numel)     AS numel,
+        a.norm AS norm_a, b.norm AS norm_b, a.max AS max_a, b.max AS max_b, a.min AS min_a, b.min AS min_b,
+        a.zero_fraction AS zero_fraction_a, b.zero_fraction AS zero_fraction_b,
+        CASE WHEN a.digest_algo = b.digest_algo THEN a.digest = b.digest END AS digest_equal,
+        a.probe_step AS probe_step_a, b.probe_step AS probe_step_b,
+        coalesce(a.position, (1::BIGINT << 40) + b.position) AS position
+    FROM grad_a a
+    FULL OUTER JOIN grad_b b
+        ON a.monitor = b.monitor AND a.rank = b.rank AND a.step = b.step AND a.param = b.param
+),
+scored AS (
+    SELECT
+        p.*,
+        CASE
+            WHEN NOT p.in_b THEN 'only_in_a'
+            WHEN NOT p.in_a THEN 'only_in_b'
+            WHEN p.shape_a IS DISTINCT FROM p.shape_b THEN 'shape_mismatch'
+            WHEN s.error IS NOT NULL THEN 'error'
+            WHEN s.same_count IS NOT NULL THEN 'compared'
+            ELSE 'stats_only'
+        END AS status,
+        s.same_count,
+        CASE WHEN s.same_count IS NOT NULL AND p.numel > 0 THEN s.same_count::DOUBLE / p.numel END AS similarity,
+        CASE
+            WHEN p.norm_a = p.norm_b THEN 0.0
+            ELSE abs(p.norm_a - p.norm_b) / greatest(abs(p.norm_a), abs(p.norm_b))
+        END AS norm_rel_diff,
+        abs(p.max_a - p.max_b) AS max_abs_diff,
+        abs(p.min_a - p.min_b) AS min_abs_diff,
+        s.error AS message
+    FROM pairs p
+    LEFT JOIN sign_results s
+        ON p.monitor = s.monitor AND p.rank = s.rank AND p.step = s.step AND p.param = s.param
+),
+history AS (
+    SELECT
+        *,
+        last_value(similarity IGNORE NULLS) OVER (
+            PARTITION BY monitor, rank, param ORDER BY step ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
+        ) AS prev_similarity,
+        min(step) FILTER (WHERE similarity IS NOT NULL) OVER (PARTITION BY monitor, rank, param) AS first_step
+    FROM scored
+)
+SELECT
+    monitor, rank, step, param, status, shape_a, shape_b, numel, same_count, similarity, prev_similarity,
+    CASE
+        WHEN similarity IS NOT NULL AND step = first_step AND similarity < $first_step_min
+            THEN printf('similarity %.4f < %.4f at its first step', similarity, $first_step_min)
+        WHEN similarity IS NOT NULL AND prev_similarity - similarity > $max_drop
+            THEN printf('similarity dropped %.4f -> %.4f (more than %.4f)', prev_similarity, similarity, $max_drop)
+        WHEN status = 'stats_only' AND digest_equal = false
+            THEN 'gradient digests differ'
+        WHEN status = 'stats_only' AND digest_equal IS NULL AND norm_rel_diff > $norm_rtol
+            THEN printf('norm differs by %.3g (relative) > %.3g', norm_rel_diff, $norm_rtol)
+    END AS flag_reason,
+    norm_a, norm_b, norm_rel_diff, max_a, max_b, max_abs_diff, min_a, min_b, min_abs_diff,
+    zero_fraction_a, zero_fraction_b, digest_equal, probe_step_a, probe_step_b, message
+FROM history
+ORDER BY monitor, rank, step, position

@@ -1,0 +1,147 @@
+"""Gradient comparison: msprobe parity, XOR/popcount, flag rule, mismatched runs, outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import rlprobe
+from rlprobe.compare.grads import agreeing_bits, compare_grads
+from rlprobe.compat.msprobe import GradComparator
+
+
+def _grad_fixture(fixtures_dir: Path) -> Path:
+    return fixtures_dir / "msprobe" / "grad"
+
+
+def test_similarities_equal_msprobe_exactly(fixtures_dir: Path, tmp_path: Path):
+    grad = _grad_fixture(fixtures_dir)
+    summary = GradComparator.compare_distributed(str(grad / "run_a"), str(grad / "run_b"), str(tmp_path / "out"))
+    expected = (grad / "expected" / "rank0" / "similarities.csv").read_bytes()
+    assert (tmp_path / "out" / "rank0" / "similarities.csv").read_bytes() == expected
+    assert (tmp_path / "out" / "grads" / "rank0" / "similarities.csv").read_bytes() == expected
+    first = summary["grad_first_flagged"]
+    assert (first["step"], first["rank"], first["monitor"]) == (2, 0, "default")
+    assert first["weighted_similarity"] == 0.8820754716981132
+    assert [p["param"] for p in first["worst_params"][:2]] == ["2.weight", "0.weight"]
+    assert (tmp_path / "out" / "plots" / "grad_similarity.png").stat().st_size > 1000
+    steps = pq.read_table(tmp_path / "out" / "grad_steps.parquet").to_pylist()
+    assert [s["flagged"] for s in steps] == [False, False, True, True]
+    assert "2.weight" in steps[2]["reason"] and "dropped" in steps[2]["reason"]
+
+
+def test_msprobe_l2_summary_stats_read_within_1e6(fixtures_dir: Path):
+    run = _grad_fixture(fixtures_dir) / "run_a"
+    rows = rlprobe.open(run).arrow("grad").to_pylist()
+    for r in rows:
+        with open(run / "rank0" / f"grad_summary_{r['step']}.csv", newline="", encoding="utf-8-sig") as fh:
+            rec = next(x for x in csv.DictReader(fh) if x["param_name"] == r["param"])
+        intervals = [float(v) for k, v in rec.items() if k.startswith("(")]
+        assert r["bucket_fractions"] == pytest.approx(intervals, abs=1e-6)
+        assert r["bounds"] == [-0.1, 0.0, 0.1]
+        for col in ("max", "min", "norm"):
+            assert r[col] == pytest.approx(float(rec[col]), abs=1e-6)
+        # the sign map agrees with the distribution: positives are the buckets above 0
+        signs = np.load(run / r["sign_file"])
+        assert signs.mean() == pytest.approx(sum(intervals[2:]), abs=1e-6)
+
+
+@pytest.mark.parametrize("numel", [1, 7, 8, 9, 130])
+def test_agreeing_bits_ignores_padding(numel: int):
+    rng = np.random.default_rng(numel)
+    a, b = rng.random(numel) > 0.5, rng.random(numel) > 0.5
+    pa_, pb = np.packbits(a), np.packbits(b)
+    if numel % 8:
+        pb[-1] |= (1 << (8 - numel % 8)) - 1  # garbage in the padding must not count
+    assert agreeing_bits(pa_, pb, numel) == int(np.sum(a == b))
+
+
+def _run(path: Path, steps: int, seed: int, perturb_from: int | None = None, widths=(8, 6, 3), level="L2",
+         extra: bool = False) -> Path:
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(widths[0], widths[1]), torch.nn.Tanh(), torch.nn.Linear(widths[1], widths[2])]
+    if extra:
+        layers.append(torch.nn.Linear(widths[2], 2))
+    model = torch.nn.Sequential(*layers)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(seed)
+    with rlprobe.Probe(path) as probe:
+        probe.monitor_grads(model, optimizer=opt, name="actor", level=level, bounds=[-0.1, 0, 0.1])
+        for step in range(steps):
+            x = torch.randn(16, widths[0], generator=g)
+            if perturb_from is not None and step >= perturb_from:
+                x = x + torch.randn(x.shape, generator=g)
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+            probe.step()
+    return path
+
+
+def test_identical_runs_not_flagged_and_perturbed_step_found(tmp_path: Path):
+    a = _run(tmp_path / "a", 4, seed=1)
+    b = _run(tmp_path / "b", 4, seed=1)
+    c = _run(tmp_path / "c", 4, seed=1, perturb_from=2)
+    tables, first = compare_grads(rlprobe.open(a), rlprobe.open(b))
+    assert first is None
+    assert all(s == 1.0 for s in tables["grads"]["similarity"].to_pylist())
+    tables, first = compare_grads(rlprobe.open(a), rlprobe.open(c))
+    assert first["step"] == 2 and first["monitor"] == "actor"
+    # the weighted similarity is sum(agreeing bits) / sum(elements)
+    rows = [r for r in tables["grads"].to_pylist() if r["step"] == 2]
+    step2 = next(s for s in tables["grad_steps"].to_pylist() if s["step"] == 2)
+    assert step2["weighted_similarity"] == sum(r["same_count"] for r in rows) / sum(r["numel"] for r in rows)
+
+
+def test_flag_rule_thresholds_are_configurable(fixtures_dir: Path):
+    grad = _grad_fixture(fixtures_dir)
+    a, b = rlprobe.open(grad / "run_a"), rlprobe.open(grad / "run_b")
+    tables, first = compare_grads(a, b, max_drop=0.2)
+    flagged = {(r["step"], r["param"]) for r in tables["grads"].to_pylist() if r["flagged"]}
+    assert flagged == {(3, "0.weight"), (3, "0.bias"), (3, "2.weight"), (3, "2.bias")}
+    assert first["step"] == 3
+    tables, first = compare_grads(a, b, first_step_min=1.01)  # step 0 below the bar
+    assert first["step"] == 0 and "first step" in first["reason"]
+
+
+def test_mismatched_params_shapes_and_steps_are_reported(tmp_path: Path):
+    a = _run(tmp_path / "a", 3, seed=1)
+    b = _run(tmp_path / "b", 2, seed=1, widths=(8, 5, 3), extra=True)
+    tables, _ = compare_grads(rlprobe.open(a), rlprobe.open(b))
+    status = {(r["step"], r["param"]): r["status"] for r in tables["grads"].to_pylist()}
+    assert status[(0, "0.weight")] == "shape_mismatch"
+    assert status[(0, "2.bias")] == "compared"
+    assert status[(0, "3.weight")] == "only_in_b"
+    assert status[(2, "0.weight")] == "only_in_a"
+    steps = {s["step"]: s for s in tables["grad_steps"].to_pylist()}
+    assert "unmatched" in steps[0]["reason"] and steps[2]["weighted_similarity"] is None
+
+
+def test_stats_only_comparison_without_sign_maps(tmp_path: Path):
+    a = _run(tmp_path / "a", 2, seed=1, level="L0")
+    b = _run(tmp_path / "b", 2, seed=1, level="L0", perturb_from=1)
+    tables, first = compare_grads(rlprobe.open(a), rlprobe.open(b))
+    rows = tables["grads"].to_pylist()
+    assert {r["status"] for r in rows} == {"stats_only"}
+    assert all(r["digest_equal"] for r in rows if r["step"] == 0)
+    assert first["step"] == 1 and any("digests differ" in (p["reason"] or "") for p in first["worst_params"])
+
+
+def test_compare_cli_outputs_for_rlprobe_dumps(tmp_path: Path):
+    from rlprobe.compare.run import compare
+
+    a = _run(tmp_path / "a", 3, seed=1)
+    c = _run(tmp_path / "c", 3, seed=1, perturb_from=1)
+    summary = compare(a, c, tmp_path / "out")
+    assert summary["grad_first_flagged"]["step"] == 1
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["grad_first_flagged"]["step"] == 1
+    assert (tmp_path / "out" / "grads" / "rank0" / "similarities.csv").exists()
+    from openpyxl import load_workbook
+
+    assert "Grads" in load_workbook(tmp_path / "out" / "report.xlsx", read_only=True).sheetnames
