@@ -239,6 +239,35 @@ def compact(dump: str) -> None:
     click.echo(f"{dump}: {result['files_before']} files -> {result['files_after']}")
 
 
+@main.command()
+@click.option("--fault", type=click.Choice(["ref-bf16", "nondeterministic", "advantage-bug", "sampling-seed", "lr", "all"]),
+              default="ref-bf16", show_default=True, help="The fault to plant in the second run ('all': each in turn).")
+@click.option("--out", type=click.Path(file_okay=False), default="./rlprobe_demo", show_default=True,
+              help="Where the dumps, configs and reports go.")
+@click.option("--steps", type=click.IntRange(1, 50), help="PPO steps per run (default: the example config's).")
+def demo(fault: str, out: str, steps: int | None) -> None:
+    """Plant a fault in a tiny real PPO run and watch rlprobe find it.
+
+    \b
+    Trains the example PPO model (examples/ppo) twice on the CPU, a baseline and a faulted
+    run, captures key data and gradients, compares them with pipelines/compare.yaml, then
+    re-runs both with the module dump the summary advises and names the first diverging module.
+    """
+    from pathlib import Path
+
+    from rlprobe.demo import FAULTS, run_demo
+
+    faults = FAULTS if fault == "all" else (fault,)
+    try:
+        for name in faults:
+            target = Path(out) / name if fault == "all" else Path(out)
+            if len(faults) > 1:
+                click.secho(f"== fault: {name}", bold=True)
+            run_demo(name, target, steps=steps, say=click.echo)
+    except ProbeError as e:
+        raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
+
+
 @main.command("import-msprobe")
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
 @click.argument("dst", type=click.Path())

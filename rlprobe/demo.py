@@ -67,10 +67,13 @@ def run_training(cfg: dict[str, Any], runs: dict[str, str | None], out: Path) ->
 
 
 def compare_runs(a: Path, b: Path, out: Path) -> dict[str, Any]:
-    """The bundled compare pipeline when the pipeline runner is installed, else a plain comparison."""
-    from rlprobe.compare.run import compare
+    """Run the bundled pipelines/compare.yaml on two dumps; returns its summary."""
+    from rlprobe.pipeline.runner import run_pipeline
+    from rlprobe.pipeline.spec import load_pipeline
 
-    return compare(a, b, out)
+    pipeline = load_pipeline(resource_dir("pipelines") / "compare.yaml",
+                             [f"runs.a={a}", f"runs.b={b}", f"output={out.resolve()}"])
+    return run_pipeline(pipeline).summary
 
 
 def run_demo(fault: str = "ref-bf16", out: str | Path = "./rlprobe_demo", *, steps: int | None = None,
