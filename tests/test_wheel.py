@@ -7,6 +7,7 @@ user's machine.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import venv
@@ -36,20 +37,24 @@ def test_wheel_installs_and_runs(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
                    check=True, cwd=tmp_path)
     wheel = next(dist.glob("rlprobe-*.whl"))
+    # the fresh environment must see only what the wheel installed, not a checkout on PYTHONPATH
+    clean_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], check=True, cwd=tmp_path)
-    out = subprocess.run([str(py), "-c", SMOKE, str(tmp_path / "dump")], capture_output=True, text=True, cwd=tmp_path)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], check=True, cwd=tmp_path, env=clean_env)
+    out = subprocess.run([str(py), "-c", SMOKE, str(tmp_path / "dump")], capture_output=True, text=True, cwd=tmp_path,
+                         env=clean_env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
     info = subprocess.run([str(env_dir / "bin" / "rlprobe"), "info", "--json", str(tmp_path / "dump")],
-                          capture_output=True, text=True, cwd=tmp_path)
+                          capture_output=True, text=True, cwd=tmp_path, env=clean_env)
     assert info.returncode == 0, info.stderr
     summary = json.loads(info.stdout)
     assert summary["complete"] is True
     compared = subprocess.run([str(env_dir / "bin" / "rlprobe"), "compare", str(tmp_path / "dump"), str(tmp_path / "dump"),
-                               "-o", str(tmp_path / "out"), "--quiet"], capture_output=True, text=True, cwd=tmp_path)
+                               "-o", str(tmp_path / "out"), "--quiet"], capture_output=True, text=True, cwd=tmp_path,
+                              env=clean_env)
     assert compared.returncode == 0, compared.stderr
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["counts"] == {"match": 2}
     assert {k["key"]: k["dtypes"] for k in summary["keys"]} == {"log_prob": "float32", "responses": "int64"}
