@@ -1,15 +1,17 @@
 -- key_data: one row per pair with its status, element metrics (where tensors were compared)
 -- and both sides' statistics, in (step, dataflow order, rank, micro_step, index) order.
--- Tables: pairs (key_data_pairs.sql), pair_results (element kernel), key_order (dataflow).
--- Parameter: $stats_rtol (relative tolerance for statistics-only rows).
+-- Tables: pairs (key_data_pairs.sql, given as a CTE or a table), pair_results (element kernel
+-- results by (file_a, file_b)), key_order (dataflow).
+-- Parameters: $stats_rtol (relative tolerance for statistics-only rows), $unknown_position (the
+-- flow_position of keys not in key_order: one past its last position).
 WITH joined AS (
     SELECT p.*, r.numel AS compared_numel, r.equal_count, r.first_mismatch_index, r.max_abs_err,
            r.max_rel_err, r.within_1e3_count, r.within_1e2_count, r.cosine, r.nan_mismatch_count,
-           r.error, r.pair_id IS NOT NULL AS compared,
+           r.error, r.file_a IS NOT NULL AS compared,
            dtype_a IS NOT NULL AND dtype_b IS NOT NULL AND dtype_a <> dtype_b AS dtype_differs,
            coalesce(shape_a <> shape_b, false) AS shape_differs
     FROM pairs AS p
-    LEFT JOIN pair_results AS r USING (pair_id)
+    LEFT JOIN pair_results AS r ON r.file_a = p.file_a AND r.file_b = p.file_b
 ),
 stats_agree AS (
     SELECT *,
@@ -75,7 +77,7 @@ SELECT
     s.nan_count_a, s.nan_count_b, s.inf_count_a, s.inf_count_b, s.zero_count_a, s.zero_count_b,
     s.hash_a, s.hash_b, s.file_a, s.file_b,
     coalesce(o.canonical, s.key)                                          AS canonical_key,
-    coalesce(o.position, (SELECT max(position) + 1 FROM key_order))       AS flow_position
+    coalesce(o.position, $unknown_position)       AS flow_position
 FROM statused AS s
 LEFT JOIN key_order AS o ON o.name = s.key
 ORDER BY s.step, flow_position, s.key, s.rank, s.micro_step, s."index"

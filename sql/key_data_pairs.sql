@@ -1,7 +1,7 @@
 -- Every (key, step, rank, micro_step, index) seen in EITHER run, with both sides' statistics.
--- Parameters: $keys, $steps, $ranks (lists, NULL = all).
+-- Parameters: $keys, $steps, $ranks (lists, NULL = all). A pair is identified by its key
+-- columns; the element kernel's results join back on (file_a, file_b).
 SELECT
-    row_number() OVER () - 1                          AS pair_id,
     coalesce(a.key, b.key)                            AS key,
     coalesce(a.step, b.step)                          AS step,
     coalesce(a.rank, b.rank)                          AS rank,

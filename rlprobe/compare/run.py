@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,6 +21,9 @@ from rlprobe.errors import ProbeError
 from rlprobe.lake.reader import Dump, open_dump
 from rlprobe.lake.schema import KEY_DATA, with_rank
 from rlprobe.resources import sql_text
+
+if TYPE_CHECKING:
+    import duckdb
 
 Progress = Callable[[int, int], None]
 
@@ -54,31 +57,47 @@ def compare(
 
 def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=None, workers=2, stats_rtol=0.0,
                   order=None, progress: Progress | None = None,
-                  executor: Callable[..., dict] | None = None) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+                  executor: Callable[..., dict] | None = None, grads: dict[str, float] | None = None,
+                  modules: dict[str, Any] | None = None,
+                  con: "duckdb.DuckDBPyConnection | None" = None) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     """The comparison itself, in memory: (tables by name, summary). `executor` runs the pair
-    kernels, called like rlprobe.compare.executor.run_pairs(tasks, workers=, progress=) (default)."""
+    kernels, called like rlprobe.compare.executor.run_pairs(tasks, workers=, progress=) (default).
+
+    `grads`: thresholds for compare_grads (first_step_min, max_drop, norm_rtol); `modules`:
+    keyword arguments for compare_modules (e.g. stages=[...]). With `con`, both runs' statistics
+    are left in it as the tables stats_a and stats_b (and key_data, key_rollup, step_rollup are
+    registered there) instead of being returned as Arrow tables."""
     import duckdb
 
     from rlprobe.compare.executor import PairTask, run_pairs
 
-    con = duckdb.connect()
+    keep_stats = con is None
+    con = con or duckdb.connect()
     read_errors: list[str] = []
-    stats_a, stats_b = _stats(dump_a, read_errors, "A"), _stats(dump_b, read_errors, "B")
-    con.register("stats_a", stats_a)
-    con.register("stats_b", stats_b)
+    _load_stats(con, "stats_a", dump_a, read_errors, "A")
+    _load_stats(con, "stats_b", dump_b, read_errors, "B")
     con.register("key_order", key_order_table(order))
+    pairs_sql = _statement(sql_text("key_data_pairs.sql"))
     params = {"keys": keys, "steps": steps, "ranks": ranks}
-    pairs = _arrow(con, sql_text("key_data_pairs.sql"), params)
-    con.register("pairs", pairs)
 
-    tasks = []
-    for row in pairs.select(["pair_id", "in_a", "in_b", "file_a", "file_b", "shape_a", "shape_b"]).to_pylist():
-        if row["in_a"] and row["in_b"] and row["file_a"] and row["file_b"] and row["shape_a"] == row["shape_b"]:
-            tasks.append(PairTask(row["pair_id"], str(dump_a.path / row["file_a"]), str(dump_b.path / row["file_b"])))
+    # only rows with a tensor file on both sides (and equal shapes) are compared element-wise;
+    # a statistics-only dump has none, so its pairs are never looked at twice
+    files = []
+    if _has_tensor_files(con, "stats_a") and _has_tensor_files(con, "stats_b"):
+        files = con.execute(f"SELECT DISTINCT file_a, file_b FROM ({pairs_sql}) WHERE in_a AND in_b "
+                            "AND file_a <> '' AND file_b <> '' AND shape_a IS NOT DISTINCT FROM shape_b "
+                            "ORDER BY file_a, file_b", params).fetchall()
+    tasks = [PairTask(i, str(dump_a.path / file_a), str(dump_b.path / file_b))
+             for i, (file_a, file_b) in enumerate(files)]
     results = (executor or run_pairs)(tasks, workers=workers, progress=progress)
-    con.register("pair_results", _results_table(results))
+    pair_results = _results_table(results)
+    con.register("pair_results", pair_results.append_column(
+        "file_a", pa.array([files[i][0] for i in pair_results["pair_id"].to_pylist()], pa.string())).append_column(
+        "file_b", pa.array([files[i][1] for i in pair_results["pair_id"].to_pylist()], pa.string())))
 
-    key_data = _arrow(con, sql_text("key_data.sql"), {"stats_rtol": stats_rtol})
+    unknown_position = con.execute("SELECT coalesce(max(position) + 1, 0) FROM key_order").fetchall()[0][0]
+    key_data = _arrow(con, _with_pairs(sql_text("key_data.sql"), pairs_sql),
+                      {**params, "stats_rtol": stats_rtol, "unknown_position": unknown_position})
     key_data = _prepend_read_errors(key_data, read_errors)
     con.register("key_data", key_data)
     first = _records(con.execute(sql_text("first_divergence.sql")))
@@ -124,20 +143,28 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
         "read_errors": read_errors,
         "pairs_compared": len(tasks),
     }
-    tables = {"key_data": key_data, "key_rollup": key_rollup, "step_rollup": step_rollup,
-              "stats_a": stats_a, "stats_b": stats_b}
+    tables = {"key_data": key_data, "key_rollup": key_rollup, "step_rollup": step_rollup}
+    if keep_stats:
+        tables["stats_a"], tables["stats_b"] = _arrow(con, "SELECT * FROM stats_a"), _arrow(con, "SELECT * FROM stats_b")
+    else:
+        con.register("key_rollup", key_rollup)
+        con.register("step_rollup", step_rollup)
+    con.execute("DROP VIEW IF EXISTS stats")
+    for helper in ("pair_results", "key_order"):
+        con.unregister(helper)
     from rlprobe.compare.modules import compare_modules, describe, has_module_stats
 
     if has_module_stats(dump_a) or has_module_stats(dump_b):  # module dumps (probe.stage): docs/modules.md
         tables["modules"], summary["module_first_divergence"] = compare_modules(
             dump_a, dump_b, steps=steps, ranks=ranks, workers=workers, progress=progress, executor=executor,
-            read_errors=read_errors)
+            read_errors=read_errors, **(modules or {}))
         summary["module_suspect"] = describe(summary["module_first_divergence"])
         summary["suspect"] = summary["suspect"] or summary["module_suspect"]
     from rlprobe.compare.grads import compare_grads, has_grads
 
     if has_grads(dump_a) or has_grads(dump_b):  # gradient monitors (probe.monitor_grads): docs/grads.md
-        grad_tables, summary["grad_first_flagged"] = compare_grads(dump_a, dump_b, read_errors=read_errors)
+        grad_tables, summary["grad_first_flagged"] = compare_grads(dump_a, dump_b, read_errors=read_errors,
+                                                                   **(grads or {}))
         tables.update(grad_tables)
     return tables, summary
 
@@ -148,11 +175,40 @@ def _warm_up_kernels() -> None:
     warm_up()
 
 
-def _stats(dump: Dump, read_errors: list[str], side: str) -> pa.Table:
+def _load_stats(con, name: str, dump: Dump, read_errors: list[str], side: str) -> None:
+    """One run's key-data statistics as the DuckDB table `name` (rank column included).
+
+    rlprobe dumps: DuckDB reads every live part at once; if that fails (an unreadable part), the
+    parts are read one by one and each unreadable one becomes a message in `read_errors`."""
+    schema = with_rank(KEY_DATA)
+    columns = ", ".join(f'"{f.name}"' for f in KEY_DATA)
+    create = f'CREATE OR REPLACE TEMP TABLE {name} AS SELECT {columns}, "rank" FROM '
+    if dump.format == "rlprobe":
+        parts = dump.parts("key_data")
+        files = [f for fs in parts.values() for f in fs]
+        if files:
+            import duckdb
+
+            part_rank = pa.table({"filename": pa.array(files, pa.string()),
+                                  "rank": pa.array([r for r, fs in parts.items() for _ in fs], pa.int64())})
+            con.register("_part_rank", part_rank)
+            try:
+                con.execute(create + "read_parquet($files, filename = true, union_by_name = true, "
+                            "hive_partitioning = false) JOIN _part_rank USING (filename)", {"files": files})
+                return
+            except duckdb.Error:
+                pass  # an unreadable part: read them one by one below, to name it
+            finally:
+                con.unregister("_part_rank")
     errors: list[str] = []
     table = dump.arrow("key_data", errors=errors)
     read_errors.extend(f"run {side}: {e}" for e in errors)
-    return table.select([f.name for f in with_rank(KEY_DATA)]) if table.num_rows else with_rank(KEY_DATA).empty_table()
+    table = table.select(schema.names) if table.num_rows else schema.empty_table()
+    con.register("_stats_arrow", table)
+    try:
+        con.execute(create + "_stats_arrow")
+    finally:
+        con.unregister("_stats_arrow")
 
 
 def _results_table(results: dict[int, dict[str, Any]]) -> pa.Table:
@@ -182,14 +238,20 @@ def _prepend_read_errors(key_data: pa.Table, read_errors: list[str]) -> pa.Table
 
 
 def _mark_first(key_data: pa.Table, first: dict[str, Any] | None) -> pa.Table:
-    flags = [False] * key_data.num_rows
-    if first is not None:
-        cols = [key_data[c].to_pylist() for c in ("key", "step", "rank", "micro_step", "index")]
-        target = tuple(first[c] for c in ("key", "step", "rank", "micro_step", "index"))
-        for i, row in enumerate(zip(*cols)):
-            if row == target:
-                flags[i] = True
-                break
+    """key_data with is_first_divergence: true on the first row equal to `first` (by key)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    flags = np.zeros(key_data.num_rows, np.bool_)
+    if first is not None and key_data.num_rows:
+        mask = None
+        for c in ("key", "step", "rank", "micro_step", "index"):
+            value = first[c]
+            eq = pc.is_null(key_data[c]) if value is None else pc.fill_null(pc.equal(key_data[c], value), False)
+            mask = eq if mask is None else pc.and_(mask, eq)
+        hit = pc.index(mask, True).as_py()
+        if hit >= 0:
+            flags[hit] = True
     return key_data.append_column("is_first_divergence", pa.array(flags, pa.bool_()))
 
 
@@ -208,6 +270,23 @@ def _arrow(con, query: str, params: dict[str, Any] | None = None) -> pa.Table:
     relation = con.sql(query, params=params)
     to_table = getattr(relation, "to_arrow_table", None) or getattr(relation, "arrow")
     return to_table()
+
+
+def _has_tensor_files(con, table: str) -> bool:
+    return bool(con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {table} WHERE tensor_file <> '' LIMIT 1)")
+                .fetchall()[0][0])
+
+
+def _with_pairs(key_data_sql: str, pairs_sql: str) -> str:
+    """key_data.sql reading its `pairs` from key_data_pairs.sql as a CTE (one pass, nothing materialised)."""
+    head = "WITH joined AS ("
+    if head not in key_data_sql:
+        raise ValueError(f"key_data.sql no longer starts its query with {head!r}")
+    return key_data_sql.replace(head, f"WITH pairs AS (\n{pairs_sql}\n),\njoined AS (", 1)
+
+
+def _statement(sql: str) -> str:
+    return sql.strip().rstrip(";").strip()
 
 
 def _records(result) -> list[dict[str, Any]]:

@@ -80,13 +80,17 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
         raise PipelineError(str(e), EXIT_UNREADABLE) from None
     work = _work_dir(pipeline.output)
     try:
+        import duckdb
+
         t = time.perf_counter()
+        con = duckdb.connect()  # the comparison leaves stats_a, stats_b, key_data, ... in it for the queries
         try:
             tables, summary = compare_dumps(
                 dump_a, dump_b, keys=spec.select.key_list(), steps=spec.select.step_list(),
                 ranks=spec.select.rank_list(), workers=spec.executor.workers,
                 stats_rtol=spec.compare.key_data.stats_rtol, order=spec.compare.key_data.order, progress=progress,
-                executor=_executor(spec.executor))
+                executor=_executor(spec.executor), grads=_grad_thresholds(spec.compare.grads),
+                modules=_module_options(spec.compare.modules), con=con)
         except DumpReadError as e:
             raise PipelineError(str(e), EXIT_UNREADABLE) from None
         timings["compare_s"] = time.perf_counter() - t
@@ -94,7 +98,7 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
                                name_b: str(path_b)}, "executor": spec.executor.kind}
 
         t = time.perf_counter()
-        con = _connection(tables, scalars_a, scalars_b, history, {**DEFAULT_PARAMS, **spec.params})
+        _connection(con, tables, scalars_a, scalars_b, history, {**DEFAULT_PARAMS, **spec.params})
         query_tables = {q.name: _run_query(con, q) for q in pipeline.queries}
         gates = [_run_gate(con, g) for g in pipeline.gates]
         timings["sql_s"] = time.perf_counter() - t
@@ -132,14 +136,20 @@ def _executor(executor) -> Callable[..., dict] | None:
     return None  # compare_dumps' default: the local thread executor
 
 
-def _connection(tables: dict[str, pa.Table], scalars_a: pa.Table, scalars_b: pa.Table, history: pa.Table,
-                params: dict[str, Any]):
-    """One DuckDB connection holding every table queries and gates may read."""
-    import duckdb
+def _grad_thresholds(grads) -> dict[str, float] | None:
+    """compare.grads of the spec as compare_grads thresholds (None: its defaults)."""
+    return None if grads is None else {"first_step_min": grads.first_step_min, "max_drop": grads.max_drop}
 
-    con = duckdb.connect()
-    for name in ("key_data", "key_rollup", "step_rollup", "stats_a", "stats_b"):
-        con.register(name, tables[name])
+
+def _module_options(modules) -> dict[str, Any] | None:
+    """compare.modules of the spec as compare_modules arguments (stage: only that stage)."""
+    return {"stages": [modules.stage]} if modules is not None and modules.stage else None
+
+
+def _connection(con, tables: dict[str, pa.Table], scalars_a: pa.Table, scalars_b: pa.Table, history: pa.Table,
+                params: dict[str, Any]):
+    """Complete `con` (which compare_dumps left holding key_data, key_rollup, step_rollup, stats_a
+    and stats_b) with every other table queries and gates may read."""
     for name, schema in EMPTY_TABLES.items():
         con.register(name, tables.get(name, schema.empty_table()))
     empty_scalars = with_rank(SCALAR).empty_table()

@@ -1,0 +1,254 @@
+"""Gradient probe cost on the CPU: rlprobe `monitor_grads` vs msprobe 8.1.2 grad_probe, same run.
+
+    python benchmarks/grad_overhead.py                   # everything (about 4 minutes on 2 cores)
+    python benchmarks/grad_overhead.py --repeat 3 --no-compare
+
+Workload (issue 4, "Speed"): nn.Sequential of 6 Linear(1024, 1024) with ReLU between, AdamW,
+batch 256, MSE loss; torch threads = 2 in every process (`--threads`). The model, data and step
+are `make_workload` of benchmarks/msprobe_grad_workload.py, which also runs msprobe in its own
+virtual environment (.venv-msprobe, benchmarks/setup_msprobe_venv.sh) as a subprocess.
+
+1. Step time. Per repetition, alternating: plain (this process), rlprobe L2 (this process: a
+   Probe in a temp dir, `monitor_grads(model, optimizer=opt, level="L2", bounds=[-1, 0, 1])`,
+   `probe.step()` after every step, then `close()`), msprobe L2 (subprocess), plain in the
+   msprobe venv (subprocess; checks that both interpreters train equally fast). `--warmup`
+   steps (monitored too), then `--steps` timed steps; the per-step median of each run, then the
+   median over repetitions. "until close" = (timed steps + close()) / steps.
+2. Sign bytes of those runs: rlprobe's signs.npy files vs msprobe's per-parameter bool .npy
+   files, for the same steps.
+3. Comparison. Two monitored runs of `--compare-steps` steps each, B with lr x 1.1 (same seed,
+   so step 0 agrees fully and the similarities then drift), dumped by both tools; then, whole
+   processes, alternating: `rlprobe compare A B -o OUT --plots --quiet` on rlprobe's dumps vs
+   msprobe's `GradComparator.compare_distributed` on msprobe's dumps (plus, for reference,
+   `rlprobe compare` on msprobe's dumps).
+
+Prints a table and writes the raw figures as JSON (`--json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import rlprobe
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from msprobe_grad_workload import make_workload  # noqa: E402  (the same workload in both venvs)
+
+MSPROBE_PY = ROOT / ".venv-msprobe" / "bin" / "python"
+WORKLOAD = HERE / "msprobe_grad_workload.py"
+BOUNDS = [-1.0, 0.0, 1.0]
+
+
+def run_plain(steps: int, warmup: int, seed: int = 0, lr: float = 1e-3) -> dict:
+    _model, _opt, step = make_workload(seed, lr, torch)
+    for i in range(warmup):
+        step(i)
+    times = []
+    t0 = time.perf_counter()
+    for i in range(warmup, warmup + steps):
+        s0 = time.perf_counter()
+        step(i)
+        times.append(time.perf_counter() - s0)
+    return {"step_s": times, "total_s": time.perf_counter() - t0}
+
+
+def run_rlprobe(dump: Path, level: str, steps: int, warmup: int, seed: int = 0, lr: float = 1e-3) -> dict:
+    model, opt, step = make_workload(seed, lr, torch)
+    probe = rlprobe.Probe(dump)
+    probe.monitor_grads(model, optimizer=opt, name="mlp", level=level, bounds=BOUNDS)
+    for i in range(warmup):
+        step(i)
+        probe.step()
+    times = []
+    t0 = time.perf_counter()
+    for i in range(warmup, warmup + steps):
+        s0 = time.perf_counter()
+        step(i)
+        probe.step()
+        times.append(time.perf_counter() - s0)
+    c0 = time.perf_counter()
+    probe.close()
+    t1 = time.perf_counter()
+    signs = sorted(dump.rglob("signs.npy"))
+    return {"step_s": times, "total_s": t1 - t0, "close_s": t1 - c0,
+            "sign_bytes": sum(f.stat().st_size for f in signs), "sign_files": len(signs),
+            "bytes_on_disk": sum(f.stat().st_size for f in dump.rglob("*") if f.is_file())}
+
+
+def run_msprobe(args: list[str]) -> dict:
+    proc = subprocess.run([str(MSPROBE_PY), str(WORKLOAD), *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"msprobe workload failed ({proc.returncode}):\n{proc.stderr[-3000:]}{proc.stdout[-2000:]}")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1])
+
+
+def timed(cmd: list[str], env: dict | None = None) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    dt = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}{proc.stdout[-2000:]}")
+    return dt
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--level", default="L2")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compare-steps", type=int, default=10)
+    ap.add_argument("--compare-repeat", type=int, default=3)
+    ap.add_argument("--no-compare", action="store_true")
+    ap.add_argument("--json", default=None, help="write the raw figures here")
+    args = ap.parse_args(argv)
+    if not MSPROBE_PY.exists():
+        sys.exit(f"{MSPROBE_PY} missing: run benchmarks/setup_msprobe_venv.sh first")
+    torch.set_num_threads(args.threads)
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
+              "--level", args.level]
+    res: dict = {"plain": [], "rlprobe": [], "msprobe": [], "plain_msprobe_venv": [], "config": vars(args)}
+    tmp = Path(tempfile.mkdtemp(prefix="grad_overhead_"))
+    try:
+        run_plain(2, 1)  # first-touch / allocator warm-up of this process
+        for r in range(args.repeat):
+            res["plain"].append(run_plain(args.steps, args.warmup))
+            d = tmp / f"rl{r}"
+            res["rlprobe"].append(run_rlprobe(d, args.level, args.steps, args.warmup))
+            shutil.rmtree(d)
+            d = tmp / f"ms{r}"
+            res["msprobe"].append(run_msprobe(["--mode", "msprobe", "--dump", str(d), *common]))
+            shutil.rmtree(d)
+            res["plain_msprobe_venv"].append(run_msprobe(["--mode", "plain", *common]))
+            print(f"rep {r}: plain {med(res['plain'][-1]['step_s']) * 1e3:.0f} ms, "
+                  f"rlprobe {med(res['rlprobe'][-1]['step_s']) * 1e3:.0f} ms, "
+                  f"msprobe {med(res['msprobe'][-1]['step_s']) * 1e3:.0f} ms, "
+                  f"plain (msprobe venv) {med(res['plain_msprobe_venv'][-1]['step_s']) * 1e3:.0f} ms", flush=True)
+
+        def step_med(kind: str) -> float:
+            return med([med(x["step_s"]) for x in res[kind]])
+
+        def total_med(kind: str) -> float:
+            return med([x["total_s"] for x in res[kind]]) / args.steps
+
+        plain, rl, ms, plain_ms = (step_med(k) for k in ("plain", "rlprobe", "msprobe", "plain_msprobe_venv"))
+        rl_close, plain_total = total_med("rlprobe"), total_med("plain")
+        rl_signs, ms_signs = res["rlprobe"][0]["sign_bytes"], res["msprobe"][0]["sign_bytes"]
+        rl_files, ms_files = res["rlprobe"][0]["sign_files"], res["msprobe"][0]["sign_files"]
+        summary = {
+            "plain_step_ms": plain * 1e3, "rlprobe_step_ms": rl * 1e3, "msprobe_step_ms": ms * 1e3,
+            "plain_msprobe_venv_step_ms": plain_ms * 1e3,
+            "rlprobe_added_pct": 100 * (rl / plain - 1), "msprobe_added_pct": 100 * (ms / plain - 1),
+            "msprobe_added_pct_vs_own_venv_plain": 100 * (ms / plain_ms - 1),
+            "rlprobe_until_close_per_step_ms": rl_close * 1e3, "plain_total_per_step_ms": plain_total * 1e3,
+            "rlprobe_added_pct_until_close": 100 * (rl_close / plain_total - 1),
+            "rlprobe_close_ms": med([x["close_s"] for x in res["rlprobe"]]) * 1e3,
+            "steps_monitored": args.warmup + args.steps,
+            "rlprobe_sign_bytes": rl_signs, "rlprobe_sign_files": rl_files,
+            "msprobe_sign_bytes": ms_signs, "msprobe_sign_files": ms_files,
+            "sign_bytes_ratio": rl_signs / ms_signs,
+            "rlprobe_dump_bytes": res["rlprobe"][0]["bytes_on_disk"],
+            "msprobe_dump_bytes": res["msprobe"][0]["bytes_on_disk"],
+        }
+
+        if not args.no_compare:
+            n = str(args.compare_steps)
+            dumps = {}
+            for run, lr in (("A", 1e-3), ("B", 1.1e-3)):
+                dumps[f"rl{run}"] = tmp / f"cmp_rl{run}"
+                run_rlprobe(dumps[f"rl{run}"], args.level, args.compare_steps, 0, lr=lr)
+                dumps[f"ms{run}"] = tmp / f"cmp_ms{run}"
+                run_msprobe(["--mode", "msprobe", "--dump", str(dumps[f"ms{run}"]), "--steps", n, "--warmup", "0",
+                             "--lr", str(lr), "--threads", str(args.threads), "--level", args.level])
+            rl_cli = [sys.executable, "-m", "rlprobe.cli"] if shutil.which("rlprobe") is None else ["rlprobe"]
+            cmp = {"rlprobe": [], "msprobe": [], "msprobe_call": [], "rlprobe_on_msprobe_dumps": []}
+            # one untimed run each: numba kernel cache, page cache
+            timed([*rl_cli, "compare", str(dumps["rlA"]), str(dumps["rlB"]), "-o", str(tmp / "warm_rl"), "--plots",
+                   "--quiet"], env)
+            run_msprobe(["--mode", "compare", str(dumps["msA"]), str(dumps["msB"]), str(tmp / "warm_ms")])
+            for r in range(args.compare_repeat):
+                out = tmp / f"out_rl{r}"
+                cmp["rlprobe"].append(timed([*rl_cli, "compare", str(dumps["rlA"]), str(dumps["rlB"]), "-o", str(out),
+                                             "--plots", "--quiet"], env))
+                if r == 0:
+                    shutil.copytree(out, tmp / "kept_rl_out")
+                shutil.rmtree(out)
+                out = tmp / f"out_ms{r}"
+                t0 = time.perf_counter()
+                call = run_msprobe(["--mode", "compare", str(dumps["msA"]), str(dumps["msB"]), str(out)])
+                cmp["msprobe"].append(time.perf_counter() - t0)
+                cmp["msprobe_call"].append(call["call_s"])
+                if r == 0:
+                    shutil.copytree(out, tmp / "kept_ms_out")
+                shutil.rmtree(out)
+                out = tmp / f"out_rlms{r}"
+                cmp["rlprobe_on_msprobe_dumps"].append(timed([*rl_cli, "compare", str(dumps["msA"]), str(dumps["msB"]),
+                                                              "-o", str(out), "--plots", "--quiet"], env))
+                shutil.rmtree(out)
+                print(f"compare rep {r}: rlprobe {cmp['rlprobe'][-1]:.2f} s, msprobe {cmp['msprobe'][-1]:.2f} s "
+                      f"(call {cmp['msprobe_call'][-1]:.2f} s), rlprobe on msprobe dumps "
+                      f"{cmp['rlprobe_on_msprobe_dumps'][-1]:.2f} s", flush=True)
+            res["compare"] = cmp
+            # the similarities must agree between the tools (same runs, same bits)
+            rl_csv = sorted((tmp / "kept_rl_out").rglob("similarities.csv"))
+            ms_csv = sorted((tmp / "kept_ms_out").rglob("similarities.csv"))
+            summary.update({
+                "compare_rlprobe_s": med(cmp["rlprobe"]), "compare_msprobe_s": med(cmp["msprobe"]),
+                "compare_msprobe_call_s": med(cmp["msprobe_call"]),
+                "compare_rlprobe_on_msprobe_dumps_s": med(cmp["rlprobe_on_msprobe_dumps"]),
+                "compare_speedup": med(cmp["msprobe"]) / med(cmp["rlprobe"]),
+                "compare_speedup_vs_call": med(cmp["msprobe_call"]) / med(cmp["rlprobe"]),
+                "compare_rlprobe_pngs": len(list((tmp / "kept_rl_out").rglob("*.png"))),
+                "compare_msprobe_pngs": len(list((tmp / "kept_ms_out").rglob("*.png"))),
+                "similarities_csv_equal": bool(rl_csv and ms_csv and rl_csv[0].read_bytes() == ms_csv[0].read_bytes()),
+                "rlprobe_similarities_csv": rl_csv[0].read_text(encoding="utf-8-sig")[:2000] if rl_csv else None,
+            })
+        res["summary"] = summary
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    s = res["summary"]
+    print(f"\nCPU, {args.threads} threads, 6x Linear(1024,1024) + AdamW, batch 256, {args.level}, "
+          f"medians of {args.repeat} alternating repetitions of {args.steps} steps:")
+    print(f"  plain                 {s['plain_step_ms']:8.1f} ms/step  (msprobe venv: {s['plain_msprobe_venv_step_ms']:.1f})")
+    print(f"  rlprobe               {s['rlprobe_step_ms']:8.1f} ms/step  +{s['rlprobe_added_pct']:.1f}%  (goal <= 15%)")
+    print(f"  rlprobe until close() {s['rlprobe_until_close_per_step_ms']:8.1f} ms/step  "
+          f"+{s['rlprobe_added_pct_until_close']:.1f}%  (close {s['rlprobe_close_ms']:.0f} ms)")
+    print(f"  msprobe 8.1.2         {s['msprobe_step_ms']:8.1f} ms/step  +{s['msprobe_added_pct']:.1f}%  "
+          f"(+{s['msprobe_added_pct_vs_own_venv_plain']:.1f}% vs its venv's plain)")
+    print(f"  sign bytes, {s['steps_monitored']} steps: rlprobe {s['rlprobe_sign_bytes']:,} in {s['rlprobe_sign_files']} "
+          f"files, msprobe {s['msprobe_sign_bytes']:,} in {s['msprobe_sign_files']} files, "
+          f"ratio {s['sign_bytes_ratio']:.4f} (goal <= 1/8 + headers)")
+    if "compare_speedup" in s:
+        print(f"  compare ({args.compare_steps} steps): rlprobe {s['compare_rlprobe_s']:.2f} s, msprobe "
+              f"{s['compare_msprobe_s']:.2f} s (call {s['compare_msprobe_call_s']:.2f} s) -> "
+              f"{s['compare_speedup']:.1f}x (goal >= 10x); rlprobe on msprobe dumps "
+              f"{s['compare_rlprobe_on_msprobe_dumps_s']:.2f} s; similarities.csv identical: "
+              f"{s['similarities_csv_equal']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Time msprobe 8.1.2's grad_probe on the gradient-probe workload (baseline for rlprobe).
+
+Run with the msprobe venv's interpreter (see benchmarks/setup_msprobe_venv.sh):
+
+    .venv-msprobe/bin/python benchmarks/msprobe_grad_workload.py --dump /tmp/msprobe_grad
+    .venv-msprobe/bin/python benchmarks/msprobe_grad_workload.py --mode plain     # no monitoring
+    .venv-msprobe/bin/python benchmarks/msprobe_grad_workload.py --mode compare A B OUT
+
+Workload (identical to benchmarks/grad_overhead.py, which imports make_workload from here):
+nn.Sequential of 6 Linear(1024, 1024) with ReLU between, AdamW(lr), batch 256, MSE loss
+against a fixed random target; 4 input batches cycled. torch.manual_seed(seed) before
+building the model, then the data. One step = zero_grad, forward, backward, optimizer.step.
+
+Prints one JSON line:
+  mode, step_s: per-step wall times of the measured steps (after --warmup steps),
+  total_s: wall time of the measured steps, bytes_on_disk / sign_bytes / sign_files under --dump.
+With --mode compare: {"mode": "compare", "call_s": time of GradComparator.compare_distributed}.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+LAYERS, WIDTH, BATCH, N_BATCHES = 6, 1024, 256, 4
+
+
+def make_workload(seed, lr, torch):
+    torch.manual_seed(seed)
+    layers = []
+    for i in range(LAYERS):
+        layers.append(torch.nn.Linear(WIDTH, WIDTH))
+        if i < LAYERS - 1:
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    xs = [torch.randn(BATCH, WIDTH) for _ in range(N_BATCHES)]
+    target = torch.randn(BATCH, WIDTH)
+
+    def step(i):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(xs[i % N_BATCHES]), target)
+        loss.backward()
+        opt.step()
+
+    return model, opt, step
+
+
+def sizes(path):
+    total = signs = files = 0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            size = os.stat(os.path.join(root, name)).st_size
+            total += size
+            if name.endswith(".npy"):
+                signs += size
+                files += 1
+    return total, signs, files
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=["msprobe", "plain", "compare"], default="msprobe")
+    ap.add_argument("paths", nargs="*", help="with --mode compare: DUMP_A DUMP_B OUT")
+    ap.add_argument("--dump", default="./msprobe_grad_dump")
+    ap.add_argument("--level", default="L2")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+
+    if args.mode == "compare":
+        a, b, out = args.paths
+        t0 = time.perf_counter()
+        from msprobe import GradComparator
+
+        t1 = time.perf_counter()
+        GradComparator.compare_distributed(a, b, out)
+        t2 = time.perf_counter()
+        print(json.dumps({"mode": "compare", "import_s": t1 - t0, "call_s": t2 - t1}))
+        return 0
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    model, _opt, step = make_workload(args.seed, args.lr, torch)
+    if args.mode == "msprobe":
+        from msprobe.pytorch import PrecisionDebugger
+
+        os.makedirs(args.dump, exist_ok=True)
+        config = os.path.join(args.dump, "..", os.path.basename(os.path.normpath(args.dump)) + "_config.json")
+        with open(config, "w") as f:
+            json.dump({"task": "grad_probe", "dump_path": args.dump, "rank": [], "step": [],
+                       "grad_probe": {"grad_level": args.level, "param_list": [], "bounds": [-1, 0, 1]}}, f)
+        PrecisionDebugger(config_path=config).monitor(model)
+    for i in range(args.warmup):
+        step(i)
+    times = []
+    t0 = time.perf_counter()
+    for i in range(args.warmup, args.warmup + args.steps):
+        s0 = time.perf_counter()
+        step(i)
+        times.append(time.perf_counter() - s0)
+    total = time.perf_counter() - t0
+    result = {"mode": args.mode, "step_s": times, "total_s": total, "threads": torch.get_num_threads()}
+    if args.mode == "msprobe":
+        result["bytes_on_disk"], result["sign_bytes"], result["sign_files"] = sizes(args.dump)
+    sys.stdout.flush()
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The spec's compare.grads thresholds and compare.modules.stage reach the comparisons."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from rlprobe.pipeline.runner import run_pipeline
+from rlprobe.pipeline.spec import load_pipeline
+
+
+def _run(tmp_path: Path, a: Path, b: Path, compare: str, name: str = "out") -> dict:
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(f"version: 1\nname: t\nruns:\n  a: {a}\n  b: {b}\noutput: ./{name}\n"
+                    f"report: {{xlsx: false, csv: false}}\n{compare}", encoding="utf-8")
+    run_pipeline(load_pipeline(spec))
+    return json.loads((tmp_path / name / "summary.json").read_text())
+
+
+def test_grad_thresholds_from_the_spec_decide_the_flags(fixtures_dir, tmp_path):
+    grad = fixtures_dir / "msprobe" / "grad"
+    default = _run(tmp_path, grad / "run_a", grad / "run_b", "", "default")
+    assert default["grad_first_flagged"]["step"] == 2  # the defaults (0.97, 0.03) flag step 2
+    lax = _run(tmp_path, grad / "run_a", grad / "run_b",
+               "compare:\n  grads: {first_step_min: 0.0, max_drop: 1.0}\n", "lax")
+    assert lax["grad_first_flagged"] is None
+    steps = pq.read_table(tmp_path / "lax" / "grad_steps.parquet").to_pylist()
+    assert steps and not any(s["flagged"] for s in steps)
+
+
+def test_module_stage_from_the_spec_selects_the_stage(tmp_path):
+    pytest.importorskip("torch")
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compare"))
+    try:
+        from test_modules import bump, run
+    finally:
+        sys.path.pop(0)
+    a = run(tmp_path / "a")
+    b = run(tmp_path / "b", bump("head", 1e-3))
+    every = _run(tmp_path, a, b, "", "every")
+    assert every["module_first_divergence"]["stage"] == "reference_compute_log_prob"
+    chosen = _run(tmp_path, a, b, "compare:\n  modules: {stage: reference_compute_log_prob}\n", "chosen")
+    assert chosen["module_first_divergence"] == every["module_first_divergence"]
+    other = _run(tmp_path, a, b, "compare:\n  modules: {stage: actor_update}\n", "other")
+    assert other["module_first_divergence"] is None
+    assert not (tmp_path / "other" / "modules.parquet").exists() or \
+        pq.read_table(tmp_path / "other" / "modules.parquet").num_rows == 0
