@@ -22,7 +22,9 @@ virtual environment (.venv-msprobe, benchmarks/setup_msprobe_venv.sh) as a subpr
    msprobe's `GradComparator.compare_distributed` on msprobe's dumps (plus, for reference,
    `rlprobe compare` on msprobe's dumps).
 
-Prints a table and writes the raw figures as JSON (`--json`).
+Before each timed run it waits (up to --idle-timeout s) until the CPU was >= --min-idle idle for
+1 s: other processes on the 2 cores otherwise distort every figure. Prints a table and writes
+the raw figures as JSON (`--json`).
 """
 
 from __future__ import annotations
@@ -105,6 +107,33 @@ def timed(cmd: list[str], env: dict | None = None) -> float:
     return dt
 
 
+def cpu_idle_share(interval: float = 1.0) -> float:
+    """Share of CPU time idle over `interval` seconds, from /proc/stat (1.0 where unavailable)."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return v[3] + v[4], sum(v)
+    try:
+        i0, t0 = sample()
+        time.sleep(interval)
+        i1, t1 = sample()
+    except OSError:
+        return 1.0
+    return (i1 - i0) / max(t1 - t0, 1)
+
+
+def wait_idle(min_idle: float, timeout: float, log: list) -> None:
+    """Wait until the machine is quiet (other processes sharing the cores distort every figure)."""
+    if min_idle <= 0:
+        return
+    t0 = time.perf_counter()
+    while True:
+        share = cpu_idle_share()
+        if share >= min_idle or time.perf_counter() - t0 > timeout:
+            log.append({"idle": round(share, 3), "waited_s": round(time.perf_counter() - t0, 1)})
+            return
+
+
 def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -120,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-repeat", type=int, default=3)
     ap.add_argument("--no-compare", action="store_true")
     ap.add_argument("--json", default=None, help="write the raw figures here")
+    ap.add_argument("--min-idle", type=float, default=0.9,
+                    help="before each timed run wait until this share of the CPU was idle for 1 s (0: never wait)")
+    ap.add_argument("--idle-timeout", type=float, default=120.0)
     args = ap.parse_args(argv)
     if not MSPROBE_PY.exists():
         sys.exit(f"{MSPROBE_PY} missing: run benchmarks/setup_msprobe_venv.sh first")
@@ -127,18 +159,27 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
               "--level", args.level]
-    res: dict = {"plain": [], "rlprobe": [], "msprobe": [], "plain_msprobe_venv": [], "config": vars(args)}
+    res: dict = {"plain": [], "rlprobe": [], "msprobe": [], "plain_msprobe_venv": [], "config": vars(args),
+                 "idle_waits": []}
+
+    def quiet() -> None:
+        wait_idle(args.min_idle, args.idle_timeout, res["idle_waits"])
+
     tmp = Path(tempfile.mkdtemp(prefix="grad_overhead_"))
     try:
         run_plain(2, 1)  # first-touch / allocator warm-up of this process
         for r in range(args.repeat):
+            quiet()
             res["plain"].append(run_plain(args.steps, args.warmup))
             d = tmp / f"rl{r}"
+            quiet()
             res["rlprobe"].append(run_rlprobe(d, args.level, args.steps, args.warmup))
             shutil.rmtree(d)
             d = tmp / f"ms{r}"
+            quiet()
             res["msprobe"].append(run_msprobe(["--mode", "msprobe", "--dump", str(d), *common]))
             shutil.rmtree(d)
+            quiet()
             res["plain_msprobe_venv"].append(run_msprobe(["--mode", "plain", *common]))
             print(f"rep {r}: plain {med(res['plain'][-1]['step_s']) * 1e3:.0f} ms, "
                   f"rlprobe {med(res['rlprobe'][-1]['step_s']) * 1e3:.0f} ms, "
@@ -188,12 +229,14 @@ def main(argv: list[str] | None = None) -> int:
             run_msprobe(["--mode", "compare", str(dumps["msA"]), str(dumps["msB"]), str(tmp / "warm_ms")])
             for r in range(args.compare_repeat):
                 out = tmp / f"out_rl{r}"
+                quiet()
                 cmp["rlprobe"].append(timed([*rl_cli, "compare", str(dumps["rlA"]), str(dumps["rlB"]), "-o", str(out),
                                              "--plots", "--quiet"], env))
                 if r == 0:
                     shutil.copytree(out, tmp / "kept_rl_out")
                 shutil.rmtree(out)
                 out = tmp / f"out_ms{r}"
+                quiet()
                 t0 = time.perf_counter()
                 call = run_msprobe(["--mode", "compare", str(dumps["msA"]), str(dumps["msB"]), str(out)])
                 cmp["msprobe"].append(time.perf_counter() - t0)
@@ -202,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                     shutil.copytree(out, tmp / "kept_ms_out")
                 shutil.rmtree(out)
                 out = tmp / f"out_rlms{r}"
+                quiet()
                 cmp["rlprobe_on_msprobe_dumps"].append(timed([*rl_cli, "compare", str(dumps["msA"]), str(dumps["msB"]),
                                                               "-o", str(out), "--plots", "--quiet"], env))
                 shutil.rmtree(out)
