@@ -20,14 +20,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Iterator, Mapping
 
-import numpy as np
-
+from rlprobe.capture.writer import TensorRow, write_tensor_rows
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks import get_adapter
 from rlprobe.frameworks.base import StagedLeaf
-from rlprobe.lake.encoding import narrow_integers, widen
 from rlprobe.lake.layout import check_name
-from rlprobe.lake.statistics import STATISTICS, bitwise_hash, host_statistics
 from rlprobe.selection import parse_int_set
 
 STAGES = ("actor_compute_log_prob", "actor_update", "reference_compute_log_prob", "critic_compute_values",
@@ -311,50 +308,12 @@ def _tensor_leaves(value: Any, prefix: str, framework: str, depth: int = 0) -> I
 def write_module_rows(writer: Any, layout: Any, stage: str, step: int, framework: str, jobs: list[ModuleLeaf],
                       save_tensors: bool) -> None:
     """Writer-thread job: one stats row (and with tensors, one .npy) per tensor of one module call."""
-    sink = writer.sink
-    errors: list[str] = []
-    for job in jobs:
-        try:
-            row = _module_row(job, stage, step, framework, sink, layout, save_tensors, errors)
-        finally:
-            job.leaf.raw = None
-            if job.leaf.release is not None:
-                job.leaf.release()
-        if row is not None:
-            sink.add_row("module", row)
-    writer.report(errors)
-
-
-def _module_row(job: ModuleLeaf, stage: str, step: int, framework: str, sink: Any, layout: Any, save_tensors: bool,
-                errors: list[str]) -> dict[str, Any] | None:
-    leaf = job.leaf
-    where = f"stage {stage!r} step {step} module {job.module!r} call {job.call} {job.io} {job.index!r}"
-    lost = {"kind": "module", "stage": stage, "step": step, "module": job.module, "call": job.call,
-            "io": job.io, "index": job.index}
-    try:
-        if leaf.finish is not None:
-            leaf.finish()
-        values = widen(leaf.raw, leaf.dtype) if leaf.raw is not None else None
-        stats = dict(leaf.device_stats or {})
-        if values is not None and any(s.name not in stats for s in STATISTICS):
-            stats.update({k: v for k, v in host_statistics(values).items() if k not in stats})
-        row: dict[str, Any] = {
-            "stage": stage, "step": step, "module": job.module, "call": job.call, "direction": job.direction,
-            "io": job.io, "index": job.index, "seq": job.seq, "dtype": leaf.dtype, "framework": framework,
-            "shape": list(leaf.shape), "numel": int(np.prod(leaf.shape, dtype=np.int64)), **stats,
-            "hash": bitwise_hash(leaf.raw) if leaf.raw is not None else None, "tensor_file": None,
-        }
-    except Exception as e:
-        msg = f"{where}: could not compute statistics: {type(e).__name__}: {e}"
-        sink.record_error(msg, {**lost, "what": "row"})
-        errors.append(msg)
-        return None
-    if save_tensors and values is not None:
-        path = layout.module_tensor(stage, step, sink.rank, job.seq, job.io, job.index)
-        try:
-            row["tensor_file"] = sink.write_tensor(path, narrow_integers(values, stats.get("min"), stats.get("max")))
-        except OSError as e:
-            msg = f"{where}: tensor not written to {path}: {e}; its statistics are kept"
-            sink.record_error(msg, {**lost, "what": "tensor"})
-            errors.append(msg)
-    return row
+    items = [
+        TensorRow(job.leaf,
+                  {"stage": stage, "step": step, "module": job.module, "call": job.call, "direction": job.direction,
+                   "io": job.io, "index": job.index, "seq": job.seq},
+                  f"stage {stage!r} step {step} module {job.module!r} call {job.call} {job.io} {job.index!r}",
+                  layout.module_tensor(stage, step, writer.sink.rank, job.seq, job.io, job.index) if save_tensors else None)
+        for job in jobs
+    ]
+    write_tensor_rows(writer, "module", framework, items)

@@ -9,6 +9,7 @@ thread; the probe reports them on its next call.
 from __future__ import annotations
 
 import queue
+from pathlib import Path
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -94,28 +95,53 @@ class BackgroundWriter:
                     self._cond.notify_all()
 
 
-def write_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob], save_tensors: bool) -> None:
-    """Writer-thread job: stats, hash and (optionally) the .npy of each tensor of one save call."""
+@dataclass
+class TensorRow:
+    """One staged tensor on the writer thread: its row's key columns and where its .npy goes."""
+
+    leaf: StagedLeaf
+    keys: dict[str, Any]  # the row key and other columns that are not tensor statistics
+    where: str  # for messages: "key 'x' step 3 micro_step 0"
+    tensor_path: Path | None  # None: statistics only
+
+
+def write_tensor_rows(writer: BackgroundWriter, kind: str, framework: str | None, items: list[TensorRow]) -> None:
+    """Writer-thread job: statistics, hash and (optionally) the .npy of each tensor, one row each.
+
+    A tensor whose statistics cannot be computed is recorded as lost; one whose file cannot be
+    written keeps its statistics row (tensor_file null). Host copies are released as soon as
+    each tensor is done, so staging memory returns to the ring in order."""
     sink = writer.sink
     errors: list[str] = []
-    for job in jobs:
+    for item in items:
         row = None
         try:
-            row = _key_data_row(job, step, sink, layout, save_tensors, errors)
+            row = _tensor_row(item, kind, framework, sink, errors)
         finally:
-            job.leaf.raw = None  # drop the host copy now, not when the job list dies
-            if job.leaf.release is not None:
-                job.leaf.release()
+            item.leaf.raw = None
+            if item.leaf.release is not None:
+                item.leaf.release()
         if row is not None:
-            sink.add_row("key_data", row)
+            sink.add_row(kind, row)
     writer.report(errors)
 
 
-def _key_data_row(job: LeafJob, step: int, sink: RankWriter, layout: DumpLayout, save_tensors: bool,
-                  errors: list[str]) -> dict[str, Any] | None:
-    leaf = job.leaf
-    where = f"key {job.key!r} step {step} micro_step {job.micro_step}" + (f" index {job.index!r}" if job.index else "")
-    lost = {"kind": "key_data", "key": job.key, "step": step, "micro_step": job.micro_step, "index": job.index}
+def write_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob], save_tensors: bool) -> None:
+    """Writer-thread job for one save call."""
+    items = [
+        TensorRow(job.leaf, {"key": job.key, "step": step, "micro_step": job.micro_step, "index": job.index,
+                             "framework": job.framework},
+                  f"key {job.key!r} step {step} micro_step {job.micro_step}" + (f" index {job.index!r}" if job.index else ""),
+                  layout.key_data_tensor(job.key, step, writer.sink.rank, job.micro_step, job.index) if save_tensors else None)
+        for job in jobs
+    ]
+    write_tensor_rows(writer, "key_data", None, items)
+
+
+def _tensor_row(item: TensorRow, kind: str, framework: str | None, sink: RankWriter,
+                errors: list[str]) -> dict[str, Any] | None:
+    leaf = item.leaf
+    lost = {"kind": kind, **{k: v for k, v in item.keys.items() if k != "framework"}}
     try:
         if leaf.finish is not None:
             leaf.finish()
@@ -124,22 +150,23 @@ def _key_data_row(job: LeafJob, step: int, sink: RankWriter, layout: DumpLayout,
         if values is not None and any(s.name not in stats for s in STATISTICS):
             stats.update({k: v for k, v in host_statistics(values).items() if k not in stats})
         row: dict[str, Any] = {
-            "key": job.key, "step": step, "micro_step": job.micro_step, "index": job.index,
-            "dtype": leaf.dtype, "framework": job.framework, "shape": list(leaf.shape),
+            **item.keys, "dtype": leaf.dtype, "shape": list(leaf.shape),
             "numel": int(np.prod(leaf.shape, dtype=np.int64)), **stats,
             "hash": bitwise_hash(leaf.raw) if leaf.raw is not None else None, "tensor_file": None,
         }
+        if framework is not None:
+            row["framework"] = framework
     except Exception as e:
-        msg = f"{where}: could not compute statistics: {type(e).__name__}: {e}"
+        msg = f"{item.where}: could not compute statistics: {type(e).__name__}: {e}"
         sink.record_error(msg, {**lost, "what": "row"})
         errors.append(msg)
         return None
-    if save_tensors and values is not None:
-        path = layout.key_data_tensor(job.key, step, sink.rank, job.micro_step, job.index)
+    if item.tensor_path is not None and values is not None:
         try:
-            row["tensor_file"] = sink.write_tensor(path, narrow_integers(values, stats.get("min"), stats.get("max")))
+            row["tensor_file"] = sink.write_tensor(item.tensor_path,
+                                                   narrow_integers(values, stats.get("min"), stats.get("max")))
         except OSError as e:
-            msg = f"{where}: tensor not written to {path}: {e}; its statistics are kept"
+            msg = f"{item.where}: tensor not written to {item.tensor_path}: {e}; its statistics are kept"
             sink.record_error(msg, {**lost, "what": "tensor"})
             errors.append(msg)
     return row
