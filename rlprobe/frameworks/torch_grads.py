@@ -4,6 +4,9 @@ bits travel as one uint8 buffer (pinned and non-blocking on CUDA)."""
 
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import numpy as np
@@ -46,11 +49,75 @@ def _stats_row(flat: torch.Tensor, bounds: torch.Tensor | None, k: int) -> torch
     return torch.stack([v.to(torch.float64) for v in values])
 
 
+_PARALLEL_MIN = 1 << 20  # elements per step from which the CPU kernel uses a second thread
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(1, thread_name_prefix="rlprobe-grad-cpu")
+        return _POOL
+
+
+def _launch_cpu(flats: list[torch.Tensor], level: str, bounds: Sequence[float]) -> tuple[Finish, int]:
+    """The CPU path: one fused numba pass per gradient (cpu_grad_kernel) writes its stats row and
+    its packed signs straight into the host buffer; no device, so nothing to copy."""
+    from rlprobe.frameworks.cpu_grad_kernel import stats_into
+
+    n = len(flats)
+    k = len(STAT_COLUMNS) + (len(bounds) if level == "L2" else 0)
+    b = np.asarray(list(bounds), np.float32) if level == "L2" else None
+    numels = [f.numel() for f in flats]
+    offsets = sign_offsets(numels)
+    n_sign_bytes = sum(padded_bytes(m) for m in numels) if level != "L0" else 0
+    n_digest_bytes = 8 * n if level == "L0" else 0
+    raw = np.empty(n * k * 8 + n_digest_bytes + n_sign_bytes, np.uint8)
+    stat_matrix = raw[: n * k * 8].view(np.float64).reshape(n, k)
+    signs = raw[n * k * 8 + n_digest_bytes:] if level != "L0" else None
+    def run(rows: list[int]) -> None:
+        for r in rows:
+            f = flats[r]
+            if f.numel() == 0:
+                stat_matrix[r] = 0.0
+                stat_matrix[r, :3] = np.nan
+                continue
+            x = f if f.dtype in (torch.float32, torch.float64) else f.float()
+            stats_into(x.contiguous().numpy(), b, stat_matrix[r], signs, offsets[r])
+
+    # the kernel releases the GIL: with 2+ cores and enough work, a second thread takes about
+    # half the parameters (greedy by size); each row and sign range is written by one thread
+    if sum(numels) >= _PARALLEL_MIN and (os.cpu_count() or 1) > 1:
+        halves: tuple[list[int], list[int]] = ([], [])
+        load = [0, 0]
+        for r in sorted(range(n), key=lambda r: -numels[r]):
+            h = 0 if load[0] <= load[1] else 1
+            halves[h].append(r)
+            load[h] += numels[r]
+        other = _pool().submit(run, halves[1])
+        run(halves[0])
+        other.result()
+    else:
+        run(list(range(n)))
+    if level == "L0":
+        raw[n * k * 8: n * k * 8 + n_digest_bytes] = torch.stack([mix64(f) for f in flats]).view(torch.uint8).numpy()
+
+    def finish() -> GradBatch:
+        digests = raw[n * k * 8: n * k * 8 + n_digest_bytes].view(np.uint64) if level == "L0" else None
+        return GradBatch(stat_matrix, digests, signs, offsets)  # views of `raw`, which nothing else writes
+
+    return finish, int(raw.size)
+
+
 def launch(grads: Sequence[torch.Tensor], level: str, bounds: Sequence[float]) -> tuple[Finish, int]:
     """Queue the statistics of `grads` on their device; returns (finish, host bytes). `finish()`
     waits for the copy and splits it; call it off the training thread."""
     device = grads[0].device
     flats = [g.detach().reshape(-1) for g in grads]
+    if device.type == "cpu":
+        return _launch_cpu(flats, level, bounds)
     k = len(STAT_COLUMNS) + (len(bounds) if level == "L2" else 0)
     b = torch.tensor(list(bounds), dtype=torch.float32, device=device) if level == "L2" else None
     stats = torch.stack([_stats_row(f, b, k) for f in flats])
@@ -62,19 +129,11 @@ def launch(grads: Sequence[torch.Tensor], level: str, bounds: Sequence[float]) -
     n_sign_bytes = 0
     if level != "L0":
         n_sign_bytes = sum(padded_bytes(n) for n in numels)
-        if device.type == "cpu":
-            # host memory already: np.packbits packs in one pass, without the int64 temporaries
-            bits = torch.empty(n_sign_bytes * 8, dtype=torch.bool)
-            for f, off, n in zip(flats, offsets, numels):
-                torch.gt(f, 0, out=bits[off * 8: off * 8 + n])
-                bits[off * 8 + n: (off + padded_bytes(n)) * 8] = False  # padding bits
-            pieces.append(torch.from_numpy(np.packbits(bits.numpy())))
-        else:
-            bits = torch.zeros(n_sign_bytes * 8, dtype=torch.bool, device=device)
-            for f, off in zip(flats, offsets):
-                torch.gt(f, 0, out=bits[off * 8: off * 8 + f.numel()])
-            words = bits.view(torch.uint8).view(torch.int64)
-            pieces.append((((words * PACK_MAGIC) >> 56) & 0xFF).to(torch.uint8))
+        bits = torch.zeros(n_sign_bytes * 8, dtype=torch.bool, device=device)
+        for f, off in zip(flats, offsets):
+            torch.gt(f, 0, out=bits[off * 8: off * 8 + f.numel()])
+        words = bits.view(torch.uint8).view(torch.int64)
+        pieces.append((((words * PACK_MAGIC) >> 56) & 0xFF).to(torch.uint8))
     payload = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
     event = None
     if device.type == "cpu":
