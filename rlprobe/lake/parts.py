@@ -19,6 +19,9 @@ from rlprobe.lake.atomic import atomic_write_parquet, is_temporary
 from rlprobe.lake.layout import Part, live_parts_in, part_name
 
 FANOUT = 4
+# tables of parts this store wrote stay in memory (up to this many bytes in all), so a tiered
+# merge concatenates them instead of reading its own small files back
+CACHE_BYTES = 16 << 20
 
 
 def _tier(part: Part) -> int:
@@ -30,6 +33,37 @@ class PartStore:
         self.directory = directory
         live, covered = live_parts_in(directory)
         self.next_seq = max((p.last for p in live + covered), default=-1) + 1
+        self._cache: dict[Path, pa.Table] = {}
+        self._cache_bytes = 0
+        self._disk_schemas: dict[pa.Schema, pa.Schema] = {}
+
+    def _remember(self, path: Path, table: pa.Table) -> None:
+        if self._cache_bytes + table.nbytes > CACHE_BYTES:
+            return
+        try:  # as a read would return it (Parquet names list items "element", say)
+            disk = self._disk_schemas.get(table.schema)
+            if disk is None:
+                disk = self._disk_schemas[table.schema] = pq.read_schema(path)
+            try:
+                table = pa.Table.from_arrays(table.columns, schema=disk)  # no copy
+            except (TypeError, ValueError, pa.ArrowException):
+                table = table.cast(disk)
+        except (OSError, TypeError, ValueError, pa.ArrowException):
+            return  # read it back when merging
+        self._cache[path] = table
+        self._cache_bytes += table.nbytes
+
+    def _forget(self, path: Path) -> None:
+        table = self._cache.pop(path, None)
+        if table is not None:
+            self._cache_bytes -= table.nbytes
+
+    def _read(self, path: Path) -> pa.Table:
+        table = self._cache.get(path)
+        if table is not None:
+            return table
+        with pq.ParquetFile(path) as f:
+            return f.read()
 
     def live(self) -> list[Part]:
         return live_parts_in(self.directory)[0]
@@ -40,6 +74,7 @@ class PartStore:
         path = self.directory / part_name(seq, seq)
         atomic_write_parquet(path, table)
         self.next_seq = seq + 1
+        self._remember(path, table)
         return Part(path, seq, seq)
 
     def merge_tiered(self) -> None:
@@ -63,6 +98,7 @@ class PartStore:
         if not self.directory.is_dir():
             return
         for p in live_parts_in(self.directory)[1]:
+            self._forget(p.path)
             p.path.unlink(missing_ok=True)
         for f in self.directory.iterdir():
             if is_temporary(f):
@@ -76,6 +112,7 @@ class PartStore:
         self.remove_leftovers()
         dropped = 0
         for part in self.live():
+            self._forget(part.path)
             table = pq.read_table(part.path, partitioning=None)
             if "step" not in table.column_names:
                 continue
@@ -91,10 +128,13 @@ class PartStore:
         return dropped
 
     def _merge(self, parts: list[Part]) -> None:
-        tables = [pq.read_table(p.path, partitioning=None) for p in parts]
+        tables = [self._read(p.path) for p in parts]
         merged = pa.concat_tables(tables, promote_options="default")
         if "step" in merged.column_names:
             merged = merged.sort_by([("step", "ascending")])  # stable: keeps flush order within a step
-        atomic_write_parquet(self.directory / part_name(parts[0].first, parts[-1].last), merged)
+        path = self.directory / part_name(parts[0].first, parts[-1].last)
+        atomic_write_parquet(path, merged)
         for p in parts:
+            self._forget(p.path)
             p.path.unlink(missing_ok=True)
+        self._remember(path, merged)

@@ -190,3 +190,35 @@ def test_leftover_temporary_files_are_ignored(tmp_path: Path):
     dump = rlprobe.open(path)
     _check_rows(dump, 4)
     assert _scalar(dump.connect(), "select count(*) from key_data") == KEY_ROWS_PER_STEP * 4
+
+
+def test_merges_from_memory_equal_merges_read_back(tmp_path: Path, monkeypatch):
+    """Tiered merges use the tables the store wrote (cached) where they fit: same files as reading
+    every part back, also when only some parts are cached."""
+    import pyarrow as pa
+
+    from rlprobe.lake import parts as parts_mod
+    from rlprobe.lake.schema import schema_for
+
+    def rows(step: int) -> list[dict]:
+        return [{"monitor": "m", "param": f"p{i}", "step": step, "probe_step": step, "level": "L2",
+                 "framework": "torch", "dtype": "float32", "shape": [i + 1, 2], "numel": 2 * i + 2,
+                 "max": float(step), "min": -1.0, "norm": float("nan") if i == 1 else 1.5, "digest": None,
+                 "digest_algo": None, "bounds": [-1.0, 0.0, 1.0], "bucket_fractions": [0.25] * 4,
+                 "zero_fraction": 0.0, "sign_file": f"s{step}.npy", "sign_offset": 8 * i, "sign_numel": 2 * i + 2}
+                for i in range(3)]
+
+    def run(directory: Path, cache_bytes: int) -> dict[str, bytes]:
+        monkeypatch.setattr(parts_mod, "CACHE_BYTES", cache_bytes)
+        store = parts_mod.PartStore(directory)
+        for step in range(37):
+            store.append(pa.Table.from_pylist(rows(step), schema=schema_for("grad")))
+            store.merge_tiered()
+        store.merge_all()
+        return {f.name: f.read_bytes() for f in _part_files(directory)}
+
+    read_back = run(tmp_path / "a", 0)
+    one_table = pa.Table.from_pylist(rows(0), schema=schema_for("grad")).nbytes
+    assert run(tmp_path / "b", 1 << 30) == read_back
+    assert run(tmp_path / "c", 6 * one_table) == read_back  # some parts cached, some read back
+    assert pq.read_table(tmp_path / "b", partitioning=None).num_rows == 37 * 3
