@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import yaml
 
+from rlprobe.capture.config import apply_overrides
 from rlprobe.errors import ProbeError
 from rlprobe.resources import resource_dir
 
@@ -32,14 +33,7 @@ def example_dir() -> Path:
 
 
 def load_config(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = yaml.safe_load((example_dir() / "config.yaml").read_text(encoding="utf-8"))
-    for dotted, value in (overrides or {}).items():
-        node = cfg
-        *parents, leaf = dotted.split(".")
-        for name in parents:
-            node = node.setdefault(name, {})
-        node[leaf] = value
-    return cfg
+    return apply_overrides(yaml.safe_load((example_dir() / "config.yaml").read_text(encoding="utf-8")), overrides)
 
 
 def run_training(cfg: dict[str, Any], runs: dict[str, str | None], out: Path) -> dict[str, Path]:

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 import yaml
 
 import rlprobe
+from rlprobe.capture.config import apply_overrides
 
 FAULTS = ("ref-bf16", "nondeterministic", "advantage-bug", "sampling-seed", "lr")
 
@@ -303,14 +304,7 @@ def _steps(cfg: dict[str, Any]) -> str:
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    cfg = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    for dotted, value in (overrides or {}).items():
-        node = cfg
-        *parents, leaf = dotted.split(".")
-        for name in parents:
-            node = node.setdefault(name, {})
-        node[leaf] = value
-    return cfg
+    return apply_overrides(yaml.safe_load(Path(path).read_text(encoding="utf-8")), overrides)
 
 
 def main() -> None:

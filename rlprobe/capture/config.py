@@ -247,6 +247,17 @@ class ConfiguredProbe:
         return f"ConfiguredProbe({self.probe!r}, stages={sorted(self.config.stages)})"
 
 
+def apply_overrides(cfg: dict[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Set dotted keys in a nested config dict in place ({"ppo.steps": 2}); returns cfg."""
+    for dotted, value in (overrides or {}).items():
+        node = cfg
+        *parents, leaf = dotted.split(".")
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = value
+    return cfg
+
+
 def _noop(*args: Any, **kwargs: Any) -> None:
     return None
 
