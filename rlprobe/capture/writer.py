@@ -4,11 +4,17 @@ The training thread only stages tensors and queues jobs. Memory in flight is bou
 `max_inflight_bytes`; when the bound is reached `submit` waits (back-pressure) instead of
 dropping data or growing without bound. Failures are collected, never raised on this
 thread; the probe reports them on its next call.
+
+Ended steps are committed (their stats part and the rank manifest written) at most once per
+`flush_interval` seconds: after the job that makes a commit due, or when the interval runs out
+while the queue is idle. Steps shorter than the interval then share one part, and the writer's
+per-step Python work (which holds the GIL the training thread needs) stays small.
 """
 
 from __future__ import annotations
 
 import queue
+import time
 from pathlib import Path
 import threading
 from dataclasses import dataclass
@@ -33,9 +39,10 @@ class LeafJob:
 
 
 class BackgroundWriter:
-    def __init__(self, sink: RankWriter, max_inflight_bytes: int):
+    def __init__(self, sink: RankWriter, max_inflight_bytes: int, flush_interval: float = 0.0):
         self.sink = sink
         self.max_inflight = max_inflight_bytes
+        self.flush_interval = flush_interval
         self._inflight = 0
         self._cond = threading.Condition()
         self._queue: queue.SimpleQueue[tuple[Callable[[], None], int] | None] = queue.SimpleQueue()
@@ -78,9 +85,29 @@ class BackgroundWriter:
             with self._errors_lock:
                 self._errors.extend(errors)
 
+    def _commit_wait(self) -> float | None:
+        """Seconds until the ended steps are due to be committed; None when none are waiting."""
+        if not self.sink.pending_steps:
+            return None
+        return max(0.0, self.sink.last_flush + self.flush_interval - time.monotonic())
+
+    def _commit(self) -> None:
+        try:
+            self.report(self.sink.flush())
+        except Exception as e:
+            self.report([f"rlprobe writer: committing steps {self.sink.pending_steps}: {type(e).__name__}: {e}"])
+
     def _run(self) -> None:
+        # part merges need pyarrow.compute, whose import holds the GIL for ~50 ms: pay it now,
+        # while the training code is still setting up, not in the middle of a training step
+        import pyarrow.compute  # noqa: F401
+
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=self._commit_wait())
+            except queue.Empty:  # the interval ran out with nothing else to do
+                self._commit()
+                continue
             if item is None:
                 return
             job, nbytes = item
@@ -93,6 +120,8 @@ class BackgroundWriter:
                 with self._cond:
                     self._inflight -= nbytes
                     self._cond.notify_all()
+            if self._commit_wait() == 0.0:
+                self._commit()
 
 
 @dataclass

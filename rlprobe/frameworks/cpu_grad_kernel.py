@@ -1,9 +1,10 @@
 """The gradient probe's CPU kernel: one fused numba pass per gradient (contract: docs/grads.md).
 
-`grad_pass` walks a flat float32 or float64 array once, in chunks that stay in the L1 cache,
-and returns max, min (as order-preserving integer keys), the float64 sum of squares, the NaN
-and zero counts and one cumulative count (x <= bound) per bound; it writes the packed sign
-bits (np.packbits order, 1 = x > 0, padding bits 0) into `signs[off:]`. Imported only when a
+`grad_pass` reads a flat float32 or float64 array from memory once, in chunks that stay in the
+L1 cache while a few vectorized passes run over each: max and min (as order-preserving integer
+keys), the float64 sum of squares (NaN when a NaN is present), the zero count and one
+cumulative count (x <= bound) per bound, and the packed sign bits (np.packbits order,
+1 = x > 0, padding bits 0) written into `signs[off:]`. Imported only when a
 CPU gradient monitor runs (numba is loaded lazily); compiled on first use, cached on disk.
 """
 
@@ -20,93 +21,101 @@ _default_numba_cache_dir()
 
 import numba  # noqa: E402  (after the cache dir is set)
 
-_CHUNK = 2048  # elements per inner block (a multiple of 8: each chunk fills whole sign bytes)
+_CHUNK = 4096  # elements per inner block (a multiple of 8: each chunk fills whole sign bytes)
+
+# Each reduction over a chunk is its own compiled function so that it carries exactly the
+# floating-point flags it may: reassociation (and so SIMD) for the float sums and the 0/1
+# counts, none of which lets LLVM assume there are no NaNs. LLVM inlines them into the pass.
+_SUM_FLAGS = {"reassoc", "contract"}
 
 
-def _grad_pass(a, u, sh, bounds, cnt, signs, off, do_signs):  # pragma: no cover (compiled)
-    """a: the values; u: the same memory as signed ints (int32 for float32, int64 for float64);
-    sh: the int width - 1; bounds: the bounds in a's dtype; cnt: int64 [2 + len(bounds)]
-    (accumulated: nan, zero, then x <= bound per bound). Returns (key max, key min, sum of
-    squares). The key of bits v is v ^ ((v >> sh) & maxpos): integer order = float order
-    (-0.0 < +0.0), NaN keys lie outside the keys of numbers."""
+@numba.njit(nogil=True, cache=True)
+def _bits_minmax(s, u):  # pragma: no cover (compiled)
+    """Signed max, signed min and unsigned max of a chunk's bits (s and u: the same memory as
+    signed and unsigned ints). Pure integer selects, so they vectorize (float max/min do not);
+    `_minmax_of_bits` turns the three into the float max and min."""
+    smax = s[0]
+    smin = s[0]
+    umax = u[0]
+    for i in range(s.size):
+        smax = max(smax, s[i])
+        smin = min(smin, s[i])
+        umax = max(umax, u[i])
+    return smax, smin, umax
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_SUM_FLAGS)
+def _sum_squares(ac):  # pragma: no cover (compiled)
+    """Float64 sum of squares; NaN exactly when the chunk holds a NaN (every term is >= 0, so
+    infinities never cancel into one)."""
+    s = 0.0
+    for i in range(ac.size):
+        x = np.float64(ac[i])
+        s += x * x
+    return s
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_SUM_FLAGS)
+def _count_le(ac, b):  # pragma: no cover (compiled)
+    """Count of x <= b (NaN never counts), as a float32 sum of 0/1: exact below 2**24."""
+    c = np.float32(0)
+    for i in range(ac.size):
+        c += np.float32(1) if ac[i] <= b else np.float32(0)
+    return c
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_SUM_FLAGS)
+def _count_zero(ac):  # pragma: no cover (compiled)
+    c = np.float32(0)
+    for i in range(ac.size):
+        c += np.float32(1) if ac[i] == 0 else np.float32(0)
+    return c
+
+
+@numba.njit(nogil=True, cache=True)
+def _pack_signs(ac, sc):  # pragma: no cover (compiled)
+    """Packed sign bits (np.packbits order, 1 = x > 0, padding bits 0) of a chunk into sc."""
+    full = ac.size // 8
+    for q in range(full):
+        i = q * 8
+        sc[q] = (((ac[i] > 0) << 7) | ((ac[i + 1] > 0) << 6) | ((ac[i + 2] > 0) << 5)
+                 | ((ac[i + 3] > 0) << 4) | ((ac[i + 4] > 0) << 3) | ((ac[i + 5] > 0) << 2)
+                 | ((ac[i + 6] > 0) << 1) | (ac[i + 7] > 0))
+    if full * 8 < ac.size:  # the last, partial byte: padding bits 0
+        byte = 0
+        for i in range(full * 8, ac.size):
+            byte |= np.int64(ac[i] > 0) << (7 - (i - full * 8))
+        sc[full] = byte
+
+
+def _grad_pass(a, s, u, bounds, cnt, signs, off, do_signs):  # pragma: no cover (compiled)
+    """a: the values; s, u: the same memory as signed and unsigned ints of a's width; bounds:
+    the bounds in a's dtype; cnt: int64 [1 + len(bounds)] (accumulated: zeros, then x <= bound
+    per bound). Returns (signed max, signed min, unsigned max of the bits, sum of squares); the
+    sum is NaN when a NaN is present."""
     n = a.size
     nb = bounds.size
-    maxpos = (np.int64(1) << sh) - 1
-    kmax = -maxpos - 1
-    kmin = maxpos
-    nan = 0
-    zero = 0
+    smax = s[0]
+    smin = s[0]
+    umax = u[0]
     ss = 0.0
+    zero = 0
     for start in range(0, n, _CHUNK):
         # chunk views indexed from 0: numba then knows the index is non-negative (no wraparound
-        # select), so LLVM sees contiguous loads and vectorizes
+        # select), so LLVM sees contiguous loads and vectorizes; the chunk stays in L1 across passes
         ac = a[start: start + _CHUNK]
-        uc = u[start: start + _CHUNK]
-        m = ac.size
-        # max/min on the integer keys: integer reductions vectorize, float ones do not
-        cmax = -maxpos - 1
-        cmin = maxpos
-        for i in range(m):
-            v = np.int64(uc[i])
-            key = v ^ ((v >> sh) & maxpos)
-            cmax = max(cmax, key)
-            cmin = min(cmin, key)
-        kmax = max(kmax, cmax)
-        kmin = min(kmin, cmin)
-        cn = 0
-        cz = 0
-        for i in range(m):
-            x = ac[i]
-            cn += x != x
-            cz += x == 0
-        nan += cn
-        zero += cz
+        cmax, cmin, cumax = _bits_minmax(s[start: start + _CHUNK], u[start: start + _CHUNK])
+        smax = max(smax, cmax)
+        smin = min(smin, cmin)
+        umax = max(umax, cumax)
+        ss += _sum_squares(ac)
+        zero += np.int64(_count_zero(ac))
         for j in range(nb):
-            b = bounds[j]
-            c = 0
-            for i in range(m):
-                c += ac[i] <= b
-            cnt[2 + j] += c
-        # sum of squares: eight float64 accumulators (no fastmath, so no reassociation)
-        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-        full = m // 8
-        for q in range(full):
-            i = q * 8
-            x0 = np.float64(ac[i])
-            x1 = np.float64(ac[i + 1])
-            x2 = np.float64(ac[i + 2])
-            x3 = np.float64(ac[i + 3])
-            x4 = np.float64(ac[i + 4])
-            x5 = np.float64(ac[i + 5])
-            x6 = np.float64(ac[i + 6])
-            x7 = np.float64(ac[i + 7])
-            s0 += x0 * x0
-            s1 += x1 * x1
-            s2 += x2 * x2
-            s3 += x3 * x3
-            s4 += x4 * x4
-            s5 += x5 * x5
-            s6 += x6 * x6
-            s7 += x7 * x7
-        for i in range(full * 8, m):
-            x = np.float64(ac[i])
-            s0 += x * x
-        ss += ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+            cnt[1 + j] += np.int64(_count_le(ac, bounds[j]))
         if do_signs:
-            sc = signs[off + start // 8: off + start // 8 + (m + 7) // 8]
-            for q in range(full):
-                i = q * 8
-                sc[q] = (((ac[i] > 0) << 7) | ((ac[i + 1] > 0) << 6) | ((ac[i + 2] > 0) << 5)
-                         | ((ac[i + 3] > 0) << 4) | ((ac[i + 4] > 0) << 3) | ((ac[i + 5] > 0) << 2)
-                         | ((ac[i + 6] > 0) << 1) | (ac[i + 7] > 0))
-            if full * 8 < m:  # the last, partial byte: padding bits 0
-                byte = 0
-                for i in range(full * 8, m):
-                    byte |= np.int64(ac[i] > 0) << (7 - (i - full * 8))
-                sc[full] = byte
-    cnt[0] += nan
-    cnt[1] += zero
-    return kmax, kmin, ss
+            _pack_signs(ac, signs[off + start // 8: off + start // 8 + (ac.size + 7) // 8])
+    cnt[0] += zero
+    return smax, smin, umax, ss
 
 
 _compiled: Any = None
@@ -122,11 +131,26 @@ def _kernel() -> Any:
     return _compiled
 
 
-def _from_key(key: int, itype: type, ftype: type) -> float:
-    sh = np.dtype(itype).itemsize * 8 - 1
-    maxpos = (1 << sh) - 1
-    bits = key ^ (maxpos if key < 0 else 0)
-    return float(np.array([bits], itype).view(ftype)[0])
+def _minmax_of_bits(smax: int, smin: int, umax: int, itype: type, ftype: type) -> tuple[float, float]:
+    """Float max and min from the bits' signed max/min and unsigned max (no NaN present).
+
+    Non-negative floats (sign bit 0) order like their bits as signed ints; negative ones order
+    by magnitude, which their bits follow as signed and as unsigned ints alike. So the max is
+    the signed max when any value is non-negative (smax >= 0), else the negative of smallest
+    magnitude (the signed min); the min is the negative of largest magnitude (the unsigned
+    max: sign-bit values dominate it) when any value is negative (smin < 0), else the signed
+    min. -0.0 (the signed int minimum) sorts below +0.0."""
+    mask = (1 << (8 * np.dtype(itype).itemsize)) - 1
+
+    def value(bits: int) -> float:
+        return float(np.array([bits & mask], _UNSIGNED[itype]).view(ftype)[0])
+
+    mx = value(smax if smax >= 0 else smin)
+    mn = value(umax if smin < 0 else smin)
+    return mx, mn
+
+
+_UNSIGNED = {np.int32: np.uint32, np.int64: np.uint64}
 
 
 def stats_into(flat: np.ndarray, bounds: np.ndarray | None, row: np.ndarray, signs: np.ndarray | None,
@@ -137,16 +161,15 @@ def stats_into(flat: np.ndarray, bounds: np.ndarray | None, row: np.ndarray, sig
     sqrt of the float64 sum of squares, rounded to the array's dtype."""
     itype = np.int32 if flat.dtype == np.float32 else np.int64
     b = (np.zeros(0, flat.dtype) if bounds is None else bounds.astype(flat.dtype))
-    cnt = np.zeros(2 + b.size, np.int64)
+    cnt = np.zeros(1 + b.size, np.int64)
     sig = signs if signs is not None else np.zeros(0, np.uint8)
-    kmax, kmin, ss = _kernel()(flat, flat.view(itype), np.int64(np.dtype(itype).itemsize * 8 - 1), b, cnt,
-                               sig, np.int64(off), signs is not None)
-    if cnt[0]:
+    smax, smin, umax, ss = _kernel()(flat, flat.view(itype), flat.view(_UNSIGNED[itype]), b, cnt, sig,
+                                     np.int64(off), signs is not None)
+    if np.isnan(ss):
         row[0] = row[1] = row[2] = np.nan
     else:
-        row[0] = _from_key(int(kmax), itype, flat.dtype.type)
-        row[1] = _from_key(int(kmin), itype, flat.dtype.type)
+        row[0], row[1] = _minmax_of_bits(int(smax), int(smin), int(umax), itype, flat.dtype.type)
         with np.errstate(over="ignore"):
             row[2] = float(flat.dtype.type(np.sqrt(ss)))
-    row[3] = cnt[1]
-    row[4:4 + b.size] = cnt[2:]
+    row[3] = cnt[0]
+    row[4:4 + b.size] = cnt[1:]

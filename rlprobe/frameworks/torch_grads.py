@@ -4,9 +4,6 @@ bits travel as one uint8 buffer (pinned and non-blocking on CUDA)."""
 
 from __future__ import annotations
 
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import numpy as np
@@ -49,19 +46,6 @@ def _stats_row(flat: torch.Tensor, bounds: torch.Tensor | None, k: int) -> torch
     return torch.stack([v.to(torch.float64) for v in values])
 
 
-_PARALLEL_MIN = 1 << 20  # elements per step from which the CPU kernel uses a second thread
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(1, thread_name_prefix="rlprobe-grad-cpu")
-        return _POOL
-
-
 def _launch_cpu(flats: list[torch.Tensor], level: str, bounds: Sequence[float]) -> tuple[Finish, int]:
     """The CPU path: one fused numba pass per gradient (cpu_grad_kernel) writes its stats row and
     its packed signs straight into the host buffer; no device, so nothing to copy."""
@@ -87,20 +71,9 @@ def _launch_cpu(flats: list[torch.Tensor], level: str, bounds: Sequence[float]) 
             x = f if f.dtype in (torch.float32, torch.float64) else f.float()
             stats_into(x.contiguous().numpy(), b, stat_matrix[r], signs, offsets[r])
 
-    # the kernel releases the GIL: with 2+ cores and enough work, a second thread takes about
-    # half the parameters (greedy by size); each row and sign range is written by one thread
-    if sum(numels) >= _PARALLEL_MIN and (os.cpu_count() or 1) > 1:
-        halves: tuple[list[int], list[int]] = ([], [])
-        load = [0, 0]
-        for r in sorted(range(n), key=lambda r: -numels[r]):
-            h = 0 if load[0] <= load[1] else 1
-            halves[h].append(r)
-            load[h] += numels[r]
-        other = _pool().submit(run, halves[1])
-        run(halves[0])
-        other.result()
-    else:
-        run(list(range(n)))
+    # One thread: right after backward, torch's OpenMP workers spin-wait on the other cores, so
+    # a second kernel thread measured slower, not faster (benchmarks/grad_overhead.py).
+    run(list(range(n)))
     if level == "L0":
         raw[n * k * 8: n * k * 8 + n_digest_bytes] = torch.stack([mix64(f) for f in flats]).view(torch.uint8).numpy()
 

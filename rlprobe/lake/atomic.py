@@ -48,10 +48,17 @@ def atomic_save_npy(path: Path, array: np.ndarray) -> int:
     return atomic_write(path, lambda f: np.lib.format.write_array(f, np.asarray(array, order="C"), allow_pickle=False))
 
 
+# Below this size a Parquet file is written uncompressed: zstd's per-column set-up (~1 ms for a
+# grad part of a few rows) costs more than it saves; the merged parts, which are what stays, are
+# compressed.
+COMPRESS_FROM_BYTES = 64 << 10
+
+
 def atomic_write_parquet(path: Path, table: "Any") -> int:
     import pyarrow.parquet as pq
 
-    return atomic_write(path, lambda f: pq.write_table(table, f, compression="zstd"))
+    compression = "zstd" if table.nbytes >= COMPRESS_FROM_BYTES else "none"
+    return atomic_write(path, lambda f: pq.write_table(table, f, compression=compression))
 
 
 def is_temporary(path: Path) -> bool:

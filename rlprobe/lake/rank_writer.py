@@ -3,7 +3,9 @@
 Used from a single thread (the probe's background writer, or an importer). Rows are
 buffered per kind and written as one Parquet part per flush; a failed part write keeps its
 rows buffered for the next flush, so a transient error (a full disk that is cleared) loses
-nothing and a permanent one is recorded in the rank manifest.
+nothing and a permanent one is recorded in the rank manifest. Ended steps wait in
+`pending_steps` until the flush that writes their rows commits them, so `committed_steps`
+never names a step whose rows are not on disk.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class RankWriter:
         self.run_id = run_id
         self.buffers: dict[str, list[dict[str, Any]]] = {}
         self.stores: dict[str, PartStore] = {}
+        self.pending_steps: list[int] = []  # ended, not yet committed
+        self.last_flush = time.monotonic()
         prev = previous or {}
         self.manifest: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
@@ -75,8 +79,16 @@ class RankWriter:
             self.stores[kind] = PartStore(self.layout.stats_dir(kind, self.rank))
         return self.stores[kind]
 
-    def flush(self, committed_step: int | None) -> list[str]:
-        """Write buffered rows as one part per kind and update the manifest; returns errors."""
+    def end_step(self, step: int) -> None:
+        """Mark `step` ended: the next successful flush commits it."""
+        self.pending_steps.append(step)
+
+    def flush(self, committed_step: int | None = None) -> list[str]:
+        """Write buffered rows as one part per kind, commit the ended steps (and `committed_step`)
+        when every part was written, and update the manifest; returns errors."""
+        if committed_step is not None:
+            self.end_step(committed_step)
+        self.last_flush = time.monotonic()
         errors: list[str] = []
         for kind, rows in self.buffers.items():
             if not rows:
@@ -93,8 +105,10 @@ class RankWriter:
                 store.merge_tiered()
             except OSError as e:  # the unmerged parts stay readable
                 errors.append(f"merging {kind} parts in {store.directory}: {e}")
-        if committed_step is not None and not errors and committed_step not in self.manifest["committed_steps"]:
-            self.manifest["committed_steps"].append(committed_step)
+        if not errors:
+            committed = self.manifest["committed_steps"]
+            committed.extend(s for s in self.pending_steps if s not in committed)
+            self.pending_steps.clear()
         errors.extend(self.write_manifest())
         return errors
 

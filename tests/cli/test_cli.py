@@ -98,7 +98,7 @@ def test_sql_errors(dump, tmp_path):
 
 def test_compact_merges_parts_of_killed_run(tmp_path):
     path = tmp_path / "killed"
-    p = rlprobe.Probe(path)
+    p = rlprobe.Probe(path, flush_interval=0)  # a part per step
     for step in range(3):
         p.save({"x": np.ones(3, np.float32) * step})
         p.step()

@@ -119,7 +119,7 @@ def test_contract_glob_reads_every_kind_with_hive_rank(tmp_path: Path):
 
 def _run(path: Path, steps: range, snapshot_at: int | None = None, snapshot_to: Path | None = None,
          mode: str = "new") -> None:
-    probe = rlprobe.Probe(path, mode=mode)
+    probe = rlprobe.Probe(path, mode=mode, flush_interval=0)  # one part per step: the merge cases below
     for step in steps:
         _save_step(probe, step)
         probe.step()

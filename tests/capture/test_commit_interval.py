@@ -1,0 +1,119 @@
+"""Steps are committed at most every `flush_interval` seconds, at flush() and at close().
+
+Committed steps are exactly the steps whose rows are on disk; a crash loses only the rows of
+steps ended since the last commit, and a resumed run continues after the last committed step.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rlprobe
+from rlprobe import ProbeError
+
+
+def _manifest(path: Path) -> dict:
+    return json.loads((path / "rank0.json").read_text())
+
+
+def _parts(path: Path) -> list[Path]:
+    return sorted((path / "stats" / "key_data" / "rank=0").glob("part-*.parquet"))
+
+
+def _save_steps(probe: rlprobe.Probe, steps: range) -> None:
+    for s in steps:
+        probe.save({"x": np.full(4, float(s), np.float32)})
+        probe.log_metrics({"loss": float(s)})
+        probe.step()
+
+
+def test_steps_wait_for_the_interval_then_commit_together(tmp_path):
+    path = tmp_path / "dump"
+    probe = rlprobe.Probe(path, rank=0, world_size=1, flush_interval=3600)
+    _save_steps(probe, range(5))
+    probe._writer.wait_idle()
+    assert _manifest(path)["committed_steps"] == []  # ended, not yet due
+    assert _parts(path) == []
+    probe.flush()
+    assert _manifest(path)["committed_steps"] == [0, 1, 2, 3, 4]
+    assert len(_parts(path)) == 1  # five steps, one part
+    _save_steps(probe, range(5, 7))
+    probe.close()
+    dump = rlprobe.open(path)
+    assert dump.complete is True
+    assert dump.rank_manifests[0]["committed_steps"] == list(range(7))
+    assert sorted(dump.key_data().collect()["step"].to_list()) == list(range(7))
+    assert sorted(dump.scalars().collect()["step"].to_list()) == list(range(7))
+
+
+def test_an_idle_writer_commits_when_the_interval_runs_out(tmp_path):
+    path = tmp_path / "dump"
+    probe = rlprobe.Probe(path, rank=0, world_size=1, flush_interval=0.2)
+    _save_steps(probe, range(3))
+    deadline = time.monotonic() + 30  # no further call: the writer's own timer commits them
+    while _manifest(path)["committed_steps"] != [0, 1, 2]:
+        assert time.monotonic() < deadline, _manifest(path)
+        time.sleep(0.02)
+    assert sorted(rlprobe.open(path).key_data().collect()["step"].to_list()) == [0, 1, 2]
+    probe.close()
+
+
+def test_zero_interval_commits_every_step(tmp_path):
+    path = tmp_path / "dump"
+    probe = rlprobe.Probe(path, rank=0, world_size=1, flush_interval=0)
+    for s in range(3):
+        _save_steps(probe, range(s, s + 1))
+        probe._writer.wait_idle()
+        assert _manifest(path)["committed_steps"] == list(range(s + 1))
+    probe.close()
+
+
+@pytest.mark.parametrize("bad", [-1, float("inf"), float("nan"), "1", True, None])
+def test_bad_flush_interval_is_refused_before_anything_is_written(tmp_path, bad):
+    path = tmp_path / "dump"
+    with pytest.raises(ProbeError, match=r"flush_interval=.*expected seconds, a finite number >= 0"):
+        rlprobe.Probe(path, rank=0, world_size=1, flush_interval=bad)
+    assert not (path / "rank0.json").exists()
+
+
+CHILD = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    import rlprobe
+
+    probe = rlprobe.Probe(sys.argv[1], rank=0, world_size=1, flush_interval=3600)
+    for s in range(5):
+        probe.save({"x": np.full(4, float(s), np.float32)})
+        probe.step()
+        if s == 2:
+            probe.flush()
+    probe._writer.wait_idle()  # steps 3 and 4 are ended and their tensors written, not committed
+    os._exit(1)
+""")
+
+
+def test_crash_loses_only_uncommitted_steps_and_append_resumes_after_them(tmp_path):
+    path = tmp_path / "dump"
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    dump = rlprobe.open(path)
+    assert dump.complete is False
+    assert dump.rank_manifests[0]["committed_steps"] == [0, 1, 2]
+    assert sorted(dump.key_data().collect()["step"].to_list()) == [0, 1, 2]
+    with rlprobe.Probe(path, rank=0, world_size=1, mode="append") as probe:
+        assert probe.current_step == 3
+        _save_steps(probe, range(3, 5))
+    dump = rlprobe.open(path)
+    assert dump.complete is True
+    assert dump.rank_manifests[0]["committed_steps"] == [0, 1, 2, 3, 4]
+    for s in range(5):
+        np.testing.assert_array_equal(dump.tensor("x", s), np.full(4, float(s), np.float32))
+    assert sorted(dump.key_data().collect()["step"].to_list()) == [0, 1, 2, 3, 4]
