@@ -1,18 +1,22 @@
 """Local executor: compare many pairs of ``.npy`` files in parallel threads.
 
-The pair kernels release the GIL (``nogil=True``), and so does reading with ``os.preadv``,
-so a :class:`concurrent.futures.ThreadPoolExecutor` gives real parallelism with no process
+The pair kernels release the GIL (``nogil=True``), and so does reading with ``os.preadv``
+(and reading a memory map is plain memory access inside the kernel), so a :class:`concurrent.futures.ThreadPoolExecutor` gives real parallelism with no process
 start-up and no pickling. Pairs larger than ``split_elements`` are cut into ranges (at
 multiples of the chunk size, so the result is bit-identical to a one-shot pass) that run on
 all workers, so one big tensor does not serialise the run.
 
 Memory stays bounded whatever the tensor sizes: files are opened with
-``np.load(mmap_mode='r')`` (which validates the header and the file length), then read chunk
-by chunk (``chunk`` elements, default 256 Ki) into a reusable per-thread buffer with
-``os.preadv`` (``io="pread"``, the default). Reading through the memory map itself
-(``io="mmap"``) is also available; it drops the pages of each chunk from the process with
-``madvise(MADV_DONTNEED)`` once compared, because mapped file pages otherwise stay in the
-resident set until the map is closed (see ``benchmarks/pair_memory.py`` for the figures).
+``np.load(mmap_mode='r')`` (which validates the header and the file length) and compared
+chunk by chunk (``chunk`` elements) straight from the memory map (``io="mmap"``, the
+default), dropping the pages of each chunk from the process with ``madvise(MADV_DONTNEED)``
+once compared, because mapped file pages otherwise stay in the resident set until the map is
+closed. ``io="pread"`` copies each chunk into a reusable per-thread buffer with
+``os.preadv`` instead: since the kernel became vectorized that copy costs more than the page
+faults of the map (2 GB pair, 2 threads: 7.2 GB/s pread, 11.1 GB/s mmap;
+``benchmarks/pair_memory.py``), but it turns a file truncated *while* it is being compared
+into an error row where the map gives SIGBUS (rlprobe writes every file atomically, so only
+files rewritten in place by other tools can do that).
 """
 
 from __future__ import annotations
@@ -298,7 +302,7 @@ def run_pairs(
     split_elements: int = DEFAULT_SPLIT_ELEMENTS,
     *,
     chunk: int = DEFAULT_CHUNK,
-    io: str = "pread",
+    io: str = "mmap",
 ) -> dict[Hashable, dict[str, Any]]:
     """Compare every pair of ``.npy`` files; returns ``{task_id: metrics}``.
 
@@ -313,9 +317,9 @@ def run_pairs(
     cut into ranges of about that size that run in parallel. ``progress(done_bytes,
     total_bytes)`` is called from the calling thread after each finished job, with byte
     counts of the files (both sides). ``chunk`` is the number of elements read and
-    compared at a time (memory per worker is a few chunks); ``io`` is ``"pread"`` (read
-    into a reused buffer) or ``"mmap"`` (read through the memory map, dropping pages after
-    each chunk).
+    compared at a time (memory per worker is a few chunks); ``io`` is ``"mmap"`` (read
+    through the memory map, dropping pages after each chunk) or ``"pread"`` (read into a
+    reused buffer).
     """
     tasks = list(tasks)
     if workers < 1:

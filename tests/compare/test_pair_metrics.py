@@ -378,6 +378,28 @@ def test_float64_extremes_against_reference():
     assert_same(pair_metrics(a, b), reference(a, b))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_finite_and_special_blocks_mixed(dtype):
+    """The float kernel takes a vectorized path for blocks of finite values and the exact one
+    for a block with NaN/inf (or, in float64, an overflowing difference): every block layout
+    gives the reference's metrics, the first mismatch included."""
+    n = 5 * pm._BLOCK + 13
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(n).astype(dtype)
+    b = a.copy()
+    b[2 * pm._BLOCK + 100:] += dtype(1e-3)  # first mismatch in the third block
+    b[3 * pm._BLOCK + 5] = np.nan  # a NaN mismatch in the fourth
+    a[4 * pm._BLOCK + 1] = b[4 * pm._BLOCK + 1] = np.inf  # an equal infinity in the fifth
+    if dtype == np.float64:
+        a[-3], b[-3] = 1.7e308, -1.7e308  # the last block's difference overflows
+    r = pair_metrics(a, b)
+    assert_same(r, reference(a, b))
+    assert r["first_mismatch_index"] == 2 * pm._BLOCK + 100
+    assert r["nan_mismatch_count"] == 1
+    same = pair_metrics(a, a.copy())
+    assert same["equal_count"] == n and same["first_mismatch_index"] is None
+
+
 @pytest.mark.parametrize("shape", [(0,), (0, 3), (3, 0, 2), ()])
 def test_empty_and_scalar(shape):
     a = np.zeros(shape, dtype=np.float32)
