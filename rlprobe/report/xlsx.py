@@ -69,7 +69,9 @@ def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str
     """Write report.xlsx: Summary, one sheet per key (in the summary's key order), then `extra_sheets`.
 
     A key sheet holds at most `max_sheet_rows` rows: every row that differs first (the first
-    divergence before all), then matching rows, kept in the table's order."""
+    divergence before all), then matching rows, kept in the table's order. Columns without a
+    value in any row of `key_data` (dtype, NaN/inf/zero counts and hashes, which msprobe dumps
+    do not store) are left off the key sheets; key_data.csv and .parquet keep every column."""
     check_lang(lang)
     _require(key_data, ("key",), "key_data")
     if type(max_sheet_rows) is not int or not 1 <= max_sheet_rows <= MAX_ROWS - 3:  # header, empty row, note
@@ -81,6 +83,8 @@ def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str
     groups = _split_by_key(key_data, [r.get("key") for r in summary.get("keys") or []])
     key_sheets = {key: names.claim(str(key)) for key in groups}
     marks = _first_marks(key_data, summary.get("first_divergence"))
+    empty = tuple(c for c in key_data.column_names
+                  if key_data.num_rows and key_data.column(c).null_count == key_data.num_rows)
     shown: dict[str, tuple[pa.Table, list[bool] | None]] = {}  # key -> the rows its sheet shows, their marks
     left_out: dict[str, tuple[int, int]] = {}  # key -> (rows shown, rows) where the cap left rows out
     for key, table in groups.items():
@@ -97,7 +101,7 @@ def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str
             _write_summary_sheet(book, summary_name, summary, key_sheets, lang, left_out)
             for key, (table, key_marks) in shown.items():
                 note = _rows_shown(*left_out[key], lang) if key in left_out else None
-                _write_table_sheets(book, [key_sheets[key]], table, lang, key_marks, drop=("key",),
+                _write_table_sheets(book, [key_sheets[key]], table, lang, key_marks, drop=("key", *empty),
                                     order=KEY_SHEET_COLUMNS, note=note)
             for title, table in extra_sheets.items():
                 n = max(1, math.ceil(table.num_rows / ROWS_PER_SHEET))

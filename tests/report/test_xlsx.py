@@ -69,6 +69,21 @@ def test_key_sheet_headers_per_language(tmp_path, diverging, lang, expected):
     assert _rows(wb["responses"])[0] == [h for h in expected if h not in ("first divergence", "首个分歧")]
 
 
+def test_columns_empty_in_every_row_are_left_off_the_key_sheets(tmp_path, diverging):
+    """msprobe dumps store no dtype, counts or hashes: those columns would be empty everywhere."""
+    key_data, summary = diverging
+    for column in ("dtype_a", "dtype_b", "hash_a", "hash_b"):
+        key_data = key_data.set_column(key_data.schema.get_field_index(column), column,
+                                       pa.nulls(key_data.num_rows, key_data.schema.field(column).type))
+    # hash_b has a value in one row only: the column stays
+    key_data = key_data.set_column(key_data.schema.get_field_index("hash_b"), "hash_b",
+                                   pa.array(["ef" * 16] + [None] * (key_data.num_rows - 1), pa.string()))
+    wb = openpyxl.load_workbook(write_report_xlsx(tmp_path / "r.xlsx", key_data, summary))
+    expected = [h for h in EN_KEY_HEADERS if h not in ("dtype A", "dtype B", "hash A")]
+    assert _rows(wb["log_prob"])[0] == expected
+    assert _rows(wb["responses"])[0] == [h for h in expected if h != "first divergence"]
+
+
 def test_key_sheets_have_frozen_header_autofilter_and_widths(tmp_path, diverging):
     key_data, summary = diverging
     wb = openpyxl.load_workbook(write_report_xlsx(tmp_path / "r.xlsx", key_data, summary))
