@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from rlprobe.errors import DumpReadError, ProbeError
 
@@ -48,15 +49,22 @@ def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: 
 
         write_grad_plots(out)
     print_verdict(Console(), summary, out)
-    diverged = summary["first_divergence"] is not None
-    return EXIT_DIVERGED if diverged and fail_on_diff else EXIT_OK
+    from rlprobe.report.summary_text import differs
+
+    return EXIT_DIVERGED if differs(summary) and fail_on_diff else EXIT_OK
 
 
 def print_verdict(console: Console, summary: dict[str, Any], out: str) -> None:
-    counts = ", ".join(f"{n} {status}" for status, n in sorted(summary["counts"].items()))
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(summary["counts"].items())) or "no key data"
     console.print(f"compared {summary['run_a']} (A) with {summary['run_b']} (B): {counts}")
     first = summary["first_divergence"]
-    if first is None:
+    if first is None and (summary.get("module_first_divergence") or summary.get("grad_first_flagged")):
+        from rlprobe.report.summary_text import verdict
+
+        console.print(f"[bold red]{escape(verdict(summary))}[/]")
+        console.print(f"[bold]suspect[/]: {escape(str(summary['suspect']))}")
+        console.print(f"[bold]next[/]: {escape(str(summary['advice']))}")
+    elif first is None:
         console.print("[green]no divergence[/]: every compared value agrees")
     else:
         index = f" index {first['index']!r}" if first["index"] else ""

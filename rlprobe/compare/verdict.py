@@ -111,3 +111,31 @@ def explain(first: dict[str, Any] | None, diverged_at_step: dict[str, bool],
                                           "stages": [suspect.stage], "step_start": step, "step_end": step}}
         advice += f" (rlprobe_config below: stage {suspect.stage}, step {step})"
     return {"suspect": f"{key} diverges first at {where}{same} -> {what}", "advice": advice, "next_config": next_config}
+
+
+def explain_beyond_key_data(summary: dict[str, Any], grad_probe_step: int | None = None) -> None:
+    """When the key data agree (or none were compared), say what the module dumps or the
+    gradient monitors found instead of "the runs agree": sets suspect, advice and next_config
+    in `summary` in place. `grad_probe_step`: the probe step of the first flagged gradient step."""
+    if summary.get("first_divergence") is not None:
+        return
+    module, grad = summary.get("module_first_divergence"), summary.get("grad_first_flagged")
+    key_data = "the compared key data agree" if summary.get("counts") else "no key data were compared"
+    if module is not None:
+        summary["suspect"] = summary.get("module_suspect") or summary.get("suspect")
+        summary["advice"] = (f"{key_data} but the module dumps part ways: start from that module "
+                             "(its inputs and outputs per call are in modules.parquet and the Modules sheet)")
+        return
+    if grad is None:
+        return
+    monitor, step, rank = grad["monitor"], grad["step"], grad["rank"]
+    summary["suspect"] = (f"the gradients of monitor {monitor!r} part ways at its optimizer step {step} "
+                          f"(rank {rank}): {grad.get('reason')}")
+    stage = "critic_update" if "critic" in str(monitor).lower() else "actor_update"
+    summary["advice"] = (f"{key_data} but the gradients part ways: dump the modules of that "
+                         f"update ({stage}) at that step to find the first module whose backward differs; "
+                         "every parameter's similarity per step is in grads.parquet and the Grad sheets")
+    if grad_probe_step is not None:
+        summary["next_config"] = {"rlprobe_config": {"dump_path": "./rlprobe_dump_modules", "stages": [stage],
+                                                     "step_start": grad_probe_step, "step_end": grad_probe_step}}
+        summary["advice"] += f" (rlprobe_config below: stage {stage}, probe step {grad_probe_step})"

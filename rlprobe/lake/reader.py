@@ -83,6 +83,16 @@ class Dump:
         world = self.manifest.get("world_size") or max(self.rank_manifests, default=-1) + 1
         return len(self.rank_manifests) >= world and all(m.get("closed") for m in self.rank_manifests.values())
 
+    @property
+    def may_hold_tensors(self) -> bool:
+        """Whether element-wise comparison can find tensor files here (key data or module
+        tensors); False for statistics-only and gradient-only dumps. A cheap directory check."""
+        if self.format == "msprobe":
+            return True
+        if self.format != "rlprobe":
+            return False
+        return any((self.path / "tensors" / kind).is_dir() for kind in ("key_data", "module"))
+
     # -- stats ---------------------------------------------------------------------------
     def parts(self, kind: str) -> dict[int, list[str]]:
         """Live Parquet parts per rank for a stats kind."""

@@ -88,6 +88,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "verdict": ("verdict", "结论"),
     "first_divergence": ("first divergence", "首个分歧"),
     "no_divergence": ("no divergence: every compared value matches", "无分歧：所有比对的数据一致"),
+    "module_divergence": ("first module divergence", "首个模块分歧"),
+    "grads_flagged": ("gradients flagged", "梯度告警"),
     "suspect": ("suspect", "可疑环节"),
     "advice": ("advice", "建议"),
     "next_config": ("next config", "下一步配置"),

@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 
 from rlprobe.report.headers import header
 from rlprobe.report.output_file import write_report_file
-from rlprobe.report.summary_text import (MATCHING_STATUSES, cell_text, format_number, list_text, ordered_counts,
-                                         rollup_columns, verdict, yaml_lines)
+from rlprobe.report.summary_text import (MATCHING_STATUSES, cell_text, differs, format_number, list_text,
+                                         ordered_counts, rollup_columns, verdict, yaml_lines)
 
 MAX_DIVERGING_ROWS = 20
 MAX_STEP_ROWS = 50  # a CI comment holds about 65,000 characters
@@ -32,8 +32,7 @@ def write_summary_md(path: str | Path, summary: Mapping[str, Any], key_data: pa.
 def render_summary_md(summary: Mapping[str, Any], key_data: pa.Table) -> str:
     """Verdict, suspect and advice, counts per status, the per-key and per-step tables and the
     first non-matching rows."""
-    first = summary.get("first_divergence")
-    lines = [f"## rlprobe: {'❌' if first else '✅'} {escape_md(verdict(summary))}", ""]
+    lines = [f"## rlprobe: {'❌' if differs(summary) else '✅'} {escape_md(verdict(summary))}", ""]
     if summary.get("run_a") or summary.get("run_b"):
         lines += [f"Run A: `{_code(summary.get('run_a'))}`  ", f"Run B: `{_code(summary.get('run_b'))}`", ""]
     for what in ("suspect", "advice"):

@@ -37,11 +37,26 @@ def format_number(value: Any) -> str:
     return str(value)
 
 
+def differs(summary: Mapping[str, Any]) -> bool:
+    """Whether the comparison found a difference: in key data, module dumps or gradients."""
+    return any(summary.get(k) for k in ("first_divergence", "module_first_divergence", "grad_first_flagged"))
+
+
 def verdict(summary: Mapping[str, Any], lang: str = "en") -> str:
     """One line: where the runs first part ways, or that they do not."""
     check_lang(lang)
     first = summary.get("first_divergence")
+    colon = "：" if lang == "zh" else ": "
     if not first:
+        module, grad = summary.get("module_first_divergence"), summary.get("grad_first_flagged")
+        if module:
+            name = module.get("module") or "(model)"
+            return (f"{label('module_divergence', lang)}{colon}{module.get('stage')} step {module.get('step')}, "
+                    f"rank {module.get('rank')}, {name!r} call {module.get('call')} {module.get('direction')} "
+                    f"— {module.get('status', '?')}")
+        if grad:
+            return (f"{label('grads_flagged', lang)}{colon}monitor {grad.get('monitor')!r}, step {grad.get('step')}, "
+                    f"rank {grad.get('rank')} — weighted similarity {format_number(grad.get('weighted_similarity'))}")
         return label("no_divergence", lang)
     where = []
     if first.get("key") is not None:
@@ -54,7 +69,6 @@ def verdict(summary: Mapping[str, Any], lang: str = "en") -> str:
     errors = [f"{header(f, lang)} {format_number(first[f])}" for f in ("max_abs_err", "max_rel_err")
               if first.get(f) is not None]
     sep = "，" if lang == "zh" else ", "
-    colon = "：" if lang == "zh" else ": "
     text = f"{label('first_divergence', lang)}{colon}{sep.join(where)} — {first.get('status', '?')}"
     if errors:
         text += f" ({sep.join(errors)})"

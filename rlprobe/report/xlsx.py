@@ -21,8 +21,8 @@ from rlprobe.errors import ProbeError
 from rlprobe.lake.layout import safe_component
 from rlprobe.report.headers import MSPROBE_LAYOUT, check_lang, header, label, msprobe_headers
 from rlprobe.report.output_file import write_report_file
-from rlprobe.report.summary_text import (MATCHING_STATUSES, cell_text, list_text, ordered_counts, rollup_columns,
-                                         verdict, yaml_lines)
+from rlprobe.report.summary_text import (MATCHING_STATUSES, cell_text, differs, list_text, ordered_counts,
+                                         rollup_columns, verdict, yaml_lines)
 from rlprobe.report.workbook import MAX_ROWS, CellFormat, SheetNames, Workbook, row_cells
 
 SUMMARY_SHEET = "Summary"
@@ -188,7 +188,8 @@ def _write_summary_sheet(book: Workbook, name: str, summary: Mapping[str, Any],
     pair("run_a", summary.get("run_a"))
     pair("run_b", summary.get("run_b"))
     first = summary.get("first_divergence")
-    pair("verdict", verdict(summary, lang), style(CellFormat(bold=True, fill=FILLS["first"] if first else None)))
+    pair("verdict", verdict(summary, lang),
+         style(CellFormat(bold=True, fill=FILLS["first"] if differs(summary) else None)))
     if first:
         fields = [f for f in FIRST_DIVERGENCE_FIELDS if f in first]
         rows.append(([None] + [header(f, lang) for f in fields], [None] + [head] * len(fields)))

@@ -145,3 +145,28 @@ def test_compare_cli_outputs_for_rlprobe_dumps(tmp_path: Path):
     from openpyxl import load_workbook
 
     assert "Grads" in load_workbook(tmp_path / "out" / "report.xlsx", read_only=True).sheetnames
+
+
+def test_flagged_gradients_are_the_verdict_when_key_data_agree(tmp_path: Path):
+    """A gradient-only comparison must not say "no divergence" when the gradients part ways."""
+    from click.testing import CliRunner
+
+    from rlprobe.cli import main
+
+    a = _run(tmp_path / "a", 3, seed=1)
+    b = _run(tmp_path / "b", 3, seed=1)
+    c = _run(tmp_path / "c", 3, seed=1, perturb_from=1)
+    runner = CliRunner()
+    same = runner.invoke(main, ["compare", str(a), str(b), "-o", str(tmp_path / "same"), "--fail-on-diff"])
+    assert same.exit_code == 0 and "no divergence" in same.output, same.output
+    res = runner.invoke(main, ["compare", str(a), str(c), "-o", str(tmp_path / "out"), "--fail-on-diff"])
+    assert res.exit_code == 1, res.output
+    assert "gradients flagged: monitor 'actor', step 1" in res.output and "no divergence" not in res.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["first_divergence"] is None
+    assert summary["suspect"].startswith("the gradients of monitor 'actor' part ways at its optimizer step 1")
+    assert summary["advice"].startswith("no key data were compared but the gradients part ways")
+    assert summary["next_config"] == {"rlprobe_config": {"dump_path": "./rlprobe_dump_modules",
+                                                         "stages": ["actor_update"], "step_start": 1, "step_end": 1}}
+    md = (tmp_path / "out" / "summary.md").read_text(encoding="utf-8")
+    assert md.startswith("## rlprobe: ❌ gradients flagged: monitor 'actor', step 1, rank 0")

@@ -15,7 +15,7 @@ from tiny_models import tiny_lm, token_ids
 
 
 def run(path, perturb=None, *, tensors=False, stage="reference_compute_log_prob", update=False,
-        dtype=torch.float32, steps=2):
+        dtype=torch.float32, steps=2, save_loss=True):
     model = tiny_lm(layers=3).to(dtype)
     if perturb is not None:
         perturb(model)
@@ -25,7 +25,8 @@ def run(path, perturb=None, *, tensors=False, stage="reference_compute_log_prob"
                 out = model(token_ids(step))
                 if update:
                     out.float().square().mean().backward()
-            probe.save({"loss": out.float().mean()})
+            if save_loss:
+                probe.save({"loss": out.float().mean()})
             probe.step()
     return path
 
@@ -147,3 +148,15 @@ def test_compare_without_module_dumps_leaves_modules_out(tmp_path):
     summary = rlprobe.compare(tmp_path / "a", tmp_path / "b", tmp_path / "out")
     assert summary["module_first_divergence"] is None
     assert not (tmp_path / "out" / "modules.parquet").exists()
+
+
+def test_module_divergence_is_the_verdict_without_key_data(tmp_path):
+    a = run(tmp_path / "a", tensors=True, save_loss=False)
+    b = run(tmp_path / "b", bump("layers.1.mlp.0"), tensors=True, save_loss=False)
+    summary = rlprobe.compare(a, b, tmp_path / "out")
+    assert summary["first_divergence"] is None
+    assert summary["suspect"] == summary["module_suspect"] and "layers.1.mlp.0" in summary["suspect"]
+    assert summary["advice"].startswith("no key data were compared but the module dumps part ways")
+    md = (tmp_path / "out" / "summary.md").read_text(encoding="utf-8")
+    assert md.startswith("## rlprobe: ❌ first module divergence: reference_compute_log_prob step 1, rank 0, "
+                         "'layers.1.mlp.0' call 0 forward — mismatch")
