@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pyarrow.parquet as pq
-import pytest
 
 import rlprobe
 from rlprobe.demo import example_dir, run_demo

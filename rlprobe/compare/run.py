@@ -350,7 +350,9 @@ def _write_outputs(work: Path, tables: dict[str, pa.Table], summary: dict[str, A
     public = key_data.drop_columns([c for c in ("file_a", "file_b", "canonical_key", "flow_position") if c in key_data.column_names])
     write_key_data_csv(work / "key_data.csv", public, lang=lang)
     write_summary_md(work / "summary.md", summary, public)
-    write_report_xlsx(work / "report.xlsx", public, summary, lang=lang, extra_sheets=extra_sheets)
+    write_report_xlsx(work / "report.xlsx", public, summary, lang=lang, extra_sheets=extra_sheets,
+                      extra_files={"Modules": "modules.parquet", "Grads": "grad_steps.parquet",
+                                   "Grad params": "grads.parquet"})
     if per_key_files:
         write_per_key_xlsx(work / per_key_dir, public, lang=lang)
 

@@ -54,7 +54,6 @@ def _stats_rows(x: torch.Tensor) -> torch.Tensor:
         x = x.view(torch.uint8)
     elif x.dtype in _STORAGE and x.dtype != torch.bfloat16:  # float8: few kernels accept it
         x = x.float()
-    n = x.shape[1]
     f64 = torch.float64
     # every launch counts (each costs microseconds of CPU time on the training thread), so
     # reductions produce float64 directly and everything is gathered by one stack

@@ -108,6 +108,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "rows_left_out": ("rows left out", "未全部显示"),
     "rows_shown": ("{shown} of {total} rows shown; key_data.csv / key_data.parquet have all",
                    "显示 {total} 行中的 {shown} 行；完整数据见 key_data.csv / key_data.parquet"),
+    "rows_shown_in": ("{shown} of {total} rows shown (flagged and differing rows first); {file} has all",
+                      "显示 {total} 行中的 {shown} 行（告警与不一致的行优先）；完整数据见 {file}"),
 }
 
 

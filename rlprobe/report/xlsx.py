@@ -9,7 +9,6 @@ out, and key_data.csv / key_data.parquet keep every row. The per-key files hold 
 
 from __future__ import annotations
 
-import math
 import unicodedata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -65,13 +64,15 @@ def number_format(column: str) -> str | None:
 
 def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str, Any], lang: str = "en",
                       extra_sheets: Mapping[str, pa.Table] | None = None,
-                      max_sheet_rows: int = MAX_SHEET_ROWS) -> Path:
+                      max_sheet_rows: int = MAX_SHEET_ROWS, extra_files: Mapping[str, str] | None = None) -> Path:
     """Write report.xlsx: Summary, one sheet per key (in the summary's key order), then `extra_sheets`.
 
     A key sheet holds at most `max_sheet_rows` rows: every row that differs first (the first
     divergence before all), then matching rows, kept in the table's order. Columns without a
     value in any row of `key_data` (dtype, NaN/inf/zero counts and hashes, which msprobe dumps
-    do not store) are left off the key sheets; key_data.csv and .parquet keep every column."""
+    do not store) are left off the key sheets; key_data.csv and .parquet keep every column.
+    An extra sheet is capped the same way (flagged rows, then rows that differ, first; its last row
+    names the file of `extra_files` that has them all) and also leaves off its empty columns."""
     check_lang(lang)
     _require(key_data, ("key",), "key_data")
     if type(max_sheet_rows) is not int or not 1 <= max_sheet_rows <= MAX_ROWS - 3:  # header, empty row, note
@@ -83,8 +84,7 @@ def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str
     groups = _split_by_key(key_data, [r.get("key") for r in summary.get("keys") or []])
     key_sheets = {key: names.claim(str(key)) for key in groups}
     marks = _first_marks(key_data, summary.get("first_divergence"))
-    empty = tuple(c for c in key_data.column_names
-                  if key_data.num_rows and key_data.column(c).null_count == key_data.num_rows)
+    empty = _empty_columns(key_data)
     shown: dict[str, tuple[pa.Table, list[bool] | None]] = {}  # key -> the rows its sheet shows, their marks
     left_out: dict[str, tuple[int, int]] = {}  # key -> (rows shown, rows) where the cap left rows out
     for key, table in groups.items():
@@ -104,22 +104,38 @@ def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str
                 _write_table_sheets(book, [key_sheets[key]], table, lang, key_marks, drop=("key", *empty),
                                     order=KEY_SHEET_COLUMNS, note=note)
             for title, table in extra_sheets.items():
-                n = max(1, math.ceil(table.num_rows / ROWS_PER_SHEET))
-                sheet_names = [extra_names[title]] + [names.claim(title) for _ in range(n - 1)]
-                _write_table_sheets(book, sheet_names, table, lang, None, drop=(), order=())
+                picked = _pick_rows(table, None, max_sheet_rows)
+                note = None
+                if picked is not None:
+                    note = label("rows_shown_in", lang).format(
+                        shown=len(picked), total=table.num_rows, file=(extra_files or {}).get(title, "the Parquet file"))
+                    table = table.take(pa.array(picked, pa.int64()))
+                _write_table_sheets(book, [extra_names[title]], table, lang, None, drop=_empty_columns(table),
+                                    order=(), note=note)
 
     return write_report_file(path, write)
 
 
+def _empty_columns(table: pa.Table) -> tuple[str, ...]:
+    """Columns without a value in any row (none for an empty table)."""
+    return tuple(c for c in table.column_names if table.num_rows and table.column(c).null_count == table.num_rows)
+
+
 def _pick_rows(table: pa.Table, marks: list[bool] | None, cap: int) -> list[int] | None:
     """Indices of the rows a capped sheet shows, in table order; None when all fit. The first
-    divergence comes first, then the other rows whose status is not a match, then matching rows,
-    each in table order, until `cap` rows are chosen."""
+    divergence comes first, then flagged rows (gradient tables) and the other rows whose status
+    is not a match, then the rest, each in table order, until `cap` rows are chosen."""
     n = table.num_rows
     if n <= cap:
         return None
     statuses = table.column("status").to_pylist() if "status" in table.column_names else [None] * n
+    if marks is None and "is_first_divergence" in table.column_names:
+        marks = [bool(v) for v in table.column("is_first_divergence").to_pylist()]
     marks = marks or [False] * n
+    if "flagged" in table.column_names:  # gradient rows: the flag, not the status, says what differs
+        flags = [bool(v) for v in table.column("flagged").to_pylist()]
+        rank = [0 if m else (1 if f else 2) for f, m in zip(flags, marks)]
+        return sorted(sorted(range(n), key=rank.__getitem__)[:cap])
     rank = [0 if m else (2 if s is None or s in MATCHING_STATUSES else 1) for s, m in zip(statuses, marks)]
     return sorted(sorted(range(n), key=rank.__getitem__)[:cap])  # a stable sort keeps table order per rank
 

@@ -396,3 +396,19 @@ def test_empty_comparison_has_only_the_summary(tmp_path):
     rows = _rows(wb["Summary"])
     assert ["name", "passed", "rows"] == rows[-2][:3] and rows[-1][:3] == ["responses_identical", True, 0]
     assert write_per_key_xlsx(tmp_path / "per_key", key_data) == {}
+
+
+def test_extra_sheets_are_capped_flagged_rows_first_and_empty_columns_left_off(tmp_path, diverging):
+    key_data, summary = diverging
+    n = 50
+    grads = pa.table({"step": list(range(n)), "param": [f"p{i % 3}" for i in range(n)],
+                      "similarity": [1.0 - i / 100 for i in range(n)],
+                      "flagged": [i in (7, 30, 41) for i in range(n)], "message": pa.nulls(n, pa.string())})
+    path = write_report_xlsx(tmp_path / "r.xlsx", key_data, summary, extra_sheets={"Grad params": grads},
+                             max_sheet_rows=5, extra_files={"Grad params": "grads.parquet"})
+    rows = _rows(openpyxl.load_workbook(path)["Grad params"])
+    assert rows[0] == ["step", "param", "similarity", "flagged"]  # "message" is empty in every row
+    assert [r[0] for r in rows[1:6]] == [0, 1, 7, 30, 41]  # the flagged rows, then the first others, in order
+    assert rows[-1][0] == "5 of 50 rows shown (flagged and differing rows first); grads.parquet has all"
+    small = write_report_xlsx(tmp_path / "s.xlsx", key_data, summary, extra_sheets={"Grad params": grads})
+    assert len(_rows(openpyxl.load_workbook(small)["Grad params"])) == n + 1  # under the cap: every row, no note
