@@ -100,3 +100,78 @@ def test_in_place_change_after_save_is_not_seen(tmp_path):
         probe.save({"x": x})
     d = rlprobe.open(tmp_path / "d")
     assert d.tensor("x", 0, micro_step=0).max() == 0.0 and d.tensor("x", 0, micro_step=1).min() == 1.0
+
+
+# -- gradient monitors and stage hooks on the GPU (issues 4 and 6) -------------------------------
+def test_grad_kernel_on_cuda_equals_the_host_kernel():
+    from rlprobe.capture.grad_stats import host_batch, mix64_numpy
+    from rlprobe.frameworks.torch_grads import launch
+
+    g = torch.Generator(device="cpu").manual_seed(5)
+    grads = [torch.randn(257, 33, generator=g), torch.zeros(7), torch.randn(1, generator=g),
+             torch.randn(9, generator=g).to(torch.bfloat16), torch.empty(0)]
+    grads[0][0, 0] = -0.0
+    for level in ("L0", "L1", "L2"):
+        got = launch([t.cuda() for t in grads], level, [-0.5, 0.0, 0.5])[0]()
+        want = host_batch([t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy() for t in grads],
+                          level, [-0.5, 0.0, 0.5])
+        np.testing.assert_allclose(got.stats, want.stats, rtol=1e-6, equal_nan=True)
+        if level != "L0":
+            assert np.array_equal(got.signs, want.signs) and got.sign_offsets == want.sign_offsets
+        else:  # digests are of the raw bytes: bf16's own, where the host reference saw float32
+            assert np.array_equal(np.delete(got.digests, 3), np.delete(want.digests, 3))
+            assert int(got.digests[3]) == mix64_numpy(grads[3].view(torch.int16).numpy())
+
+
+def test_monitor_grads_on_cuda_matches_cpu_and_does_not_synchronise(tmp_path):
+    def train(device, path, check_sync):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 129), torch.nn.ReLU(), torch.nn.Linear(129, 7)).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator(device="cpu").manual_seed(1)
+        xs = [torch.randn(16, 64, generator=g).to(device) for _ in range(3)]
+        with rlprobe.Probe(path) as probe:
+            probe.monitor_grads(model, optimizer=opt, name="actor", level="L2", bounds=[-0.1, 0.0, 0.1])
+            for i, x in enumerate(xs):
+                opt.zero_grad()
+                model(x).pow(2).mean().backward()
+                if check_sync and i > 0:  # the first step may allocate pinned memory
+                    torch.cuda.set_sync_debug_mode("error")
+                try:
+                    opt.step()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+                probe.step()
+
+    train("cpu", tmp_path / "cpu", False)
+    train("cuda", tmp_path / "cuda", True)
+    key = lambda r: (r["step"], r["param"])  # noqa: E731
+    cpu = sorted(rlprobe.open(tmp_path / "cpu").arrow("grad").to_pylist(), key=key)
+    gpu = sorted(rlprobe.open(tmp_path / "cuda").arrow("grad").to_pylist(), key=key)
+    assert [key(r) for r in cpu] == [key(r) for r in gpu] and len(gpu) == 3 * 4
+    for c, d in zip(cpu, gpu):
+        for field in ("max", "min", "norm", "zero_fraction"):
+            assert d[field] == pytest.approx(c[field], rel=1e-4, abs=1e-7), (key(c), field)
+        assert d["numel"] == c["numel"] and d["sign_offset"] == c["sign_offset"]
+
+
+def test_stage_hooks_on_cuda_dump_the_same_module_tensors_as_on_cpu(tmp_path):
+    def run(device, path):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
+        x = torch.randn(8, 16).to(device)
+        with rlprobe.Probe(path) as probe:
+            with probe.stage("actor_update", model=model, tensors=True):
+                model(x).pow(2).mean().backward()
+            probe.step()
+        return rlprobe.open(path).arrow("module").to_pylist()
+
+    cpu, gpu = run("cpu", tmp_path / "cpu"), run("cuda", tmp_path / "cuda")
+    key = lambda r: (r["module"], r["call"], r["direction"], r["io"], r["index"])  # noqa: E731
+    assert sorted(map(key, cpu)) == sorted(map(key, gpu)) and any(r["direction"] == "backward" for r in gpu)
+    by_key = {key(r): r for r in cpu}
+    for r in gpu:
+        c = by_key[key(r)]
+        assert r["tensor_file"] and r["shape"] == c["shape"]
+        np.testing.assert_allclose(np.load(tmp_path / "cuda" / r["tensor_file"]),
+                                   np.load(tmp_path / "cpu" / c["tensor_file"]), rtol=1e-4, atol=1e-5)
