@@ -13,7 +13,8 @@ virtual environment (.venv-msprobe, benchmarks/setup_msprobe_venv.sh) as a subpr
    `probe.step()` after every step, then `close()`), msprobe L2 (subprocess), plain in the
    msprobe venv (subprocess; checks that both interpreters train equally fast). `--warmup`
    steps (monitored too), then `--steps` timed steps; the per-step median of each run, then the
-   median over repetitions. "until close" = (timed steps + close()) / steps.
+   median over repetitions; also each repetition's rlprobe run against the plain run just before
+   it (the median of those ratios is steadier on a shared machine). "until close" = (timed steps + close()) / steps.
 2. Sign bytes of those runs: rlprobe's signs.npy files vs msprobe's per-parameter bool .npy
    files, for the same steps.
 3. Comparison. Two monitored runs of `--compare-steps` steps each, B with lr x 1.1 (same seed,
@@ -193,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
             return med([x["total_s"] for x in res[kind]]) / args.steps
 
         plain, rl, ms, plain_ms = (step_med(k) for k in ("plain", "rlprobe", "msprobe", "plain_msprobe_venv"))
+        # each repetition's rlprobe run against the plain run just before it: neighbours share the
+        # machine's state, so the median of these ratios is steadier than a ratio of medians
+        paired = [med(r["step_s"]) / med(p["step_s"]) for p, r in zip(res["plain"], res["rlprobe"])]
         rl_close, plain_total = total_med("rlprobe"), total_med("plain")
         rl_signs, ms_signs = res["rlprobe"][0]["sign_bytes"], res["msprobe"][0]["sign_bytes"]
         rl_files, ms_files = res["rlprobe"][0]["sign_files"], res["msprobe"][0]["sign_files"]
@@ -200,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             "plain_step_ms": plain * 1e3, "rlprobe_step_ms": rl * 1e3, "msprobe_step_ms": ms * 1e3,
             "plain_msprobe_venv_step_ms": plain_ms * 1e3,
             "rlprobe_added_pct": 100 * (rl / plain - 1), "msprobe_added_pct": 100 * (ms / plain - 1),
+            "rlprobe_added_pct_paired": 100 * (med(paired) - 1),
+            "rlprobe_added_pct_per_repetition": [round(100 * (x - 1), 1) for x in paired],
             "msprobe_added_pct_vs_own_venv_plain": 100 * (ms / plain_ms - 1),
             "rlprobe_until_close_per_step_ms": rl_close * 1e3, "plain_total_per_step_ms": plain_total * 1e3,
             "rlprobe_added_pct_until_close": 100 * (rl_close / plain_total - 1),
@@ -276,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
           f"medians of {args.repeat} alternating repetitions of {args.steps} steps:")
     print(f"  plain                 {s['plain_step_ms']:8.1f} ms/step  (msprobe venv: {s['plain_msprobe_venv_step_ms']:.1f})")
     print(f"  rlprobe               {s['rlprobe_step_ms']:8.1f} ms/step  +{s['rlprobe_added_pct']:.1f}%  (goal <= 15%)")
+    print(f"  rlprobe vs the plain run before it, median of repetitions: {s['rlprobe_added_pct_paired']:+.1f}% "
+          f"(each: {', '.join(f'{x:+.1f}%' for x in s['rlprobe_added_pct_per_repetition'])})")
     print(f"  rlprobe until close() {s['rlprobe_until_close_per_step_ms']:8.1f} ms/step  "
           f"+{s['rlprobe_added_pct_until_close']:.1f}%  (close {s['rlprobe_close_ms']:.0f} ms)")
     print(f"  msprobe 8.1.2         {s['msprobe_step_ms']:8.1f} ms/step  +{s['msprobe_added_pct']:.1f}%  "
