@@ -187,8 +187,10 @@ class _NpyFile:
         return buf.view(self.dtype)
 
     def release(self, start: int, stop: int) -> None:
-        """Drop the mapped pages of elements [start, stop) from the resident set (io="mmap")."""
-        if self._pages is not None:
+        """Drop the mapped pages of elements [start, stop) from the resident set (io="mmap").
+        Not for a file read in one piece: closing it unmaps the pages anyway, and each madvise
+        costs a TLB shootdown on the other cores."""
+        if self._pages is not None and not (start == 0 and stop >= self.size):
             self._pages.release(start, stop)
 
     def close(self) -> None:
