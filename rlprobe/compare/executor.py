@@ -1,7 +1,8 @@
 """Local executor: compare many pairs of ``.npy`` files in parallel threads.
 
 The pair kernels release the GIL (``nogil=True``), and so does reading with ``os.preadv``
-(and reading a memory map is plain memory access inside the kernel), so a :class:`concurrent.futures.ThreadPoolExecutor` gives real parallelism with no process
+(reading a memory map is plain memory access inside the kernel), so a
+:class:`concurrent.futures.ThreadPoolExecutor` gives real parallelism with no process
 start-up and no pickling. Pairs larger than ``split_elements`` are cut into ranges (at
 multiples of the chunk size, so the result is bit-identical to a one-shot pass) that run on
 all workers, so one big tensor does not serialise the run.

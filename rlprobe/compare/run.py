@@ -337,9 +337,14 @@ def _write_outputs(work: Path, tables: dict[str, pa.Table], summary: dict[str, A
     if "grads" in tables:
         from rlprobe.compare.grads import write_grad_outputs
 
+        import pyarrow.compute as pc
+
         write_grad_outputs(work, tables)
         extra_sheets["Grads"] = tables["grad_steps"]
-        extra_sheets["Grad params"] = tables["grads"]
+        grads = tables["grads"]  # the Grad flags sheet: flagged rows and parameters on one side only
+        noted = pc.or_kleene(pc.fill_null(grads["flagged"], False),
+                             pc.invert(pc.is_in(grads["status"], pa.array(["compared", "stats_only"]))))
+        extra_sheets["Grad flags"] = grads.filter(pc.fill_null(noted, True))
     (work / "summary.json").write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n", encoding="utf-8")
     if not reports:
         return
@@ -352,7 +357,8 @@ def _write_outputs(work: Path, tables: dict[str, pa.Table], summary: dict[str, A
     write_summary_md(work / "summary.md", summary, public)
     write_report_xlsx(work / "report.xlsx", public, summary, lang=lang, extra_sheets=extra_sheets,
                       extra_files={"Modules": "modules.parquet", "Grads": "grad_steps.parquet",
-                                   "Grad params": "grads.parquet"})
+                                   "Grad flags": "grads.parquet"},
+                      grad_matrix=(tables["grads"], tables["grad_steps"]) if "grads" in tables else None)
     if per_key_files:
         write_per_key_xlsx(work / per_key_dir, public, lang=lang)
 

@@ -134,7 +134,7 @@ def explain_beyond_key_data(summary: dict[str, Any], grad_probe_step: int | None
     stage = "critic_update" if "critic" in str(monitor).lower() else "actor_update"
     summary["advice"] = (f"{key_data} but the gradients part ways: dump the modules of that "
                          f"update ({stage}) at that step to find the first module whose backward differs; "
-                         "every parameter's similarity per step is in grads.parquet and the Grad sheets")
+                         "every parameter's similarity per step is in grads.parquet and the Grad similarity sheet")
     if grad_probe_step is not None:
         summary["next_config"] = {"rlprobe_config": {"dump_path": "./rlprobe_dump_modules", "stages": [stage],
                                                      "step_start": grad_probe_step, "step_end": grad_probe_step}}

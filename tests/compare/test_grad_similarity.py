@@ -170,3 +170,34 @@ def test_flagged_gradients_are_the_verdict_when_key_data_agree(tmp_path: Path):
                                                          "stages": ["actor_update"], "step_start": 1, "step_end": 1}}
     md = (tmp_path / "out" / "summary.md").read_text(encoding="utf-8")
     assert md.startswith("## rlprobe: ❌ gradients flagged: monitor 'actor', step 1, rank 0")
+
+
+def test_report_has_a_similarity_matrix_and_the_flagged_rows(tmp_path: Path):
+    from openpyxl import load_workbook
+
+    from rlprobe.compare.run import compare
+
+    a = _run(tmp_path / "a", 3, seed=1)
+    b = _run(tmp_path / "b", 3, seed=1, perturb_from=1, extra=True)  # one more layer: 2 params only in B
+    compare(a, b, tmp_path / "out")
+    grads = pq.read_table(tmp_path / "out" / "grads.parquet").to_pylist()
+    book = load_workbook(tmp_path / "out" / "report.xlsx")
+    assert book.sheetnames == ["Summary", "Grads", "Grad flags", "Grad similarity"]
+    ws = book["Grad similarity"]
+    rows = [[c.value for c in r] for r in ws.iter_rows()]
+    assert rows[0] == ["monitor", "rank", "param", 0, 1, 2] and ws.freeze_panes == "D2"
+    by_cell = {(r[2], step): (value, ws.cell(i + 1, j + 4)) for i, r in enumerate(rows) if i > 0
+               for j, (step, value) in enumerate(zip(rows[0][3:], r[3:]))}
+    for g in grads:
+        value, cell = by_cell[(g["param"], g["step"])]
+        if g["status"] == "compared":
+            assert value == pytest.approx(g["similarity"], abs=0)
+            assert (cell.fill.fill_type == "solid" and cell.fill.fgColor.rgb == "FFFFC7CE") == bool(g["flagged"])
+        else:  # only in B: the status, in amber
+            assert value == g["status"] == "only_in_b" and cell.fill.fgColor.rgb == "FFFFEB9C"
+    weighted = rows[-1]
+    steps = {s["step"]: s for s in pq.read_table(tmp_path / "out" / "grad_steps.parquet").to_pylist()}
+    assert weighted[:3] == ["actor", 0, "(weighted)"]
+    assert weighted[3:] == [pytest.approx(steps[s]["weighted_similarity"], abs=0) for s in (0, 1, 2)]
+    flags = [[c.value for c in r] for r in book["Grad flags"].iter_rows()]
+    assert len(flags) - 1 == sum(1 for g in grads if g["flagged"] or g["status"] != "compared")
