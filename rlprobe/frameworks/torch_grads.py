@@ -46,6 +46,19 @@ def _stats_row(flat: torch.Tensor, bounds: torch.Tensor | None, k: int) -> torch
     return torch.stack([v.to(torch.float64) for v in values])
 
 
+_BOUNDS: dict[tuple[tuple[float, ...], str], torch.Tensor] = {}
+
+
+def _device_bounds(bounds: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """The bounds as a float32 tensor on `device`, made once: a tensor built from a Python list
+    on an accelerator is a blocking copy, which would stall the training thread every step."""
+    key = (bounds, str(device))
+    t = _BOUNDS.get(key)
+    if t is None:
+        t = _BOUNDS[key] = torch.tensor(list(bounds), dtype=torch.float32, device=device)
+    return t
+
+
 def _launch_cpu(flats: list[torch.Tensor], level: str, bounds: Sequence[float]) -> tuple[Finish, int]:
     """The CPU path: one fused numba pass per gradient (cpu_grad_kernel) writes its stats row and
     its packed signs straight into the host buffer; no device, so nothing to copy."""
@@ -92,7 +105,7 @@ def launch(grads: Sequence[torch.Tensor], level: str, bounds: Sequence[float]) -
     if device.type == "cpu":
         return _launch_cpu(flats, level, bounds)
     k = len(STAT_COLUMNS) + (len(bounds) if level == "L2" else 0)
-    b = torch.tensor(list(bounds), dtype=torch.float32, device=device) if level == "L2" else None
+    b = _device_bounds(tuple(bounds), device) if level == "L2" else None
     stats = torch.stack([_stats_row(f, b, k) for f in flats])
     pieces = [stats.reshape(-1).view(torch.uint8)]
     if level == "L0":
