@@ -124,10 +124,7 @@ def history_overview(table: pa.Table) -> list[dict[str, Any]]:
 
 def write_history_plots(table: pa.Table, out: Path) -> list[Path]:
     """One PNG per metric (a line per key) over runs: out/history_<metric>.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from rlprobe.report.figures import new_figure, save
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -141,7 +138,7 @@ def write_history_plots(table: pa.Table, out: Path) -> list[Path]:
         series.setdefault(r["metric"], {}).setdefault(r["key"] or r["metric"], {})[order[r["run_id"]]] = r["value"]
     written = []
     for metric, lines in sorted(series.items()):
-        fig, ax = plt.subplots(figsize=(8, 4.5))
+        fig, ax = new_figure((8, 4.5))
         for key, points in sorted(lines.items()):
             xs = sorted(points)
             ax.plot(xs, [points[x] for x in xs], marker="o", label=key)
@@ -152,9 +149,5 @@ def write_history_plots(table: pa.Table, out: Path) -> list[Path]:
         ax.grid(True, alpha=0.3)
         if 1 < len(lines) <= 20:
             ax.legend(fontsize="small", ncol=2)
-        fig.tight_layout()
-        target = out / f"history_{metric.replace('/', '_')}.png"
-        fig.savefig(target, dpi=100)
-        plt.close(fig)
-        written.append(target)
+        written.append(save(fig, out / f"history_{metric.replace('/', '_')}.png", dpi=100))
     return written

@@ -14,11 +14,9 @@ def write_grad_plots(out: str | Path, worst: int | None = 10) -> list[Path]:
     out = Path(out)
     if not (out / "grad_steps.parquet").exists():
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
+
+    from rlprobe.report.figures import new_figure, save
 
     steps = pq.read_table(out / "grad_steps.parquet").to_pylist()
     params = pq.read_table(out / "grads.parquet", columns=["monitor", "rank", "step", "param", "similarity"]).to_pylist()
@@ -29,7 +27,7 @@ def write_grad_plots(out: str | Path, worst: int | None = 10) -> list[Path]:
     for monitor, rank in groups:
         suffix = "" if len(groups) == 1 else f"_{monitor}_rank{rank}"
         rows = [r for r in steps if (r["monitor"], r["rank"]) == (monitor, rank) and r["weighted_similarity"] is not None]
-        fig, ax = plt.subplots(figsize=(8, 4.5))
+        fig, ax = new_figure((8, 4.5))
         xs = [r["step"] for r in rows]
         ax.plot(xs, [r["weighted_similarity"] for r in rows], marker="o", label="weighted similarity")
         bad = [r for r in rows if r["flagged"]]
@@ -43,10 +41,7 @@ def write_grad_plots(out: str | Path, worst: int | None = 10) -> list[Path]:
         ax.set_ylim(min([0.5] + [r["weighted_similarity"] - 0.02 for r in rows]), 1.01)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="lower left")
-        fig.tight_layout()
-        written.append(plots / f"grad_similarity{suffix}.png")
-        fig.savefig(written[-1], dpi=120)
-        plt.close(fig)
+        written.append(save(fig, plots / f"grad_similarity{suffix}.png"))
 
         mine = [r for r in params if (r["monitor"], r["rank"]) == (monitor, rank) and r["similarity"] is not None]
         lowest: dict[str, float] = {}
@@ -55,7 +50,7 @@ def write_grad_plots(out: str | Path, worst: int | None = 10) -> list[Path]:
         chosen = sorted(lowest, key=lambda p: (lowest[p], p))[:worst] if worst else sorted(lowest)
         if not chosen:
             continue
-        fig, ax = plt.subplots(figsize=(9, 5))
+        fig, ax = new_figure((9, 5))
         for p in chosen:
             pts = sorted((r["step"], r["similarity"]) for r in mine if r["param"] == p)
             ax.plot([s for s, _ in pts], [v for _, v in pts], marker=".", label=p)
@@ -68,8 +63,6 @@ def write_grad_plots(out: str | Path, worst: int | None = 10) -> list[Path]:
         ax.set_title(f"{what} parameters by similarity, monitor {monitor!r}, rank {rank} (red: flagged steps)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
-        fig.tight_layout()
-        written.append(plots / f"grad_worst_params{suffix}.png" if worst else plots / f"grad_all_params{suffix}.png")
-        fig.savefig(written[-1], dpi=120)
-        plt.close(fig)
+        name = f"grad_worst_params{suffix}.png" if worst else f"grad_all_params{suffix}.png"
+        written.append(save(fig, plots / name))
     return written

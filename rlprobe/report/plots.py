@@ -12,11 +12,10 @@ DIVERGED = ("mismatch", "shape_mismatch", "dtype_mismatch", "stats_only_mismatch
 
 def write_key_data_plots(out: str | Path) -> list[Path]:
     """plots/key_data_heatmap.png and plots/key_data_max_rel_err.png from OUT/key_data.parquet."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.patches import Rectangle
+
+    from rlprobe.report.figures import new_figure, save
 
     out = Path(out)
     rows = pq.read_table(out / "key_data.parquet", columns=["key", "step", "status", "max_rel_err",
@@ -37,7 +36,7 @@ def write_key_data_plots(out: str | Path) -> list[Path]:
         grid[i, j] = value if np.isnan(grid[i, j]) else max(grid[i, j], value)
 
     written = []
-    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(steps) + 3), max(3, 0.4 * len(keys) + 1.5)))
+    fig, ax = new_figure((max(6, 0.5 * len(steps) + 3), max(3, 0.4 * len(keys) + 1.5)))
     image = ax.imshow(grid, aspect="auto", cmap="magma_r", vmin=-8, vmax=1, interpolation="nearest")
     ax.set_yticks(range(len(keys)), keys)
     ax.set_xticks(range(len(steps)), [str(s) for s in steps], rotation=90 if len(steps) > 20 else 0)
@@ -45,15 +44,12 @@ def write_key_data_plots(out: str | Path) -> list[Path]:
     ax.set_title("max relative error per key and step (log10; -8 = identical)")
     for r in rows:
         if r["is_first_divergence"]:
-            ax.add_patch(plt.Rectangle((steps.index(r["step"]) - 0.5, keys.index(r["key"]) - 0.5), 1, 1,
-                                       fill=False, edgecolor="cyan", linewidth=2.5))
+            ax.add_patch(Rectangle((steps.index(r["step"]) - 0.5, keys.index(r["key"]) - 0.5), 1, 1,
+                                   fill=False, edgecolor="cyan", linewidth=2.5))
     fig.colorbar(image, ax=ax, label="log10 max rel err")
-    fig.tight_layout()
-    written.append(plots / "key_data_heatmap.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    written.append(save(fig, plots / "key_data_heatmap.png"))
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = new_figure((8, 4.5))
     for k in keys:
         ys = [max((r["max_rel_err"] or 0.0) for r in rows if r["key"] == k and r["step"] == s) if any(
             r["key"] == k and r["step"] == s for r in rows) else np.nan for s in steps]
@@ -66,8 +62,5 @@ def write_key_data_plots(out: str | Path) -> list[Path]:
     ax.grid(True, which="both", alpha=0.3)
     if ax.lines:
         ax.legend(fontsize="small", ncol=2)
-    fig.tight_layout()
-    written.append(plots / "key_data_max_rel_err.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    written.append(save(fig, plots / "key_data_max_rel_err.png"))
     return written

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import openpyxl
@@ -64,3 +66,20 @@ def test_single_comparator_compat(fixtures_dir, tmp_path):
     assert summary["first_divergence"]["key"] == "responses"
     for key in ("log_prob", "responses", "kl_loss"):
         assert (tmp_path / "out" / f"{key}.xlsx").is_file()  # where msprobe users look
+
+
+def test_plots_leave_the_callers_matplotlib_alone(tmp_path):
+    """Library code must not switch a notebook's backend or load pyplot: a fresh process checks."""
+    a = _dump(tmp_path / "a", np.ones(8, np.float32))
+    b = _dump(tmp_path / "b", np.ones(8, np.float32) * 2)
+    code = (
+        "import sys, matplotlib; matplotlib.use('svg'); import rlprobe\n"
+        "from rlprobe.report.plots import write_key_data_plots\n"
+        f"rlprobe.compare({str(a)!r}, {str(b)!r}, {str(tmp_path / 'out')!r})\n"
+        f"paths = write_key_data_plots({str(tmp_path / 'out')!r})\n"
+        "assert paths and all(p.read_bytes()[:8] == b'\\x89PNG\\r\\n\\x1a\\n' for p in paths), paths\n"
+        "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend()\n"
+        "assert 'matplotlib.pyplot' not in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
