@@ -21,7 +21,9 @@ virtual environment (.venv-msprobe, benchmarks/setup_msprobe_venv.sh) as a subpr
    so step 0 agrees fully and the similarities then drift), dumped by both tools; then, whole
    processes, alternating: `rlprobe compare A B -o OUT --plots --quiet` on rlprobe's dumps vs
    msprobe's `GradComparator.compare_distributed` on msprobe's dumps (plus, for reference,
-   `rlprobe compare` on msprobe's dumps).
+   `rlprobe compare` on msprobe's dumps). `--compare-blocks N,WIDTH,HIDDEN,BATCH` monitors the
+   block model of msprobe_grad_workload.make_workload for this part instead (4,2048,8192,16:
+   4 of the GPU workload's 16 blocks, 134M parameters); `--no-steps` skips part 1.
 
 Before each timed run it waits (up to --idle-timeout s) until the CPU was >= --min-idle idle for
 1 s: other processes on the 2 cores otherwise distort every figure. Prints a table and writes
@@ -68,8 +70,9 @@ def run_plain(steps: int, warmup: int, seed: int = 0, lr: float = 1e-3) -> dict:
     return {"step_s": times, "total_s": time.perf_counter() - t0}
 
 
-def run_rlprobe(dump: Path, level: str, steps: int, warmup: int, seed: int = 0, lr: float = 1e-3) -> dict:
-    model, opt, step = make_workload(seed, lr, torch)
+def run_rlprobe(dump: Path, level: str, steps: int, warmup: int, seed: int = 0, lr: float = 1e-3,
+                blocks: tuple[int, ...] | None = None) -> dict:
+    model, opt, step = make_workload(seed, lr, torch, blocks)
     probe = rlprobe.Probe(dump)
     probe.monitor_grads(model, optimizer=opt, name="mlp", level=level, bounds=BOUNDS)
     for i in range(warmup):
@@ -149,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-steps", type=int, default=10)
     ap.add_argument("--compare-repeat", type=int, default=3)
     ap.add_argument("--no-compare", action="store_true")
+    ap.add_argument("--no-steps", action="store_true", help="skip the step-time part (only the comparison)")
+    ap.add_argument("--compare-blocks", default=None,
+                    help="N,WIDTH,HIDDEN,BATCH: monitor this block model for the comparison instead "
+                         "(e.g. 4,2048,8192,16: 4 of the GPU workload's 16 blocks, 134M parameters)")
     ap.add_argument("--json", default=None, help="write the raw figures here")
     ap.add_argument("--min-idle", type=float, default=0.9,
                     help="before each timed run wait until this share of the CPU was idle for 1 s (0: never wait)")
@@ -169,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="grad_overhead_"))
     try:
         run_plain(2, 1)  # first-touch / allocator warm-up of this process
-        for r in range(args.repeat):
+        for r in range(0 if args.no_steps else args.repeat):
             quiet()
             res["plain"].append(run_plain(args.steps, args.warmup))
             d = tmp / f"rl{r}"
@@ -193,40 +200,44 @@ def main(argv: list[str] | None = None) -> int:
         def total_med(kind: str) -> float:
             return med([x["total_s"] for x in res[kind]]) / args.steps
 
-        plain, rl, ms, plain_ms = (step_med(k) for k in ("plain", "rlprobe", "msprobe", "plain_msprobe_venv"))
-        # each repetition's rlprobe run against the plain run just before it: neighbours share the
-        # machine's state, so the median of these ratios is steadier than a ratio of medians
-        paired = [med(r["step_s"]) / med(p["step_s"]) for p, r in zip(res["plain"], res["rlprobe"])]
-        rl_close, plain_total = total_med("rlprobe"), total_med("plain")
-        rl_signs, ms_signs = res["rlprobe"][0]["sign_bytes"], res["msprobe"][0]["sign_bytes"]
-        rl_files, ms_files = res["rlprobe"][0]["sign_files"], res["msprobe"][0]["sign_files"]
-        summary = {
-            "plain_step_ms": plain * 1e3, "rlprobe_step_ms": rl * 1e3, "msprobe_step_ms": ms * 1e3,
-            "plain_msprobe_venv_step_ms": plain_ms * 1e3,
-            "rlprobe_added_pct": 100 * (rl / plain - 1), "msprobe_added_pct": 100 * (ms / plain - 1),
-            "rlprobe_added_pct_paired": 100 * (med(paired) - 1),
-            "rlprobe_added_pct_per_repetition": [round(100 * (x - 1), 1) for x in paired],
-            "msprobe_added_pct_vs_own_venv_plain": 100 * (ms / plain_ms - 1),
-            "rlprobe_until_close_per_step_ms": rl_close * 1e3, "plain_total_per_step_ms": plain_total * 1e3,
-            "rlprobe_added_pct_until_close": 100 * (rl_close / plain_total - 1),
-            "rlprobe_close_ms": med([x["close_s"] for x in res["rlprobe"]]) * 1e3,
-            "steps_monitored": args.warmup + args.steps,
-            "rlprobe_sign_bytes": rl_signs, "rlprobe_sign_files": rl_files,
-            "msprobe_sign_bytes": ms_signs, "msprobe_sign_files": ms_files,
-            "sign_bytes_ratio": rl_signs / ms_signs,
-            "rlprobe_dump_bytes": res["rlprobe"][0]["bytes_on_disk"],
-            "msprobe_dump_bytes": res["msprobe"][0]["bytes_on_disk"],
-        }
+        summary: dict = {}
+        if res["plain"]:
+            plain, rl, ms, plain_ms = (step_med(k) for k in ("plain", "rlprobe", "msprobe", "plain_msprobe_venv"))
+            # each repetition's rlprobe run against the plain run just before it: neighbours share the
+            # machine's state, so the median of these ratios is steadier than a ratio of medians
+            paired = [med(r["step_s"]) / med(p["step_s"]) for p, r in zip(res["plain"], res["rlprobe"])]
+            rl_close, plain_total = total_med("rlprobe"), total_med("plain")
+            rl_signs, ms_signs = res["rlprobe"][0]["sign_bytes"], res["msprobe"][0]["sign_bytes"]
+            rl_files, ms_files = res["rlprobe"][0]["sign_files"], res["msprobe"][0]["sign_files"]
+            summary.update({
+                "plain_step_ms": plain * 1e3, "rlprobe_step_ms": rl * 1e3, "msprobe_step_ms": ms * 1e3,
+                "plain_msprobe_venv_step_ms": plain_ms * 1e3,
+                "rlprobe_added_pct": 100 * (rl / plain - 1), "msprobe_added_pct": 100 * (ms / plain - 1),
+                "rlprobe_added_pct_paired": 100 * (med(paired) - 1),
+                "rlprobe_added_pct_per_repetition": [round(100 * (x - 1), 1) for x in paired],
+                "msprobe_added_pct_vs_own_venv_plain": 100 * (ms / plain_ms - 1),
+                "rlprobe_until_close_per_step_ms": rl_close * 1e3, "plain_total_per_step_ms": plain_total * 1e3,
+                "rlprobe_added_pct_until_close": 100 * (rl_close / plain_total - 1),
+                "rlprobe_close_ms": med([x["close_s"] for x in res["rlprobe"]]) * 1e3,
+                "steps_monitored": args.warmup + args.steps,
+                "rlprobe_sign_bytes": rl_signs, "rlprobe_sign_files": rl_files,
+                "msprobe_sign_bytes": ms_signs, "msprobe_sign_files": ms_files,
+                "sign_bytes_ratio": rl_signs / ms_signs,
+                "rlprobe_dump_bytes": res["rlprobe"][0]["bytes_on_disk"],
+                "msprobe_dump_bytes": res["msprobe"][0]["bytes_on_disk"],
+            })
 
         if not args.no_compare:
             n = str(args.compare_steps)
+            blocks = tuple(int(v) for v in args.compare_blocks.split(",")) if args.compare_blocks else None
             dumps = {}
             for run, lr in (("A", 1e-3), ("B", 1.1e-3)):
                 dumps[f"rl{run}"] = tmp / f"cmp_rl{run}"
-                run_rlprobe(dumps[f"rl{run}"], args.level, args.compare_steps, 0, lr=lr)
+                run_rlprobe(dumps[f"rl{run}"], args.level, args.compare_steps, 0, lr=lr, blocks=blocks)
                 dumps[f"ms{run}"] = tmp / f"cmp_ms{run}"
                 run_msprobe(["--mode", "msprobe", "--dump", str(dumps[f"ms{run}"]), "--steps", n, "--warmup", "0",
-                             "--lr", str(lr), "--threads", str(args.threads), "--level", args.level])
+                             "--lr", str(lr), "--threads", str(args.threads), "--level", args.level,
+                             *(["--blocks", args.compare_blocks] if blocks else [])])
             rl_cli = [sys.executable, "-m", "rlprobe.cli"] if shutil.which("rlprobe") is None else ["rlprobe"]
             cmp = {"rlprobe": [], "msprobe": [], "msprobe_call": [], "rlprobe_on_msprobe_dumps": []}
             # one untimed run each: numba kernel cache, page cache
@@ -278,21 +289,23 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     s = res["summary"]
-    print(f"\nCPU, {args.threads} threads, 6x Linear(1024,1024) + AdamW, batch 256, {args.level}, "
-          f"medians of {args.repeat} alternating repetitions of {args.steps} steps:")
-    print(f"  plain                 {s['plain_step_ms']:8.1f} ms/step  (msprobe venv: {s['plain_msprobe_venv_step_ms']:.1f})")
-    print(f"  rlprobe               {s['rlprobe_step_ms']:8.1f} ms/step  +{s['rlprobe_added_pct']:.1f}%  (goal <= 15%)")
-    print(f"  rlprobe vs the plain run before it, median of repetitions: {s['rlprobe_added_pct_paired']:+.1f}% "
-          f"(each: {', '.join(f'{x:+.1f}%' for x in s['rlprobe_added_pct_per_repetition'])})")
-    print(f"  rlprobe until close() {s['rlprobe_until_close_per_step_ms']:8.1f} ms/step  "
-          f"+{s['rlprobe_added_pct_until_close']:.1f}%  (close {s['rlprobe_close_ms']:.0f} ms)")
-    print(f"  msprobe 8.1.2         {s['msprobe_step_ms']:8.1f} ms/step  +{s['msprobe_added_pct']:.1f}%  "
-          f"(+{s['msprobe_added_pct_vs_own_venv_plain']:.1f}% vs its venv's plain)")
-    print(f"  sign bytes, {s['steps_monitored']} steps: rlprobe {s['rlprobe_sign_bytes']:,} in {s['rlprobe_sign_files']} "
-          f"files, msprobe {s['msprobe_sign_bytes']:,} in {s['msprobe_sign_files']} files, "
-          f"ratio {s['sign_bytes_ratio']:.4f} (goal <= 1/8 + headers)")
+    if "plain_step_ms" in s:
+        print(f"\nCPU, {args.threads} threads, 6x Linear(1024,1024) + AdamW, batch 256, {args.level}, "
+              f"medians of {args.repeat} alternating repetitions of {args.steps} steps:")
+        print(f"  plain                 {s['plain_step_ms']:8.1f} ms/step  (msprobe venv: {s['plain_msprobe_venv_step_ms']:.1f})")
+        print(f"  rlprobe               {s['rlprobe_step_ms']:8.1f} ms/step  +{s['rlprobe_added_pct']:.1f}%  (goal <= 15%)")
+        print(f"  rlprobe vs the plain run before it, median of repetitions: {s['rlprobe_added_pct_paired']:+.1f}% "
+              f"(each: {', '.join(f'{x:+.1f}%' for x in s['rlprobe_added_pct_per_repetition'])})")
+        print(f"  rlprobe until close() {s['rlprobe_until_close_per_step_ms']:8.1f} ms/step  "
+              f"+{s['rlprobe_added_pct_until_close']:.1f}%  (close {s['rlprobe_close_ms']:.0f} ms)")
+        print(f"  msprobe 8.1.2         {s['msprobe_step_ms']:8.1f} ms/step  +{s['msprobe_added_pct']:.1f}%  "
+              f"(+{s['msprobe_added_pct_vs_own_venv_plain']:.1f}% vs its venv's plain)")
+        print(f"  sign bytes, {s['steps_monitored']} steps: rlprobe {s['rlprobe_sign_bytes']:,} in {s['rlprobe_sign_files']} "
+              f"files, msprobe {s['msprobe_sign_bytes']:,} in {s['msprobe_sign_files']} files, "
+              f"ratio {s['sign_bytes_ratio']:.4f} (goal <= 1/8 + headers)")
     if "compare_speedup" in s:
-        print(f"  compare ({args.compare_steps} steps): rlprobe {s['compare_rlprobe_s']:.2f} s, msprobe "
+        model = f"model {args.compare_blocks} (blocks)" if args.compare_blocks else "the default model"
+        print(f"  compare ({args.compare_steps} steps, {model}): rlprobe {s['compare_rlprobe_s']:.2f} s, msprobe "
               f"{s['compare_msprobe_s']:.2f} s (call {s['compare_msprobe_call_s']:.2f} s) -> "
               f"{s['compare_speedup']:.1f}x (goal >= 10x); rlprobe on msprobe dumps "
               f"{s['compare_rlprobe_on_msprobe_dumps_s']:.2f} s; similarities.csv identical: "

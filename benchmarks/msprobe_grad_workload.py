@@ -25,17 +25,26 @@ import time
 LAYERS, WIDTH, BATCH, N_BATCHES = 6, 1024, 256, 4
 
 
-def make_workload(seed, lr, torch):
+def make_workload(seed, lr, torch, blocks=None):
+    """The default model, or with blocks=(n, width, hidden, batch) n blocks of
+    Linear(width, hidden) -> GELU -> Linear(hidden, width) (the GPU workload's shape is
+    (16, 2048, 8192, 8192); a few of its blocks and a small batch fit a CPU)."""
     torch.manual_seed(seed)
     layers = []
-    for i in range(LAYERS):
-        layers.append(torch.nn.Linear(WIDTH, WIDTH))
-        if i < LAYERS - 1:
-            layers.append(torch.nn.ReLU())
+    width, batch = WIDTH, BATCH
+    if blocks is None:
+        for i in range(LAYERS):
+            layers.append(torch.nn.Linear(WIDTH, WIDTH))
+            if i < LAYERS - 1:
+                layers.append(torch.nn.ReLU())
+    else:
+        n, width, hidden, batch = blocks
+        for _ in range(n):
+            layers += [torch.nn.Linear(width, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, width)]
     model = torch.nn.Sequential(*layers)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    xs = [torch.randn(BATCH, WIDTH) for _ in range(N_BATCHES)]
-    target = torch.randn(BATCH, WIDTH)
+    xs = [torch.randn(batch, width) for _ in range(N_BATCHES)]
+    target = torch.randn(batch, width)
 
     def step(i):
         opt.zero_grad(set_to_none=True)
@@ -69,7 +78,9 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--blocks", default=None, help="N,WIDTH,HIDDEN,BATCH: the block model of make_workload")
     args = ap.parse_args(argv)
+    blocks = tuple(int(v) for v in args.blocks.split(",")) if args.blocks else None
 
     if args.mode == "compare":
         a, b, out = args.paths
@@ -85,7 +96,7 @@ def main(argv=None):
     import torch
 
     torch.set_num_threads(args.threads)
-    model, _opt, step = make_workload(args.seed, args.lr, torch)
+    model, _opt, step = make_workload(args.seed, args.lr, torch, blocks)
     if args.mode == "msprobe":
         from msprobe.pytorch import PrecisionDebugger
 
