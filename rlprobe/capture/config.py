@@ -20,7 +20,7 @@ REFERENCE_STAGES = ("reference_compute_log_prob",)
 KEYS = {
     "enable": bool, "msprobe": bool, "dump_path": str, "key_data_dump": bool, "configurations_dump": bool,
     "actor_train_dump": bool, "reference_dump": bool, "grads_dump": bool, "metrics_dump": bool,
-    "step_start": int, "step_end": int, "stages": list, "tensors": bool, "mode": str,
+    "step_start": int, "step_end": int, "stages": list, "tensors": bool, "mode": str, "flush_interval": float,
 }
 
 
@@ -39,6 +39,7 @@ class ProbeConfig:
     step_end: int | None = None
     tensors: bool = False
     mode: str | None = None
+    flush_interval: float | None = None  # seconds; None: the Probe's default
 
     @property
     def any_switch(self) -> bool:
@@ -60,8 +61,9 @@ def parse_config(cfg: Any) -> ProbeConfig:
         want = KEYS[key]
         ok = (isinstance(value, bool) if want is bool else
               isinstance(value, int) and not isinstance(value, bool) if want is int else
+              isinstance(value, (int, float)) and not isinstance(value, bool) if want is float else
               isinstance(value, (list, tuple)) if want is list else isinstance(value, (str, os.PathLike)))
-        if not ok and not (value is None and key in ("step_start", "step_end", "stages")):
+        if not ok and not (value is None and key in ("step_start", "step_end", "stages", "flush_interval")):
             raise ProbeError(f"{name}.{key}: expected {want.__name__}, got {type(value).__name__} {value!r}")
     msprobe = name == "msprobe_config"
     # an rlprobe_config section is on unless it says otherwise; MindSpeed-RL's msprobe switch defaults to off
@@ -92,6 +94,7 @@ def parse_config(cfg: Any) -> ProbeConfig:
         metrics_dump=values.get("metrics_dump"),
         stages=frozenset(stages), step_start=start, step_end=end,
         tensors=bool(values.get("tensors", False)), mode=values.get("mode"),
+        flush_interval=values.get("flush_interval"),
     )
 
 
@@ -273,4 +276,6 @@ def from_config(cfg: Any, **probe_kwargs: Any) -> "ConfiguredProbe | DisabledPro
 
     if config.mode is not None:
         probe_kwargs.setdefault("mode", config.mode)
+    if config.flush_interval is not None:
+        probe_kwargs.setdefault("flush_interval", config.flush_interval)
     return ConfiguredProbe(config, Probe(config.dump_path, **probe_kwargs))

@@ -136,3 +136,22 @@ def test_bad_configs_name_the_key():
         parse_config(os.path.join("no", "such.yaml"))
     assert parse_config({"msprobe_config": {}}).enabled is False  # MindSpeed-RL's default
     assert parse_config({"rlprobe_config": {}}).enabled is True
+
+
+def test_flush_interval_from_the_config(tmp_path):
+    cfg = {"rlprobe_config": {"dump_path": str(tmp_path / "d"), "key_data_dump": True, "flush_interval": 0}}
+    probe = rlprobe.from_config(cfg)
+    assert probe.probe._writer.flush_interval == 0.0
+    probe.save({"x": torch.ones(3)})
+    probe.step()
+    probe.probe._writer.wait_idle()  # interval 0: committed as the step ends, before any flush
+    assert rlprobe.open(tmp_path / "d").rank_manifests[0]["committed_steps"] == [0]
+    probe.close()
+    default = rlprobe.from_config({"rlprobe_config": {"dump_path": str(tmp_path / "e"), "key_data_dump": True}})
+    assert default.probe._writer.flush_interval == 1.0  # the Probe's default
+    default.close()
+    with pytest.raises(rlprobe.ProbeError, match=r"rlprobe_config.flush_interval: expected float, got str"):
+        parse_config({"rlprobe_config": {"flush_interval": "1s"}})
+    with pytest.raises(rlprobe.ProbeError, match=r"flush_interval=-1: expected seconds"):
+        rlprobe.from_config({"rlprobe_config": {"dump_path": str(tmp_path / "f"), "key_data_dump": True,
+                                                "flush_interval": -1}})
