@@ -38,6 +38,13 @@ def render_summary_md(summary: Mapping[str, Any], key_data: pa.Table) -> str:
     for what in ("suspect", "advice"):
         if summary.get(what):
             lines += [f"**{what.capitalize()}:** {escape_md(str(summary[what]))}", ""]
+    if summary.get("first_divergence"):  # the other findings, which the verdict line names only without it
+        if summary.get("module_suspect"):
+            lines += [f"**Module dumps:** {escape_md(str(summary['module_suspect']))}", ""]
+        grad = summary.get("grad_first_flagged")
+        if grad:
+            lines += [f"**Gradients:** monitor {escape_md(repr(grad.get('monitor')))} flagged at step {grad.get('step')}, "
+                      f"rank {grad.get('rank')}: {escape_md(str(grad.get('reason')))}", ""]
     if summary.get("next_config"):
         lines += ["Next capture config:", "", "```yaml", *yaml_lines(summary["next_config"]), "```", ""]
     errors = summary.get("read_errors") or []

@@ -139,6 +139,9 @@ def test_compare_writes_modules_parquet_summary_and_sheet(tmp_path):
     assert "module" in grid[0] and len(grid) == table.num_rows + 1
     marked = [row for row in grid[1:] if row[grid[0].index("first divergence")]]
     assert len(marked) == 1 and marked[0][grid[0].index("module")] == "layers.2.attn"
+    md = (tmp_path / "out" / "summary.md").read_text(encoding="utf-8")
+    assert summary["first_divergence"] is not None  # the loss differs too: the verdict is the key data's
+    assert "**Module dumps:** " in md and "layers.2.attn" in md
 
 
 def test_compare_without_module_dumps_leaves_modules_out(tmp_path):
