@@ -210,3 +210,27 @@ def test_msprobe_style_config(tmp_path: Path):
     rows = _rows(tmp_path / "d")
     assert [(r["step"], r["param"], r["level"]) for r in rows] == [(1, "0.weight", "L2")]
     assert rows[0]["bounds"] == [-1.0, 0.0, 1.0]
+
+
+def test_device_path_on_cpu_tensors_equals_the_host_kernel():
+    """The accelerator path's arithmetic (torch ops, bit packing, payload layout) checked without
+    an accelerator: run on CPU tensors it must equal the numpy kernel exactly where exact."""
+    from rlprobe.frameworks.torch_grads import _launch_device
+
+    g = torch.Generator().manual_seed(7)
+    grads = [torch.randn(257, 33, generator=g), torch.zeros(7), torch.randn(1, generator=g), torch.empty(0),
+             torch.randn(9, generator=g).to(torch.bfloat16), torch.randn(4096, generator=g).double()]
+    grads[0][0, 0], grads[0][1, 1], grads[0][2, 2] = -0.0, 0.1, -0.1  # on a bound
+    grads[2][0] = float("nan")
+    for level in ("L0", "L1", "L2"):
+        got = _launch_device([t.reshape(-1) for t in grads], level, [-0.1, 0.0, 0.1], torch.device("cpu"))[0]()
+        want = host_batch([t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy() for t in grads],
+                          level, [-0.1, 0.0, 0.1])
+        np.testing.assert_allclose(got.stats, want.stats, rtol=1e-6, equal_nan=True)
+        counts = slice(3, None)  # zero and bound counts: exact
+        np.testing.assert_array_equal(got.stats[:, counts], want.stats[:, counts])
+        if level == "L0":
+            keep = [0, 1, 2, 3, 5]  # bf16 digests are of its own bytes (the reference saw float32)
+            assert np.array_equal(got.digests[keep], want.digests[keep])
+        else:
+            assert np.array_equal(got.signs, want.signs) and got.sign_offsets == want.sign_offsets
