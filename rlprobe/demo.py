@@ -65,8 +65,9 @@ def compare_runs(a: Path, b: Path, out: Path) -> dict[str, Any]:
     from rlprobe.pipeline.runner import run_pipeline
     from rlprobe.pipeline.spec import load_pipeline
 
+    # absolute paths: the pipeline resolves relative ones against its YAML file's folder
     pipeline = load_pipeline(resource_dir("pipelines") / "compare.yaml",
-                             [f"runs.a={a}", f"runs.b={b}", f"output={out.resolve()}"])
+                             [f"runs.a={Path(a).resolve()}", f"runs.b={Path(b).resolve()}", f"output={out.resolve()}"])
     return run_pipeline(pipeline).summary
 
 

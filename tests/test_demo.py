@@ -82,3 +82,12 @@ def test_ppo_example_runs_on_two_gloo_ranks(tmp_path):
     assert d.complete and sorted(d.rank_manifests) == [0, 1]
     ranks = {r["rank"] for r in d.arrow("key_data").to_pylist() if r["key"] == "responses"}
     assert ranks == {0, 1}
+
+
+def test_demo_command_from_any_folder(tmp_path):
+    """`rlprobe demo` with its default, relative output folder, run from a folder that is not the
+    checkout (the README's first command runs it from wherever the user is)."""
+    proc = subprocess.run([sys.executable, "-m", "rlprobe.cli", "demo", "--fault", "advantage-bug", "--steps", "2"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "advantages" in proc.stdout and (tmp_path / "rlprobe_demo" / "compare" / "summary.md").exists()
