@@ -196,9 +196,10 @@ def load_pipeline(path: str | os.PathLike[str], overrides: list[str] | tuple[str
     except ValidationError as e:
         raise SpecError(_describe(e, data, where)) from None
     base = path.resolve().parent
-    runs = {n: _resolve(base, p) for n, p in spec.runs.items()}
-    pipeline = Pipeline(spec, path, runs, _resolve(base, spec.output),
-                        _resolve(base, spec.history) if spec.history else None)
+    # a path written in the file is relative to the file; one given with --set to the current folder
+    runs = {n: _resolve(where.base(("runs", n), base), p) for n, p in spec.runs.items()}
+    pipeline = Pipeline(spec, path, runs, _resolve(where.base(("output",), base), spec.output),
+                        _resolve(where.base(("history",), base), spec.history) if spec.history else None)
     taken: dict[str, str] = {}
     for i, q in enumerate(spec.queries):
         loc = ("queries", i)
@@ -233,8 +234,10 @@ def check_run_dirs(pipeline: Pipeline, where: "_Where | None" = None) -> None:
         try:
             open_dump(run)
         except DumpReadError as e:
-            raise SpecError(f"{where.at(('runs', name))}: runs.{name}: {e} (resolved from "
-                            f"{pipeline.spec.runs[name]!r}, relative to {pipeline.path.resolve().parent})",
+            given = pipeline.spec.runs[name]
+            origin = "" if Path(given).expanduser().is_absolute() else \
+                f", relative to {where.base(('runs', name), pipeline.path.resolve().parent)}"
+            raise SpecError(f"{where.at(('runs', name))}: runs.{name}: {e} (resolved from {given!r}{origin})",
                             EXIT_UNREADABLE) from None
 
 
@@ -272,6 +275,11 @@ class _Where:
 
     def __init__(self, path: Path, lines: dict[tuple, int], overridden: set[tuple]):
         self.path, self.lines, self.overridden = path, lines, overridden
+
+    def base(self, loc: tuple, file_base: Path) -> Path:
+        """The folder a relative path at `loc` is resolved against: the current one for a value
+        given with --set (a shell argument), the YAML file's folder for one written in it."""
+        return Path.cwd() if any(loc[:n] in self.overridden for n in range(1, len(loc) + 1)) else file_base
 
     def at(self, loc: tuple) -> str:
         for n in range(len(loc), 0, -1):

@@ -15,7 +15,8 @@ def local_ray():
     ray.shutdown()
 
 
-def test_ray_and_local_give_identical_key_data(tmp_path, dumps, cli, local_ray):
+def test_ray_and_local_give_identical_key_data(tmp_path, dumps, cli, local_ray, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # --set paths are relative to the current folder
     spec = tmp_path / "p.yaml"
     spec.write_text(f"version: 1\nname: r\nruns:\n  a: {dumps['a']}\n  b: {dumps['b']}\noutput: ./out\n"
                     "report: {xlsx: false, csv: false}\n", encoding="utf-8")

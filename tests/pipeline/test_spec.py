@@ -136,3 +136,20 @@ def test_shipped_pipelines_validate(name, dumps, tmp_path):
            "CANDIDATE": str(dumps["b"]), "RLPROBE_OUT": str(tmp_path)}
     p = load_pipeline(resource_dir("pipelines") / name, env=env)
     assert p.output.is_relative_to(tmp_path)
+
+
+def test_set_paths_are_relative_to_the_current_folder_file_paths_to_the_file(tmp_path, dumps, write_yaml,
+                                                                              monkeypatch):
+    """A path typed on the command line means what the shell means; one in the YAML is beside it."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "work").mkdir()
+    path = write_yaml(tmp_path / "conf" / "p.yaml", f"version: 1\nname: x\nruns:\n  a: {dumps['a']}\n"
+                      "  b: ./b_in_yaml\noutput: out\n")
+    monkeypatch.chdir(tmp_path / "work")
+    (tmp_path / "work" / "here").symlink_to(dumps["b"])
+    p = load_pipeline(path, ["runs.b=here", "output=reports"])
+    assert p.runs["b"] == tmp_path / "work" / "here" and p.output == tmp_path / "work" / "reports"
+    p = load_pipeline(path, check_runs=False)
+    assert p.runs["b"] == tmp_path / "conf" / "b_in_yaml" and p.output == tmp_path / "conf" / "out"
+    e = _error(path, "runs.b=./missing")
+    assert e.exit_code == 3 and f"relative to {tmp_path / 'work'}" in str(e) and "(--set runs.b)" in str(e)
