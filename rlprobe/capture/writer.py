@@ -29,6 +29,9 @@ from rlprobe.lake.rank_writer import RankWriter
 from rlprobe.lake.statistics import STATISTICS, bitwise_hash, host_statistics
 
 
+RETRY_S = 1.0  # the least wait before retrying a failed commit
+
+
 @dataclass
 class LeafJob:
     key: str
@@ -43,6 +46,7 @@ class BackgroundWriter:
         self.sink = sink
         self.max_inflight = max_inflight_bytes
         self.flush_interval = flush_interval
+        self._retry_at = 0.0  # after a failed commit: not before this time
         self._inflight = 0
         self._cond = threading.Condition()
         self._queue: queue.SimpleQueue[tuple[Callable[[], None], int] | None] = queue.SimpleQueue()
@@ -89,13 +93,17 @@ class BackgroundWriter:
         """Seconds until the ended steps are due to be committed; None when none are waiting."""
         if not self.sink.pending_steps:
             return None
-        return max(0.0, self.sink.last_flush + self.flush_interval - time.monotonic())
+        due = max(self.sink.last_flush + self.flush_interval, self._retry_at)
+        return max(0.0, due - time.monotonic())
 
     def _commit(self) -> None:
         try:
-            self.report(self.sink.flush())
+            errors = self.sink.flush()
         except Exception as e:
-            self.report([f"rlprobe writer: committing steps {self.sink.pending_steps}: {type(e).__name__}: {e}"])
+            errors = [f"rlprobe writer: committing steps {self.sink.pending_steps}: {type(e).__name__}: {e}"]
+        self.report(errors)
+        # a commit that failed (a full disk) keeps its steps pending: retry, but not in a tight loop
+        self._retry_at = time.monotonic() + max(self.flush_interval, RETRY_S) if errors else 0.0
 
     def _run(self) -> None:
         # part merges need pyarrow.compute, whose import holds the GIL for ~50 ms: pay it now,

@@ -117,3 +117,30 @@ def test_crash_loses_only_uncommitted_steps_and_append_resumes_after_them(tmp_pa
     for s in range(5):
         np.testing.assert_array_equal(dump.tensor("x", s), np.full(4, float(s), np.float32))
     assert sorted(dump.key_data().collect()["step"].to_list()) == [0, 1, 2, 3, 4]
+
+
+def test_a_failing_commit_is_retried_without_spinning(tmp_path, monkeypatch):
+    """flush_interval=0 and a disk that keeps failing: the writer retries about once a second,
+    not in a loop that burns a core and piles up error messages."""
+    path = tmp_path / "dump"
+    probe = rlprobe.Probe(path, rank=0, world_size=1, flush_interval=0, on_error="warn")
+    sink = probe._writer.sink
+    calls = []
+
+    def failing_flush(committed_step=None):
+        calls.append(time.monotonic())
+        return ["writing key_data stats part: [Errno 28] No space left on device; rows kept for the next flush"]
+
+    monkeypatch.setattr(sink, "flush", failing_flush)
+    probe.save({"x": np.ones(3, np.float32)})
+    probe.step()
+    time.sleep(1.5)
+    assert 1 <= len(calls) <= 3, len(calls)
+    monkeypatch.undo()  # the disk is back: the next commit writes the step
+    probe._writer.wait_idle()
+    with pytest.warns(RuntimeWarning, match="No space left on device"):
+        probe.flush()
+    probe.close()
+    dump = rlprobe.open(path)
+    assert dump.complete and dump.rank_manifests[0]["committed_steps"] == [0]
+    assert sorted(dump.key_data().collect()["step"].to_list()) == [0]
