@@ -102,8 +102,9 @@ class BackgroundWriter:
         except Exception as e:
             errors = [f"rlprobe writer: committing steps {self.sink.pending_steps}: {type(e).__name__}: {e}"]
         self.report(errors)
-        # a commit that failed (a full disk) keeps its steps pending: retry, but not in a tight loop
-        self._retry_at = time.monotonic() + max(self.flush_interval, RETRY_S) if errors else 0.0
+        # a commit whose parts could not be written (a full disk) keeps its steps pending: retry,
+        # but not in a tight loop
+        self._retry_at = time.monotonic() + max(self.flush_interval, RETRY_S) if self.sink.pending_steps else 0.0
 
     def _run(self) -> None:
         # part merges need pyarrow.compute, whose import holds the GIL for ~50 ms: pay it now,

@@ -90,6 +90,7 @@ class RankWriter:
             self.end_step(committed_step)
         self.last_flush = time.monotonic()
         errors: list[str] = []
+        unwritten = False  # a part failed: its rows wait in the buffer, so its steps cannot be committed
         for kind, rows in self.buffers.items():
             if not rows:
                 continue
@@ -98,6 +99,7 @@ class RankWriter:
                 store.append(pa.Table.from_pylist(rows, schema=schema_for(kind)))
             except OSError as e:
                 errors.append(f"writing {kind} stats part in {store.directory}: {e}; rows kept for the next flush")
+                unwritten = True
                 continue
             self.manifest["rows"][kind] = self.manifest["rows"].get(kind, 0) + len(rows)
             self.buffers[kind] = []
@@ -105,7 +107,7 @@ class RankWriter:
                 store.merge_tiered()
             except OSError as e:  # the unmerged parts stay readable
                 errors.append(f"merging {kind} parts in {store.directory}: {e}")
-        if not errors:
+        if not unwritten:  # every row is on disk (a failed merge leaves the parts readable)
             committed = self.manifest["committed_steps"]
             committed.extend(s for s in self.pending_steps if s not in committed)
             self.pending_steps.clear()

@@ -144,3 +144,22 @@ def test_a_failing_commit_is_retried_without_spinning(tmp_path, monkeypatch):
     dump = rlprobe.open(path)
     assert dump.complete and dump.rank_manifests[0]["committed_steps"] == [0]
     assert sorted(dump.key_data().collect()["step"].to_list()) == [0]
+
+
+def test_a_failed_merge_still_commits_the_steps_whose_parts_were_written(tmp_path, monkeypatch):
+    from rlprobe.lake.parts import PartStore
+
+    def broken_merge(self):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(PartStore, "merge_tiered", broken_merge)
+    path = tmp_path / "dump"
+    probe = rlprobe.Probe(path, rank=0, world_size=1, flush_interval=0, on_error="warn")
+    _save_steps(probe, range(2))
+    probe._writer.wait_idle()
+    assert _manifest(path)["committed_steps"] == [0, 1]  # the rows are on disk, merged or not
+    with pytest.warns(RuntimeWarning, match="merging key_data parts"):
+        probe.flush()
+    monkeypatch.undo()
+    probe.close()
+    assert sorted(rlprobe.open(path).key_data().collect()["step"].to_list()) == [0, 1]
