@@ -181,11 +181,12 @@ def _grad_probe_step(grads: pa.Table | None, flagged: dict[str, Any] | None) -> 
     """The probe step (run A's) at which the first flagged gradient step was taken."""
     if grads is None or flagged is None or "probe_step_a" not in grads.column_names:
         return None
-    for r in grads.select(["monitor", "rank", "step", "probe_step_a"]).to_pylist():
-        if (r["monitor"], r["rank"], r["step"]) == (flagged["monitor"], flagged["rank"], flagged["step"]) \
-                and r["probe_step_a"] is not None:
-            return int(r["probe_step_a"])
-    return None
+    import pyarrow.compute as pc
+
+    mask = pc.and_(pc.and_(pc.equal(grads["monitor"], flagged["monitor"]), pc.equal(grads["rank"], flagged["rank"])),
+                   pc.equal(grads["step"], flagged["step"]))
+    steps = grads.filter(mask)["probe_step_a"].drop_null()
+    return int(steps[0].as_py()) if len(steps) else None
 
 
 def _warm_up_kernels() -> None:

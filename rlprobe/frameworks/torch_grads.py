@@ -35,7 +35,6 @@ def _stats_matrix(flats: list[torch.Tensor], bounds: torch.Tensor | None, k: int
     and count for the bounds; the norms in one multi-tensor op; no per-value casts."""
     fs = [f if f.dtype in (torch.float32, torch.float64) else f.float() for f in flats]
     live = [f for f in fs if f.numel()]
-    columns = []
     if live:
         mm = [torch.aminmax(f) for f in live]
         columns = [torch.stack([m.max for m in mm]), torch.stack([m.min for m in mm]),
@@ -93,19 +92,15 @@ def _launch_cpu(flats: list[torch.Tensor], level: str, bounds: Sequence[float]) 
     raw = np.empty(n * k * 8 + n_digest_bytes + n_sign_bytes, np.uint8)
     stat_matrix = raw[: n * k * 8].view(np.float64).reshape(n, k)
     signs = raw[n * k * 8 + n_digest_bytes:] if level != "L0" else None
-    def run(rows: list[int]) -> None:
-        for r in rows:
-            f = flats[r]
-            if f.numel() == 0:
-                stat_matrix[r] = 0.0
-                stat_matrix[r, :3] = np.nan
-                continue
-            x = f if f.dtype in (torch.float32, torch.float64) else f.float()
-            stats_into(x.contiguous().numpy(), b, stat_matrix[r], signs, offsets[r])
-
     # One thread: right after backward, torch's OpenMP workers spin-wait on the other cores, so
     # a second kernel thread measured slower, not faster (benchmarks/grad_overhead.py).
-    run(list(range(n)))
+    for r, f in enumerate(flats):
+        if f.numel() == 0:
+            stat_matrix[r] = 0.0
+            stat_matrix[r, :3] = np.nan
+            continue
+        x = f if f.dtype in (torch.float32, torch.float64) else f.float()
+        stats_into(x.contiguous().numpy(), b, stat_matrix[r], signs, offsets[r])
     if level == "L0":
         raw[n * k * 8: n * k * 8 + n_digest_bytes] = torch.stack([mix64(f) for f in flats]).view(torch.uint8).numpy()
 
