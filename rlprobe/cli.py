@@ -196,9 +196,12 @@ def _write_table(table: Any, fmt: str, output: str | None, max_rows: int) -> Non
               help="Report column headers; zh gives msprobe's Chinese headers.")
 @click.option("--per-key-files", is_flag=True, help="Also write msprobe-style <key>.xlsx files (in OUT/per_key).")
 @click.option("--plots", is_flag=True, help="Also write PNG plots (OUT/plots).")
+@click.option("--plot-every-param", is_flag=True,
+              help="With the plots, one PNG per gradient parameter (OUT/plots/grad_params); implies --plots.")
 @click.option("--fail-on-diff", is_flag=True, help="Exit with code 1 when anything diverges.")
 @click.option("--quiet", is_flag=True, help="No progress bar, only the verdict.")
-def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, per_key_files, plots, fail_on_diff, quiet):
+def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, per_key_files, plots, plot_every_param,
+            fail_on_diff, quiet):
     """Compare two runs (rlprobe or msprobe dumps) and say where they diverge first.
 
     \b
@@ -222,7 +225,7 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, pe
 
     code = run_compare(run_a, run_b, out, keys=key_list, steps=step_list, ranks=rank_list, workers=workers,
                        stats_rtol=stats_rtol, lang=lang, per_key_files=per_key_files, plots=plots,
-                       fail_on_diff=fail_on_diff, quiet=quiet)
+                       plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet)
     raise click.exceptions.Exit(code)
 
 

@@ -13,7 +13,7 @@ EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_UNREADABLE = 0, 1, 2, 3
 
 
 def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: bool, plots: bool,
-                **options: Any) -> int:
+                plot_every_param: bool = False, **options: Any) -> int:
     from rlprobe.compare.run import compare
 
     console = Console(stderr=True)
@@ -41,13 +41,10 @@ def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: 
     finally:
         if progress_bar is not None:
             progress_bar.stop()
-    if plots:
-        from rlprobe.report.plots import write_key_data_plots
+    if plots or plot_every_param:
+        from rlprobe.report.plots import write_plots
 
-        write_key_data_plots(out)
-        from rlprobe.report.grad_plots import write_grad_plots
-
-        write_grad_plots(out)
+        write_plots(out, every_param=plot_every_param)
     print_verdict(Console(), summary, out)
     from rlprobe.report.summary_text import differs
 

@@ -329,23 +329,7 @@ def _write_outputs(work: Path, tables: dict[str, pa.Table], summary: dict[str, A
                    per_key_files: bool, per_key_dir: str, reports: bool) -> None:
     key_data = tables["key_data"]
     pq.write_table(key_data, work / "key_data.parquet", compression="zstd")
-    extra_sheets = {}
-    if "modules" in tables:
-        from rlprobe.compare.modules import public_table
-
-        extra_sheets["Modules"] = public_table(tables["modules"])
-        pq.write_table(extra_sheets["Modules"], work / "modules.parquet", compression="zstd")
-    if "grads" in tables:
-        from rlprobe.compare.grads import write_grad_outputs
-
-        import pyarrow.compute as pc
-
-        write_grad_outputs(work, tables)
-        extra_sheets["Grads"] = tables["grad_steps"]
-        grads = tables["grads"]  # the Grad flags sheet: flagged rows and parameters on one side only
-        noted = pc.or_kleene(pc.fill_null(grads["flagged"], False),
-                             pc.invert(pc.is_in(grads["status"], pa.array(["compared", "stats_only"]))))
-        extra_sheets["Grad flags"] = grads.filter(pc.fill_null(noted, True))
+    xlsx_extras = write_extra_tables(work, tables)
     (work / "summary.json").write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n", encoding="utf-8")
     if not reports:
         return
@@ -353,15 +337,44 @@ def _write_outputs(work: Path, tables: dict[str, pa.Table], summary: dict[str, A
     from rlprobe.report.markdown import write_summary_md
     from rlprobe.report.xlsx import write_per_key_xlsx, write_report_xlsx
 
-    public = key_data.drop_columns([c for c in ("file_a", "file_b", "canonical_key", "flow_position") if c in key_data.column_names])
+    public = public_key_data(key_data)
     write_key_data_csv(work / "key_data.csv", public, lang=lang)
     write_summary_md(work / "summary.md", summary, public)
-    write_report_xlsx(work / "report.xlsx", public, summary, lang=lang, extra_sheets=extra_sheets,
-                      extra_files={"Modules": "modules.parquet", "Grads": "grad_steps.parquet",
-                                   "Grad flags": "grads.parquet"},
-                      grad_matrix=(tables["grads"], tables["grad_steps"]) if "grads" in tables else None)
+    write_report_xlsx(work / "report.xlsx", public, summary, lang=lang, **xlsx_extras)
     if per_key_files:
         write_per_key_xlsx(work / per_key_dir, public, lang=lang)
+
+
+def public_key_data(key_data: pa.Table) -> pa.Table:
+    """key_data as the reports show it: without the internal file and ordering columns."""
+    return key_data.drop_columns([c for c in ("file_a", "file_b", "canonical_key", "flow_position")
+                                  if c in key_data.column_names])
+
+
+def write_extra_tables(work: Path, tables: dict[str, pa.Table]) -> dict[str, Any]:
+    """The module and gradient comparisons that ran, under `work`: modules.parquet, grads.parquet,
+    grad_steps.parquet and grads/.../similarities.csv. Returns the keyword arguments of
+    write_report_xlsx that add their sheets (`rlprobe compare` and pipelines write the same)."""
+    extra_sheets: dict[str, pa.Table] = {}
+    if "modules" in tables:
+        from rlprobe.compare.modules import public_table
+
+        extra_sheets["Modules"] = public_table(tables["modules"])
+        pq.write_table(extra_sheets["Modules"], work / "modules.parquet", compression="zstd")
+    if "grads" in tables:
+        import pyarrow.compute as pc
+
+        from rlprobe.compare.grads import write_grad_outputs
+
+        write_grad_outputs(work, tables)
+        extra_sheets["Grads"] = tables["grad_steps"]
+        grads = tables["grads"]  # the Grad flags sheet: flagged rows and parameters on one side only
+        noted = pc.or_kleene(pc.fill_null(grads["flagged"], False),
+                             pc.invert(pc.is_in(grads["status"], pa.array(["compared", "stats_only"]))))
+        extra_sheets["Grad flags"] = grads.filter(pc.fill_null(noted, True))
+    return {"extra_sheets": extra_sheets,
+            "extra_files": {"Modules": "modules.parquet", "Grads": "grad_steps.parquet", "Grad flags": "grads.parquet"},
+            "grad_matrix": (tables["grads"], tables["grad_steps"]) if "grads" in tables else None}
 
 
 def _publish(work: Path, out: Path) -> None:

@@ -215,16 +215,14 @@ def _work_dir(out: Path) -> Path:
 
 def _write_outputs(work: Path, pipeline: Pipeline, tables: dict[str, pa.Table], summary: dict[str, Any],
                    query_tables: dict[str, pa.Table], gates: list[GateResult], scalars: pa.Table) -> None:
-    from rlprobe.compare.run import jsonable
+    from rlprobe.compare.run import jsonable, public_key_data, write_extra_tables
 
     report = pipeline.spec.report
     key_data = tables["key_data"]
     pq.write_table(key_data, work / "key_data.parquet", compression="zstd")
     if scalars.num_rows:
         pq.write_table(scalars, work / "scalars.parquet", compression="zstd")
-    for name in EMPTY_TABLES:
-        if name in tables and tables[name].num_rows:
-            pq.write_table(tables[name], work / f"{name}.parquet", compression="zstd")
+    xlsx_extras = write_extra_tables(work, tables)  # modules, grads (as `rlprobe compare` writes them)
     for folder, items in (("queries", query_tables), ("gates", {g.name: g.rows for g in gates})):
         if items:
             (work / folder).mkdir()
@@ -232,8 +230,7 @@ def _write_outputs(work: Path, pipeline: Pipeline, tables: dict[str, pa.Table], 
                 pq.write_table(table, work / folder / f"{name}.parquet")
     (work / "summary.json").write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n",
                                        encoding="utf-8")
-    public = key_data.drop_columns([c for c in ("file_a", "file_b", "canonical_key", "flow_position")
-                                    if c in key_data.column_names])
+    public = public_key_data(key_data)
     if report.csv:
         from rlprobe.report.csv_report import write_key_data_csv
 
@@ -241,16 +238,16 @@ def _write_outputs(work: Path, pipeline: Pipeline, tables: dict[str, pa.Table], 
     if report.xlsx:
         from rlprobe.report.xlsx import write_report_xlsx
 
-        write_report_xlsx(work / "report.xlsx", public, summary, lang=report.lang)
+        write_report_xlsx(work / "report.xlsx", public, summary, lang=report.lang, **xlsx_extras)
     if report.markdown:
         text = render_pipeline_md(pipeline.spec.name, summary, public, gates)
         (work / "summary.md").write_text(text, encoding="utf-8")
     if report.junit:
         (work / "junit.xml").write_bytes(junit_xml(pipeline.spec.name, gates, summary.get("elapsed_s") or 0.0))
-    if report.plots:
-        from rlprobe.report.plots import write_key_data_plots
+    if report.plots or report.plot_every_param:
+        from rlprobe.report.plots import write_plots
 
-        write_key_data_plots(work)
+        write_plots(work, every_param=report.plot_every_param)
 
 
 def _publish(work: Path, out: Path) -> None:

@@ -111,6 +111,7 @@ class Report(_Strict):
     markdown: bool = True
     junit: bool = True
     plots: bool = False
+    plot_every_param: bool = False  # also one PNG per gradient parameter (implies plots)
     lang: Literal["en", "zh"] = "en"
 
 

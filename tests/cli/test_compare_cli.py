@@ -83,3 +83,15 @@ def test_plots_leave_the_callers_matplotlib_alone(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_compare_plot_every_param_implies_plots(fixtures_dir, tmp_path):
+    grad = fixtures_dir / "msprobe" / "grad"
+    out = tmp_path / "out"
+    result = run("compare", grad / "run_a", grad / "run_b", "-o", out, "--plot-every-param", "--quiet")
+    assert result.exit_code == 0, result.output
+    params = {line.split(",")[0] for line in
+              (grad / "expected" / "rank0" / "similarities.csv").read_text(encoding="utf-8-sig").splitlines()[1:]}
+    params.discard("summary")
+    assert {p.stem for p in (out / "plots" / "grad_params").glob("*.png")} == params
+    assert (out / "plots" / "grad_worst_params.png").exists()

@@ -50,3 +50,21 @@ def test_module_stage_from_the_spec_selects_the_stage(tmp_path):
     assert other["module_first_divergence"] is None
     assert not (tmp_path / "other" / "modules.parquet").exists() or \
         pq.read_table(tmp_path / "other" / "modules.parquet").num_rows == 0
+
+
+def test_pipeline_writes_the_gradient_outputs_of_rlprobe_compare(fixtures_dir, tmp_path):
+    """report.xlsx sheets, similarities.csv and the gradient plots, as `rlprobe compare` writes them."""
+    import openpyxl
+
+    grad = fixtures_dir / "msprobe" / "grad"
+    spec = tmp_path / "g.yaml"
+    spec.write_text(f"version: 1\nname: g\nruns:\n  a: {grad / 'run_a'}\n  b: {grad / 'run_b'}\noutput: ./out\n"
+                    "report: {plot_every_param: true}\n", encoding="utf-8")
+    run_pipeline(load_pipeline(spec))
+    out = tmp_path / "out"
+    expected = (grad / "expected" / "rank0" / "similarities.csv").read_bytes()
+    assert (out / "grads" / "rank0" / "similarities.csv").read_bytes() == expected
+    sheets = openpyxl.load_workbook(out / "report.xlsx", read_only=True).sheetnames
+    assert {"Grads", "Grad flags", "Grad similarity"} <= set(sheets)
+    assert (out / "plots" / "grad_similarity.png").exists() and (out / "plots" / "grad_worst_params.png").exists()
+    assert len(list((out / "plots" / "grad_params").glob("*.png"))) == len(expected.splitlines()) - 2
