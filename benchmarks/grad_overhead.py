@@ -22,9 +22,13 @@ virtual environment (.venv-msprobe, benchmarks/setup_msprobe_venv.sh) as a subpr
    so step 0 agrees fully and the similarities then drift), dumped by both tools; then, whole
    processes, alternating: `rlprobe compare A B -o OUT --plots --quiet` on rlprobe's dumps vs
    msprobe's `GradComparator.compare_distributed` on msprobe's dumps (plus, for reference,
-   `rlprobe compare` on msprobe's dumps). `--compare-blocks N,WIDTH,HIDDEN,BATCH` monitors the
+   `rlprobe compare` on msprobe's dumps); also the call alone in a process with every module
+   imported (as msprobe's `call_s`). `--compare-blocks N,WIDTH,HIDDEN,BATCH` monitors the
    block model of msprobe_grad_workload.make_workload for this part instead (4,2048,8192,16:
-   4 of the GPU workload's 16 blocks, 134M parameters); `--no-steps` skips part 1.
+   4 of the GPU workload's 16 blocks, 134M parameters), `--compare-layers N,HIDDEN,BATCH` its
+   transformer-shaped model (24,256,64: 290 parameter tensors like an LLM's, 19M parameters);
+   `--compare-every-param` makes rlprobe draw a PNG per parameter too, as msprobe always does;
+   `--no-steps` skips part 1.
 
 Before each timed run it waits (up to --idle-timeout s) until the CPU was >= --min-idle idle for
 1 s: other processes on the 2 cores otherwise distort every figure. Prints a table and writes
@@ -72,8 +76,8 @@ def run_plain(steps: int, warmup: int, seed: int = 0, lr: float = 1e-3) -> dict:
 
 
 def run_rlprobe(dump: Path, level: str, steps: int, warmup: int, seed: int = 0, lr: float = 1e-3,
-                blocks: tuple[int, ...] | None = None) -> dict:
-    model, opt, step = make_workload(seed, lr, torch, blocks)
+                blocks: tuple[int, ...] | None = None, layers: tuple[int, ...] | None = None) -> dict:
+    model, opt, step = make_workload(seed, lr, torch, blocks, layers)
     probe = rlprobe.Probe(dump)
     probe.monitor_grads(model, optimizer=opt, name="mlp", level=level, bounds=BOUNDS)
     for i in range(warmup):
@@ -110,6 +114,30 @@ def timed(cmd: list[str], env: dict | None = None) -> float:
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}{proc.stdout[-2000:]}")
     return dt
+
+
+# `rlprobe compare A B -o OUT --plots --quiet` in a process whose modules are already imported, so
+# that the call compares with msprobe's `call_s` (GradComparator imported before the clock starts)
+CALL_SNIPPET = """
+import json, sys, time
+import duckdb, matplotlib.figure, matplotlib.backends.backend_agg, matplotlib.ticker, numpy, openpyxl
+import pyarrow.parquet, rich.console
+import rlprobe.compare.run, rlprobe.report.grad_plots, rlprobe.report.plots, rlprobe.report.xlsx
+from rlprobe.compare.console import run_compare
+t0 = time.perf_counter()
+rc = run_compare(sys.argv[1], sys.argv[2], sys.argv[3], fail_on_diff=False, quiet=True, plots=True,
+                 plot_every_param=sys.argv[4] == "every")
+print(json.dumps({"call_s": time.perf_counter() - t0, "rc": rc}))
+"""
+
+
+def rlprobe_call(a: Path, b: Path, out: Path, env: dict, every_param: bool) -> float:
+    proc = subprocess.run([sys.executable, "-c", CALL_SNIPPET, str(a), str(b), str(out),
+                           "every" if every_param else "worst"], capture_output=True, text=True, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"rlprobe compare call failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])["call_s"]
 
 
 def cpu_idle_share(interval: float = 1.0) -> float:
@@ -157,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-blocks", default=None,
                     help="N,WIDTH,HIDDEN,BATCH: monitor this block model for the comparison instead "
                          "(e.g. 4,2048,8192,16: 4 of the GPU workload's 16 blocks, 134M parameters)")
+    ap.add_argument("--compare-layers", default=None,
+                    help="N,HIDDEN,BATCH: monitor the transformer-shaped model for the comparison instead "
+                         "(e.g. 24,256,64: 24 decoder-shaped layers, 290 parameter tensors, 19M parameters)")
+    ap.add_argument("--compare-every-param", action="store_true",
+                    help="rlprobe draws a PNG per parameter too (--plot-every-param), as msprobe always does")
     ap.add_argument("--json", default=None, help="write the raw figures here")
     ap.add_argument("--min-idle", type=float, default=0.9,
                     help="before each timed run wait until this share of the CPU was idle for 1 s (0: never wait)")
@@ -231,27 +264,32 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_compare:
             n = str(args.compare_steps)
             blocks = tuple(int(v) for v in args.compare_blocks.split(",")) if args.compare_blocks else None
+            layers = tuple(int(v) for v in args.compare_layers.split(",")) if args.compare_layers else None
             dumps = {}
             for run, lr in (("A", 1e-3), ("B", 1.1e-3)):
                 dumps[f"rl{run}"] = tmp / f"cmp_rl{run}"
-                run_rlprobe(dumps[f"rl{run}"], args.level, args.compare_steps, 0, lr=lr, blocks=blocks)
+                run_rlprobe(dumps[f"rl{run}"], args.level, args.compare_steps, 0, lr=lr, blocks=blocks, layers=layers)
                 dumps[f"ms{run}"] = tmp / f"cmp_ms{run}"
                 run_msprobe(["--mode", "msprobe", "--dump", str(dumps[f"ms{run}"]), "--steps", n, "--warmup", "0",
                              "--lr", str(lr), "--threads", str(args.threads), "--level", args.level,
-                             *(["--blocks", args.compare_blocks] if blocks else [])])
+                             *(["--blocks", args.compare_blocks] if blocks else []),
+                             *(["--layers", args.compare_layers] if layers else [])])
             rl_cli = [sys.executable, "-m", "rlprobe.cli"] if shutil.which("rlprobe") is None else ["rlprobe"]
-            cmp = {"rlprobe": [], "msprobe": [], "msprobe_call": [], "rlprobe_on_msprobe_dumps": []}
+            plot_args = ["--plots", "--quiet", *(["--plot-every-param"] if args.compare_every_param else [])]
+            cmp = {"rlprobe": [], "rlprobe_call": [], "msprobe": [], "msprobe_call": [], "rlprobe_on_msprobe_dumps": []}
             # one untimed run each: numba kernel cache, page cache
-            timed([*rl_cli, "compare", str(dumps["rlA"]), str(dumps["rlB"]), "-o", str(tmp / "warm_rl"), "--plots",
-                   "--quiet"], env)
+            timed([*rl_cli, "compare", str(dumps["rlA"]), str(dumps["rlB"]), "-o", str(tmp / "warm_rl"), *plot_args], env)
             run_msprobe(["--mode", "compare", str(dumps["msA"]), str(dumps["msB"]), str(tmp / "warm_ms")])
             for r in range(args.compare_repeat):
                 out = tmp / f"out_rl{r}"
                 quiet()
                 cmp["rlprobe"].append(timed([*rl_cli, "compare", str(dumps["rlA"]), str(dumps["rlB"]), "-o", str(out),
-                                             "--plots", "--quiet"], env))
+                                             *plot_args], env))
                 if r == 0:
                     shutil.copytree(out, tmp / "kept_rl_out")
+                shutil.rmtree(out)
+                quiet()
+                cmp["rlprobe_call"].append(rlprobe_call(dumps["rlA"], dumps["rlB"], out, env, args.compare_every_param))
                 shutil.rmtree(out)
                 out = tmp / f"out_ms{r}"
                 quiet()
@@ -265,9 +303,10 @@ def main(argv: list[str] | None = None) -> int:
                 out = tmp / f"out_rlms{r}"
                 quiet()
                 cmp["rlprobe_on_msprobe_dumps"].append(timed([*rl_cli, "compare", str(dumps["msA"]), str(dumps["msB"]),
-                                                              "-o", str(out), "--plots", "--quiet"], env))
+                                                              "-o", str(out), *plot_args], env))
                 shutil.rmtree(out)
-                print(f"compare rep {r}: rlprobe {cmp['rlprobe'][-1]:.2f} s, msprobe {cmp['msprobe'][-1]:.2f} s "
+                print(f"compare rep {r}: rlprobe {cmp['rlprobe'][-1]:.2f} s (call {cmp['rlprobe_call'][-1]:.2f} s), "
+                      f"msprobe {cmp['msprobe'][-1]:.2f} s "
                       f"(call {cmp['msprobe_call'][-1]:.2f} s), rlprobe on msprobe dumps "
                       f"{cmp['rlprobe_on_msprobe_dumps'][-1]:.2f} s", flush=True)
             res["compare"] = cmp
@@ -277,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
             summary.update({
                 "compare_rlprobe_s": med(cmp["rlprobe"]), "compare_msprobe_s": med(cmp["msprobe"]),
                 "compare_msprobe_call_s": med(cmp["msprobe_call"]),
+                "compare_rlprobe_call_s": med(cmp["rlprobe_call"]),
+                "compare_call_speedup": med(cmp["msprobe_call"]) / med(cmp["rlprobe_call"]),
                 "compare_rlprobe_on_msprobe_dumps_s": med(cmp["rlprobe_on_msprobe_dumps"]),
                 "compare_speedup": med(cmp["msprobe"]) / med(cmp["rlprobe"]),
                 "compare_speedup_vs_call": med(cmp["msprobe_call"]) / med(cmp["rlprobe"]),
@@ -305,10 +346,13 @@ def main(argv: list[str] | None = None) -> int:
               f"files, msprobe {s['msprobe_sign_bytes']:,} in {s['msprobe_sign_files']} files, "
               f"ratio {s['sign_bytes_ratio']:.4f} (goal <= 1/8 + headers)")
     if "compare_speedup" in s:
-        model = f"model {args.compare_blocks} (blocks)" if args.compare_blocks else "the default model"
-        print(f"  compare ({args.compare_steps} steps, {model}): rlprobe {s['compare_rlprobe_s']:.2f} s, msprobe "
-              f"{s['compare_msprobe_s']:.2f} s (call {s['compare_msprobe_call_s']:.2f} s) -> "
-              f"{s['compare_speedup']:.1f}x (goal >= 10x); rlprobe on msprobe dumps "
+        model = (f"model {args.compare_layers} (layers)" if args.compare_layers else
+                 f"model {args.compare_blocks} (blocks)" if args.compare_blocks else "the default model")
+        print(f"  compare ({args.compare_steps} steps, {model}): whole processes rlprobe {s['compare_rlprobe_s']:.2f} s, "
+              f"msprobe {s['compare_msprobe_s']:.2f} s -> {s['compare_speedup']:.1f}x (goal >= 10x); calls after "
+              f"imports rlprobe {s['compare_rlprobe_call_s']:.2f} s, msprobe {s['compare_msprobe_call_s']:.2f} s -> "
+              f"{s['compare_call_speedup']:.1f}x; PNGs rlprobe {s['compare_rlprobe_pngs']}, msprobe "
+              f"{s['compare_msprobe_pngs']}; rlprobe on msprobe dumps "
               f"{s['compare_rlprobe_on_msprobe_dumps_s']:.2f} s; similarities.csv identical: "
               f"{s['similarities_csv_equal']}")
     if args.json:

@@ -25,11 +25,16 @@ import time
 LAYERS, WIDTH, BATCH, N_BATCHES = 6, 1024, 256, 4
 
 
-def make_workload(seed, lr, torch, blocks=None):
-    """The default model, or with blocks=(n, width, hidden, batch) n blocks of
+def make_workload(seed, lr, torch, blocks=None, layers=None):
+    """The default model; with blocks=(n, width, hidden, batch) n blocks of
     Linear(width, hidden) -> GELU -> Linear(hidden, width) (the GPU workload's shape is
-    (16, 2048, 8192, 8192); a few of its blocks and a small batch fit a CPU)."""
+    (16, 2048, 8192, 8192); a few of its blocks and a small batch fit a CPU); with
+    layers=(n, hidden, batch) the parameters of an n-layer decoder (transformer_shaped)."""
     torch.manual_seed(seed)
+    if layers is not None:
+        n, hidden, batch = layers
+        model = transformer_shaped(torch, n, hidden)
+        return _training(torch, model, lr, hidden, batch)
     layers = []
     width, batch = WIDTH, BATCH
     if blocks is None:
@@ -41,7 +46,47 @@ def make_workload(seed, lr, torch, blocks=None):
         n, width, hidden, batch = blocks
         for _ in range(n):
             layers += [torch.nn.Linear(width, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, width)]
-    model = torch.nn.Sequential(*layers)
+    return _training(torch, torch.nn.Sequential(*layers), lr, width, batch)
+
+
+def transformer_shaped(torch, n, hidden):
+    """n layers with the parameter tensors of a decoder layer (two LayerNorms, a fused QKV and an
+    output projection, an MLP of 4x hidden; 12 tensors, ~12 hidden^2 elements), then a final
+    LayerNorm: the parameter list an LLM's gradient monitor sees (a 7B model has ~300 tensors).
+    The token mixing is a gate instead of attention: the comparison cost depends on the
+    parameters, not on the forward."""
+    nn = torch.nn
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm = nn.LayerNorm(hidden)
+            self.qkv_proj = nn.Linear(hidden, 3 * hidden)
+            self.o_proj = nn.Linear(hidden, hidden)
+            self.post_attention_layernorm = nn.LayerNorm(hidden)
+            self.up_proj = nn.Linear(hidden, 4 * hidden)
+            self.down_proj = nn.Linear(4 * hidden, hidden)
+
+        def forward(self, x):
+            q, k, v = self.qkv_proj(self.input_layernorm(x)).chunk(3, dim=-1)
+            x = x + self.o_proj(q * torch.sigmoid(k) + v)
+            return x + self.down_proj(torch.nn.functional.gelu(self.up_proj(self.post_attention_layernorm(x))))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(Layer() for _ in range(n))
+            self.norm = nn.LayerNorm(hidden)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return self.norm(x)
+
+    return Model()
+
+
+def _training(torch, model, lr, width, batch):
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     xs = [torch.randn(batch, width) for _ in range(N_BATCHES)]
     target = torch.randn(batch, width)
@@ -79,8 +124,10 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--blocks", default=None, help="N,WIDTH,HIDDEN,BATCH: the block model of make_workload")
+    ap.add_argument("--layers", default=None, help="N,HIDDEN,BATCH: the transformer-shaped model of make_workload")
     args = ap.parse_args(argv)
     blocks = tuple(int(v) for v in args.blocks.split(",")) if args.blocks else None
+    layers = tuple(int(v) for v in args.layers.split(",")) if args.layers else None
 
     if args.mode == "compare":
         a, b, out = args.paths
@@ -96,7 +143,7 @@ def main(argv=None):
     import torch
 
     torch.set_num_threads(args.threads)
-    model, _opt, step = make_workload(args.seed, args.lr, torch, blocks)
+    model, _opt, step = make_workload(args.seed, args.lr, torch, blocks, layers)
     if args.mode == "msprobe":
         from msprobe.pytorch import PrecisionDebugger
 

@@ -21,3 +21,19 @@ def test_grad_gpu_overhead_script_runs_on_cpu(tmp_path, monkeypatch, capsys):
         assert summary[level]["sign_bytes_per_step"] > summary["params"] / 8  # one bit an element plus a header
     assert "rlprobe L2" in capsys.readouterr().out
     sys.modules.pop("grad_gpu_overhead", None)
+
+
+def test_transformer_shaped_workload_has_an_llm_parameter_list(monkeypatch):
+    """benchmarks/grad_overhead.py --compare-layers: 12 tensors a layer, named like a decoder's."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from msprobe_grad_workload import make_workload
+
+    model, _opt, step = make_workload(0, 1e-3, torch, layers=(2, 16, 4))
+    names = [n for n, _ in model.named_parameters()]
+    assert len(names) == 2 * 12 + 2 and "layers.1.qkv_proj.weight" in names and names[-1] == "norm.bias"
+    before = [p.detach().clone() for p in model.parameters()]
+    step(0)
+    assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    sys.modules.pop("msprobe_grad_workload", None)
