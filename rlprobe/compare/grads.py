@@ -81,9 +81,11 @@ def sign_results(dump_a: Dump, dump_b: Dump, table_a: pa.Table, table_b: pa.Tabl
         ("same_count", pa.int64()), ("error", pa.string())]))
 
 
-def compare_grads(dump_a: Dump, dump_b: Dump, read_errors: list[str] | None = None,
+def compare_grads(dump_a: Dump, dump_b: Dump, read_errors: list[str] | None = None, *,
+                  steps: list[int] | None = None, ranks: list[int] | None = None,
                   **thresholds: float) -> tuple[dict[str, pa.Table], dict[str, Any] | None]:
-    """({'grads', 'grad_steps'}, grad_first_flagged) for two dumps; thresholds as in DEFAULTS."""
+    """({'grads', 'grad_steps'}, grad_first_flagged) for two dumps; thresholds as in DEFAULTS.
+    `steps`/`ranks` (None: all) select as select_steps_ranks says."""
     import duckdb
 
     unknown = set(thresholds) - set(DEFAULTS)
@@ -91,7 +93,7 @@ def compare_grads(dump_a: Dump, dump_b: Dump, read_errors: list[str] | None = No
         raise ValueError(f"unknown gradient thresholds {sorted(unknown)}; expected {sorted(DEFAULTS)}")
     params = {**DEFAULTS, **{k: float(v) for k, v in thresholds.items()}}
     errors: list[str] = []
-    table_a, table_b = grad_table(dump_a, errors), grad_table(dump_b, errors)
+    table_a, table_b = select_steps_ranks(grad_table(dump_a, errors), grad_table(dump_b, errors), steps, ranks)
     if read_errors is not None:
         read_errors.extend(f"grad stats: {e}" for e in errors)
     con = duckdb.connect()
@@ -103,6 +105,37 @@ def compare_grads(dump_a: Dump, dump_b: Dump, read_errors: list[str] | None = No
     con.register("grads", grads)
     steps = _arrow(con, sql_text("grad_flags.sql"), {k: params[k] for k in ("first_step_min", "max_drop")})
     return {"grads": grads, "grad_steps": steps}, first_flagged(grads, steps)
+
+
+def select_steps_ranks(table_a: pa.Table, table_b: pa.Table, steps: list[int] | None,
+                       ranks: list[int] | None) -> tuple[pa.Table, pa.Table]:
+    """The rows of the selected ranks and probe steps (`rlprobe compare --steps/--ranks`). A row's
+    probe step is the one it was recorded in (an msprobe row, which has none: its optimizer
+    step). An optimizer step (monitor, rank, step) is kept on both sides when either side's row
+    is selected, so runs whose optimizer steps fall in different probe steps still pair up."""
+    if steps is None and ranks is None:
+        return table_a, table_b
+    import pyarrow.compute as pc
+
+    group = ["monitor", "rank", "step"]
+
+    def selected(table: pa.Table) -> pa.Table:
+        conditions = []
+        if ranks is not None:
+            conditions.append(pc.is_in(table["rank"], pa.array(ranks, pa.int64())))
+        if steps is not None:
+            conditions.append(pc.is_in(pc.coalesce(table["probe_step"], table["step"]), pa.array(steps, pa.int64())))
+        mask = conditions[0] if len(conditions) == 1 else pc.and_(*conditions)
+        return table.filter(mask).select(group)
+
+    chosen = pa.concat_tables([selected(table_a), selected(table_b)]).group_by(group).aggregate([])
+
+    def keep(table: pa.Table) -> pa.Table:  # a semi join on the keys only (list columns cannot be joined)
+        rows = table.select(group).append_column("_row", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+        kept = rows.join(chosen, group, join_type="left semi")["_row"].to_numpy()
+        return table.take(np.sort(kept))  # in the table's own row order
+
+    return keep(table_a), keep(table_b)
 
 
 def first_flagged(grads: pa.Table, steps: pa.Table, worst: int = 10) -> dict[str, Any] | None:

@@ -63,7 +63,7 @@ def test_agreeing_bits_ignores_padding(numel: int):
 
 
 def _run(path: Path, steps: int, seed: int, perturb_from: int | None = None, widths=(8, 6, 3), level="L2",
-         extra: bool = False) -> Path:
+         extra: bool = False, updates_per_step: int = 1) -> Path:
     torch.manual_seed(0)
     layers = [torch.nn.Linear(widths[0], widths[1]), torch.nn.Tanh(), torch.nn.Linear(widths[1], widths[2])]
     if extra:
@@ -77,9 +77,10 @@ def _run(path: Path, steps: int, seed: int, perturb_from: int | None = None, wid
             x = torch.randn(16, widths[0], generator=g)
             if perturb_from is not None and step >= perturb_from:
                 x = x + torch.randn(x.shape, generator=g)
-            opt.zero_grad()
-            model(x).pow(2).mean().backward()
-            opt.step()
+            for _ in range(updates_per_step):
+                opt.zero_grad()
+                model(x).pow(2).mean().backward()
+                opt.step()
             probe.step()
     return path
 
@@ -121,6 +122,28 @@ def test_mismatched_params_shapes_and_steps_are_reported(tmp_path: Path):
     assert status[(2, "0.weight")] == "only_in_a"
     steps = {s["step"]: s for s in tables["grad_steps"].to_pylist()}
     assert "unmatched" in steps[0]["reason"] and steps[2]["weighted_similarity"] is None
+
+
+def test_steps_and_ranks_select_gradient_rows(tmp_path: Path, fixtures_dir: Path):
+    from rlprobe.compare.run import compare
+
+    # two optimizer steps per probe step in A, three in B: probe step 1 is A's 2-3 and B's 3-5
+    a = rlprobe.open(_run(tmp_path / "a", 3, seed=1, updates_per_step=2))
+    b = rlprobe.open(_run(tmp_path / "b", 3, seed=1, updates_per_step=3))
+    tables, _ = compare_grads(a, b, steps=[1])
+    grads = tables["grads"].to_pylist()
+    assert {r["step"] for r in grads} == {2, 3, 4, 5}  # either side's selection, on both sides
+    assert {r["status"] for r in grads} == {"compared"}
+    assert [s["step"] for s in tables["grad_steps"].to_pylist()] == [2, 3, 4, 5]
+    assert {r["step"] for r in compare_grads(a, b, steps=[1], ranks=[0])[0]["grads"].to_pylist()} == {2, 3, 4, 5}
+    empty, first = compare_grads(a, b, ranks=[1])
+    assert empty["grads"].num_rows == 0 and first is None
+    # msprobe rows (no probe step): the optimizer step; the first selected step gets the 0.97 rule
+    grad = _grad_fixture(fixtures_dir)
+    summary = compare(grad / "run_a", grad / "run_b", tmp_path / "out", steps=[2, 3], reports=False)
+    assert summary["grad_first_flagged"]["step"] == 2
+    kept = pq.read_table(tmp_path / "out" / "grad_steps.parquet")["step"].to_pylist()
+    assert kept == [2, 3]
 
 
 def test_stats_only_comparison_without_sign_maps(tmp_path: Path):
