@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -41,11 +42,18 @@ def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: 
     finally:
         if progress_bar is not None:
             progress_bar.stop()
+    plot_error = None
     if plots or plot_every_param:
         from rlprobe.report.plots import write_plots
 
-        write_plots(out, every_param=plot_every_param)
+        try:
+            write_plots(out, every_param=plot_every_param)
+        except OSError as e:  # the comparison's files are written already and stay
+            plot_error = f"the plots cannot be written in {Path(out) / 'plots'}: {e}"
     print_verdict(Console(), summary, out)
+    if plot_error:
+        console.print(f"[red]error:[/] {plot_error}")
+        return EXIT_UNREADABLE
     from rlprobe.report.summary_text import differs
 
     return EXIT_DIVERGED if differs(summary) and fail_on_diff else EXIT_OK

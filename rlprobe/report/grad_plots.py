@@ -6,6 +6,8 @@ steps x 8 ranks has 2.4M rows."""
 from __future__ import annotations
 
 import re
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -113,31 +115,57 @@ def _worst_plot(series: dict[str, tuple[np.ndarray, np.ndarray]], bad: list[int]
 
 
 def _every_param_plots(series: dict[str, tuple[np.ndarray, np.ndarray]], bad: list[int], monitor: str, rank: int,
-                      folder: Path) -> list[Path]:
-    """One PNG per parameter. One figure is drawn again for each (new data, title and limits):
-    a figure per parameter costs several times as much."""
+                       folder: Path) -> list[Path]:
+    """One PNG per parameter, blitted: the axes, ticks, grid and flagged steps are drawn once per
+    y range (0.5-1 or, for parameters that fall below 0.52, 0-1) and kept as pixels; each
+    parameter then draws only its line and title on a copy (a full figure per parameter spent
+    ~35 ms laying out and drawing the same text)."""
+    from matplotlib.image import imsave
+
     from rlprobe.report.figures import new_figure
 
     folder.mkdir(exist_ok=True)
     fig, ax = new_figure((8, 4.5))
+    fig.set_dpi(100)
     fig.subplots_adjust(left=0.1, right=0.97, top=0.9, bottom=0.12)  # fixed: every title and tick fits
-    (line,) = ax.plot([], [], marker=".")
     for step in bad:
-        ax.axvline(step, color="red", alpha=0.15, linewidth=6, label="flagged step" if step == bad[0] else None)
+        ax.axvline(step, color="red", alpha=0.15, linewidth=6)
     _axes_labels(ax)
+    if bad:
+        ax.set_xlabel("optimizer step (red: flagged steps)")
     first = min(int(xs[0]) for xs, _ in series.values())
     last = max(int(xs[-1]) for xs, _ in series.values())
     ax.set_xlim(first - 0.5, last + 0.5)
-    if bad:
-        ax.legend(loc="lower left")
+    (line,) = ax.plot([], [], marker=".", animated=True)  # animated: left out of the background
+    ax.title.set_animated(True)
+    ax.title.set_fontsize("medium")
+    canvas = fig.canvas
+    backgrounds = {}
     written, used = [], set()
-    for param, (xs, ys) in series.items():
-        line.set_data(xs, ys)
-        ax.set_ylim(min(0.5, float(ys.min()) - 0.02), 1.01)
-        ax.set_title(f"{param}  (monitor {monitor!r}, rank {rank})", fontsize="medium")
-        path = folder / f"{_file_name(param, used)}.png"
-        fig.savefig(path, dpi=100)
-        written.append(path)
+    # PNG encoding releases the GIL: two threads encode while this one draws the next parameters
+    # (at most 4 images of ~1 MB wait for them)
+    with ThreadPoolExecutor(max_workers=2) as encoder:
+        encoded: deque = deque()
+        for param, (xs, ys) in series.items():
+            low = 0.5 if float(ys.min()) >= 0.52 else 0.0
+            ax.set_ylim(low, 1.01)
+            if low not in backgrounds:
+                canvas.draw()
+                backgrounds[low] = canvas.copy_from_bbox(fig.bbox)
+            canvas.restore_region(backgrounds[low])
+            line.set_data(xs, ys)
+            ax.title.set_text(f"{param}  (monitor {monitor!r}, rank {rank})")
+            ax.draw_artist(line)
+            ax.draw_artist(ax.title)
+            path = folder / f"{_file_name(param, used)}.png"
+            pixels = np.array(canvas.buffer_rgba())[:, :, :3]  # a copy (the canvas is drawn again); opaque: RGB
+            # zlib level 1: a third less time than the default 6, for ~10% more bytes
+            encoded.append(encoder.submit(imsave, path, pixels, pil_kwargs={"compress_level": 1}))
+            written.append(path)
+            if len(encoded) > 4:
+                encoded.popleft().result()  # an error writing a file is raised here
+        for job in encoded:
+            job.result()
     return written
 
 

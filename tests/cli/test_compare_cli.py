@@ -95,3 +95,14 @@ def test_compare_plot_every_param_implies_plots(fixtures_dir, tmp_path):
     params.discard("summary")
     assert {p.stem for p in (out / "plots" / "grad_params").glob("*.png")} == params
     assert (out / "plots" / "grad_worst_params.png").exists()
+
+
+def test_compare_plots_that_cannot_be_written_keep_the_reports(fixtures_dir, tmp_path):
+    grad = fixtures_dir / "msprobe" / "grad"
+    out = tmp_path / "out"
+    (out / "plots" / "grad_params" / "0.weight.png").mkdir(parents=True)  # a folder where a PNG goes
+    result = run("compare", grad / "run_a", grad / "run_b", "-o", out, "--plot-every-param", "--quiet")
+    assert result.exit_code == 3
+    assert "plots cannot be written" in result.output and "0.weight.png" in result.output
+    assert json.loads((out / "summary.json").read_text())["grad_first_flagged"]["step"] == 2
+    assert (out / "grads" / "rank0" / "similarities.csv").exists()
