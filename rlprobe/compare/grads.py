@@ -42,6 +42,7 @@ def packed_signs(dump: Dump, row: dict[str, Any], cache: dict[str, np.ndarray]) 
         return np.packbits(np.load(dump.path / file).reshape(-1))
     whole = cache.get(file)
     if whole is None:
+        cache.clear()  # rows come a file (step) at a time: one open map, not one per step of the run
         whole = cache[file] = np.load(dump.path / file, mmap_mode="r")
     start = int(row["sign_offset"])
     return np.asarray(whole[start: start + (int(row["sign_numel"]) + 7) // 8])
