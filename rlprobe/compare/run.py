@@ -351,6 +351,13 @@ def public_key_data(key_data: pa.Table) -> pa.Table:
                                   if c in key_data.column_names])
 
 
+# the Grad flags sheet's columns: why a row is flagged; the raw max/min/zero fractions of both
+# runs stay in grads.parquet (the sheet took 2/3 of report.xlsx's time with them)
+GRAD_FLAG_COLUMNS = ("monitor", "rank", "step", "param", "status", "shape_a", "shape_b", "numel", "similarity",
+                     "prev_similarity", "flag_reason", "norm_a", "norm_b", "norm_rel_diff", "max_abs_diff",
+                     "min_abs_diff", "digest_equal", "probe_step_a", "probe_step_b", "message")
+
+
 def write_extra_tables(work: Path, tables: dict[str, pa.Table]) -> dict[str, Any]:
     """The module and gradient comparisons that ran, under `work`: modules.parquet, grads.parquet,
     grad_steps.parquet and grads/.../similarities.csv. Returns the keyword arguments of
@@ -371,7 +378,8 @@ def write_extra_tables(work: Path, tables: dict[str, pa.Table]) -> dict[str, Any
         grads = tables["grads"]  # the Grad flags sheet: flagged rows and parameters on one side only
         noted = pc.or_kleene(pc.fill_null(grads["flagged"], False),
                              pc.invert(pc.is_in(grads["status"], pa.array(["compared", "stats_only"]))))
-        extra_sheets["Grad flags"] = grads.filter(pc.fill_null(noted, True))
+        extra_sheets["Grad flags"] = grads.filter(pc.fill_null(noted, True)).select(
+            [c for c in GRAD_FLAG_COLUMNS if c in grads.column_names])
     return {"extra_sheets": extra_sheets,
             "extra_files": {"Modules": "modules.parquet", "Grads": "grad_steps.parquet", "Grad flags": "grads.parquet"},
             "grad_matrix": (tables["grads"], tables["grad_steps"]) if "grads" in tables else None}

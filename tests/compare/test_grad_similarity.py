@@ -224,3 +224,57 @@ def test_report_has_a_similarity_matrix_and_the_flagged_rows(tmp_path: Path):
     assert weighted[3:] == [pytest.approx(steps[s]["weighted_similarity"], abs=0) for s in (0, 1, 2)]
     flags = [[c.value for c in r] for r in book["Grad flags"].iter_rows()]
     assert len(flags) - 1 == sum(1 for g in grads if g["flagged"] or g["status"] != "compared")
+    assert flags[0][:5] == ["monitor", "rank", "step", "param", "status"] and "flag_reason" in flags[0]
+    assert "max_a" not in flags[0] and "zero_fraction_b" not in flags[0]  # in grads.parquet only
+
+
+@pytest.mark.parametrize("numpy_bitwise_count", [True, False])
+def test_same_counts_of_a_whole_file_equal_pair_by_pair(tmp_path: Path, monkeypatch, numpy_bitwise_count: bool):
+    """The per-file count (one XOR, padding cleared, prefix counts) against agreeing_bits, with
+    numpy's popcount and with the table used before numpy 2."""
+    from rlprobe.compare.grads import _same_counts_in_file
+
+    if not numpy_bitwise_count:
+        monkeypatch.delattr(np, "bitwise_count", raising=False)
+
+    rng = np.random.default_rng(3)
+    numel = np.array([13, 0, 8, 1, 7, 9, 4096, 4099, 3])
+    nbytes = (numel + 7) // 8
+    offsets = np.concatenate([[0], np.cumsum(nbytes)[:-1]]) + 5  # 5 bytes before the first parameter
+    size = int(offsets[-1] + nbytes[-1] + 2)
+    a = rng.integers(0, 256, size, dtype=np.uint8)  # garbage in padding bits and gaps too
+    b = a.copy()
+    flip = rng.random(size) < 0.3
+    b[flip] = rng.integers(0, 256, int(flip.sum()), dtype=np.uint8)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    got = _same_counts_in_file(tmp_path / "a.npy", tmp_path / "b.npy", offsets, numel)
+    expected = [agreeing_bits(a[o:o + k], b[o:o + k], int(n)) for o, k, n in zip(offsets, nbytes, numel)]
+    assert got.tolist() == expected
+    # ranges in any order, with gaps, inside one word
+    odd = np.array([9, 0, 3]), np.array([3, 16, 5])
+    got = _same_counts_in_file(tmp_path / "a.npy", tmp_path / "b.npy", *odd)
+    assert got.tolist() == [agreeing_bits(a[o:o + (n + 7) // 8], b[o:o + (n + 7) // 8], int(n)) for o, n in zip(*odd)]
+    # a file too short for the last parameter, or not a byte array: counted one by one instead
+    np.save(tmp_path / "short.npy", b[:-3])
+    assert _same_counts_in_file(tmp_path / "a.npy", tmp_path / "short.npy", offsets, numel) is None
+    np.save(tmp_path / "floats.npy", b.astype(np.float32))
+    assert _same_counts_in_file(tmp_path / "a.npy", tmp_path / "floats.npy", offsets, numel) is None
+
+
+def test_unreadable_sign_maps_are_errors_of_their_rows(tmp_path: Path):
+    a = _run(tmp_path / "a", 3, seed=1)
+    b = _run(tmp_path / "b", 3, seed=1)
+    broken = sorted(b.rglob("signs.npy"))
+    assert len(broken) == 3
+    step1 = next(f for f in broken if "step=1" in str(f))
+    step1.write_bytes(step1.read_bytes()[:-4])  # truncated
+    step2 = next(f for f in broken if "step=2" in str(f))
+    step2.write_bytes(b"not a numpy file")
+    tables, _ = compare_grads(rlprobe.open(a), rlprobe.open(b))
+    rows = {(r["step"], r["param"]): r for r in tables["grads"].to_pylist()}
+    assert all(r["status"] == "compared" and r["similarity"] == 1.0 for (s, _), r in rows.items() if s == 0)
+    for step in (1, 2):  # every pair of the file is an error naming its parameter and step
+        assert all(r["status"] == "error" and f"'{p}' step {step}" in r["message"]
+                   for (s, p), r in rows.items() if s == step)
+    assert rows[(1, "2.bias")]["similarity"] is None
