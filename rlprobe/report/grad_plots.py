@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-EACH_PARAM_DIR = "grad_params"
+EVERY_PARAM_DIR = "grad_params"
 
 
 def write_grad_plots(out: str | Path, worst: int = 10, every_param: bool = False) -> list[Path]:
@@ -49,7 +49,7 @@ def write_grad_plots(out: str | Path, worst: int = 10, every_param: bool = False
         written.append(_worst_plot({p: series[p] for p in lowest}, bad, monitor, rank,
                                    plots / f"grad_worst_params{suffix}.png"))
         if every_param:
-            written += _every_param_plots(series, bad, monitor, rank, plots / f"{EACH_PARAM_DIR}{suffix}")
+            written += _every_param_plots(series, bad, monitor, rank, plots / f"{EVERY_PARAM_DIR}{suffix}")
     return written
 
 
