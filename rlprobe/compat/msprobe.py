@@ -77,23 +77,39 @@ class SingleComparator:
 
 
 class GradComparator:
-    """msprobe's GradComparator call shape: OUT/rank<R>/similarities.csv (msprobe's layout) and
-    rlprobe's gradient comparison (grads.parquet, grad_steps.parquet, plots) under OUT."""
+    """msprobe's GradComparator call shape: msprobe's OUT/rank<R>/similarities.csv and
+    OUT/rank<R>/similarities_picture/<param>_similarities.png (one monitor, as msprobe dumps
+    have), and rlprobe's gradient comparison (grads.parquet, grad_steps.parquet, plots/) under OUT."""
 
     @classmethod
     def compare_distributed(cls, path1: str, path2: str, output: str) -> dict[str, Any]:
         import shutil
 
+        import pyarrow.parquet as pq
+
         from rlprobe.compare.run import compare
-        from rlprobe.report.grad_plots import write_grad_plots
+        from rlprobe.report.grad_plots import EVERY_PARAM_DIR, write_grad_plots
 
         summary = compare(path1, path2, output, reports=False)
-        write_grad_plots(output)
         out = Path(output)
+        write_grad_plots(out, every_param=True)
         for csv_file in (out / "grads").glob("**/similarities.csv"):  # msprobe puts rank<R>/ at the top
             target = out / csv_file.relative_to(out / "grads")
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(csv_file, target)
+        groups = sorted({(r["monitor"], r["rank"]) for r in
+                         pq.read_table(out / "grad_steps.parquet", columns=["monitor", "rank"]).to_pylist()}) \
+            if (out / "grad_steps.parquet").exists() else []
+        if len({monitor for monitor, _ in groups}) == 1:  # msprobe's picture folders (several monitors: plots/ only)
+            for monitor, rank in groups:
+                folder = out / "plots" / (EVERY_PARAM_DIR if len(groups) == 1 else f"{EVERY_PARAM_DIR}_{monitor}_rank{rank}")
+                if not folder.is_dir():  # no sign maps (L0): no similarities to draw
+                    continue
+                pictures = out / f"rank{rank}" / "similarities_picture"
+                pictures.mkdir(parents=True, exist_ok=True)
+                for png in sorted(folder.glob("*.png")):
+                    png.replace(pictures / f"{png.stem}_similarities.png")
+                folder.rmdir()
         return summary
 
 

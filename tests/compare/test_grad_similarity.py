@@ -31,6 +31,10 @@ def test_similarities_equal_msprobe_exactly(fixtures_dir: Path, tmp_path: Path):
     assert first["weighted_similarity"] == 0.8820754716981132
     assert [p["param"] for p in first["worst_params"][:2]] == ["2.weight", "0.weight"]
     assert (tmp_path / "out" / "plots" / "grad_similarity.png").stat().st_size > 1000
+    # msprobe's picture per parameter, in msprobe's place
+    params = [line.split(",")[0] for line in expected.decode("utf-8-sig").splitlines()[1:-1]]
+    pictures = sorted(p.name for p in (tmp_path / "out" / "rank0" / "similarities_picture").iterdir())
+    assert pictures == sorted(f"{p}_similarities.png" for p in params) and len(params) == 4
     steps = pq.read_table(tmp_path / "out" / "grad_steps.parquet").to_pylist()
     assert [s["flagged"] for s in steps] == [False, False, True, True]
     assert "2.weight" in steps[2]["reason"] and "dropped" in steps[2]["reason"]
@@ -149,6 +153,9 @@ def test_steps_and_ranks_select_gradient_rows(tmp_path: Path, fixtures_dir: Path
 def test_stats_only_comparison_without_sign_maps(tmp_path: Path):
     a = _run(tmp_path / "a", 2, seed=1, level="L0")
     b = _run(tmp_path / "b", 2, seed=1, level="L0", perturb_from=1)
+    summary = GradComparator.compare_distributed(str(a), str(b), str(tmp_path / "compat"))  # no pictures to draw
+    assert summary["grad_first_flagged"]["step"] == 1
+    assert not (tmp_path / "compat" / "rank0" / "similarities_picture").exists()
     tables, first = compare_grads(rlprobe.open(a), rlprobe.open(b))
     rows = tables["grads"].to_pylist()
     assert {r["status"] for r in rows} == {"stats_only"}
