@@ -24,7 +24,9 @@ _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], np.uint8)
 
 
 def has_grads(dump: Dump) -> bool:
-    return dump.arrow("grad").num_rows > 0
+    if dump.format == "rlprobe":
+        return bool(dump.parts("grad"))  # without reading them
+    return dump.arrow("grad").num_rows > 0  # msprobe grad_probe: read once, kept by the dump
 
 
 def grad_table(dump: Dump, errors: list[str] | None = None) -> pa.Table:

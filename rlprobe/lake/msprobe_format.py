@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -106,15 +107,20 @@ def grad_table(root: Path) -> pa.Table:
             if not m:
                 continue
             step = int(m.group(1))
+            try:  # one listing per step, not an exists() per parameter
+                maps = set(os.listdir(rank_dir / f"step{step}"))
+            except OSError:
+                maps = set()
             with open(f, newline="", encoding="utf-8-sig") as fh:
                 for rec in csv.DictReader(fh):
-                    rows.append(_grad_row(root, rank_dir, rank, step, rec))
+                    rows.append(_grad_row(f"{rank_dir.name}/step{step}", maps, rank, step, rec))
     return pa.Table.from_pylist(rows, schema=with_rank(GRAD))
 
 
-def _grad_row(root: Path, rank_dir: Path, rank: int, step: int, rec: dict[str, str]) -> dict[str, Any]:
+def _grad_row(step_dir: str, maps: set[str], rank: int, step: int, rec: dict[str, str]) -> dict[str, Any]:
+    """One summary CSV row; `step_dir` is the step's folder relative to the dump, `maps` its files."""
     param = rec.pop("param_name")
-    signs = rank_dir / f"step{step}" / f"{param}.npy"
+    has_signs = f"{param}.npy" in maps
     shape_text = rec.pop("shape", None)
     shape = json.loads(shape_text) if shape_text else None
     numel = int(np.prod(shape, dtype=np.int64)) if shape is not None else None
@@ -128,8 +134,8 @@ def _grad_row(root: Path, rank_dir: Path, rank: int, step: int, rec: dict[str, s
         "norm": _float(rec.pop("norm", None)),
         "digest": digest, "digest_algo": "msprobe-MD5-column" if digest is not None else None,
         "bounds": None, "bucket_fractions": None, "zero_fraction": zero,
-        "sign_file": signs.relative_to(root).as_posix() if signs.exists() else None,
-        "sign_offset": None, "sign_numel": numel if signs.exists() else None,
+        "sign_file": f"{step_dir}/{param}.npy" if has_signs else None,
+        "sign_offset": None, "sign_numel": numel if has_signs else None,
     }
     intervals = [(k, v) for k, v in rec.items() if k and k.startswith("(")]
     if intervals:

@@ -108,7 +108,7 @@ class Dump:
         if self.format == "msprobe":
             return self._msprobe_key_data if kind == "key_data" else _empty(kind)
         if self.format == "msprobe-grad":
-            return msprobe_format.grad_table(self.path) if kind == "grad" else _empty(kind)
+            return self._msprobe_grad if kind == "grad" else _empty(kind)
         tables = []
         for rank, files in self.parts(kind).items():
             for f in files:
@@ -128,6 +128,10 @@ class Dump:
     @cached_property
     def _msprobe_key_data(self) -> pa.Table:
         return msprobe_format.key_data_table(self.path)
+
+    @cached_property
+    def _msprobe_grad(self) -> pa.Table:  # read once: a summary CSV per rank and step
+        return msprobe_format.grad_table(self.path)
 
     def _lazy(self, kind: str) -> "pl.LazyFrame":
         import polars as pl
