@@ -308,12 +308,13 @@ def _tensor_leaves(value: Any, prefix: str, framework: str, depth: int = 0) -> I
 def write_module_rows(writer: Any, layout: Any, stage: str, step: int, framework: str, jobs: list[ModuleLeaf],
                       save_tensors: bool) -> None:
     """Writer-thread job: one stats row (and with tensors, one .npy) per tensor of one module call."""
+    rank = writer.sink.rank
     items = [
         TensorRow(job.leaf,
                   {"stage": stage, "step": step, "module": job.module, "call": job.call, "direction": job.direction,
-                   "io": job.io, "index": job.index, "seq": job.seq},
+                   "io": job.io, "index": job.index, "seq": job.seq, "framework": framework},
                   f"stage {stage!r} step {step} module {job.module!r} call {job.call} {job.io} {job.index!r}",
-                  layout.module_tensor(stage, step, writer.sink.rank, job.seq, job.io, job.index) if save_tensors else None)
+                  layout.module_tensor(stage, step, rank, job.seq, job.io, job.index) if save_tensors else None)
         for job in jobs
     ]
-    write_tensor_rows(writer, "module", framework, items)
+    write_tensor_rows(writer, "module", items)

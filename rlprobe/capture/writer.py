@@ -14,10 +14,10 @@ per-step Python work (which holds the GIL the training thread needs) stays small
 from __future__ import annotations
 
 import queue
-import time
-from pathlib import Path
 import threading
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -138,12 +138,12 @@ class TensorRow:
     """One staged tensor on the writer thread: its row's key columns and where its .npy goes."""
 
     leaf: StagedLeaf
-    keys: dict[str, Any]  # the row key and other columns that are not tensor statistics
+    keys: dict[str, Any]  # the row key and the other columns that are not statistics (framework, ...)
     where: str  # for messages: "key 'x' step 3 micro_step 0"
     tensor_path: Path | None  # None: statistics only
 
 
-def write_tensor_rows(writer: BackgroundWriter, kind: str, framework: str | None, items: list[TensorRow]) -> None:
+def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow]) -> None:
     """Writer-thread job: statistics, hash and (optionally) the .npy of each tensor, one row each.
 
     A tensor whose statistics cannot be computed is recorded as lost; one whose file cannot be
@@ -154,7 +154,7 @@ def write_tensor_rows(writer: BackgroundWriter, kind: str, framework: str | None
     for item in items:
         row = None
         try:
-            row = _tensor_row(item, kind, framework, sink, errors)
+            row = _tensor_row(item, kind, sink, errors)
         finally:
             item.leaf.raw = None
             if item.leaf.release is not None:
@@ -164,20 +164,22 @@ def write_tensor_rows(writer: BackgroundWriter, kind: str, framework: str | None
     writer.report(errors)
 
 
-def write_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob], save_tensors: bool) -> None:
+def write_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob],
+                   save_tensors: bool) -> None:
     """Writer-thread job for one save call."""
+    rank = writer.sink.rank
     items = [
         TensorRow(job.leaf, {"key": job.key, "step": step, "micro_step": job.micro_step, "index": job.index,
                              "framework": job.framework},
-                  f"key {job.key!r} step {step} micro_step {job.micro_step}" + (f" index {job.index!r}" if job.index else ""),
-                  layout.key_data_tensor(job.key, step, writer.sink.rank, job.micro_step, job.index) if save_tensors else None)
+                  f"key {job.key!r} step {step} micro_step {job.micro_step}"
+                  + (f" index {job.index!r}" if job.index else ""),
+                  layout.key_data_tensor(job.key, step, rank, job.micro_step, job.index) if save_tensors else None)
         for job in jobs
     ]
-    write_tensor_rows(writer, "key_data", None, items)
+    write_tensor_rows(writer, "key_data", items)
 
 
-def _tensor_row(item: TensorRow, kind: str, framework: str | None, sink: RankWriter,
-                errors: list[str]) -> dict[str, Any] | None:
+def _tensor_row(item: TensorRow, kind: str, sink: RankWriter, errors: list[str]) -> dict[str, Any] | None:
     leaf = item.leaf
     lost = {"kind": kind, **{k: v for k, v in item.keys.items() if k != "framework"}}
     try:
@@ -192,8 +194,6 @@ def _tensor_row(item: TensorRow, kind: str, framework: str | None, sink: RankWri
             "numel": int(np.prod(leaf.shape, dtype=np.int64)), **stats,
             "hash": bitwise_hash(leaf.raw) if leaf.raw is not None else None, "tensor_file": None,
         }
-        if framework is not None:
-            row["framework"] = framework
     except Exception as e:
         msg = f"{item.where}: could not compute statistics: {type(e).__name__}: {e}"
         sink.record_error(msg, {**lost, "what": "row"})

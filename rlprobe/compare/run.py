@@ -351,10 +351,11 @@ def public_key_data(key_data: pa.Table) -> pa.Table:
                                   if c in key_data.column_names])
 
 
-# the Grad flags sheet's columns: why a row is flagged; the raw max/min/zero fractions of both
-# runs stay in grads.parquet (the sheet took 2/3 of report.xlsx's time with them)
+# the Grad flags sheet's columns: why a row is flagged (`flagged` also puts flagged rows first
+# when the sheet is capped); the raw max/min/zero fractions of both runs stay in grads.parquet
+# (the sheet took 2/3 of report.xlsx's time with them)
 GRAD_FLAG_COLUMNS = ("monitor", "rank", "step", "param", "status", "shape_a", "shape_b", "numel", "similarity",
-                     "prev_similarity", "flag_reason", "norm_a", "norm_b", "norm_rel_diff", "max_abs_diff",
+                     "prev_similarity", "flagged", "flag_reason", "norm_a", "norm_b", "norm_rel_diff", "max_abs_diff",
                      "min_abs_diff", "digest_equal", "probe_step_a", "probe_step_b", "message")
 
 

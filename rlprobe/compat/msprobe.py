@@ -102,7 +102,8 @@ class GradComparator:
             if (out / "grad_steps.parquet").exists() else []
         if len({monitor for monitor, _ in groups}) == 1:  # msprobe's picture folders (several monitors: plots/ only)
             for monitor, rank in groups:
-                folder = out / "plots" / (EVERY_PARAM_DIR if len(groups) == 1 else f"{EVERY_PARAM_DIR}_{monitor}_rank{rank}")
+                suffix = "" if len(groups) == 1 else f"_{monitor}_rank{rank}"  # as write_grad_plots names it
+                folder = out / "plots" / f"{EVERY_PARAM_DIR}{suffix}"
                 if not folder.is_dir():  # no sign maps (L0): no similarities to draw
                     continue
                 pictures = out / f"rank{rank}" / "similarities_picture"

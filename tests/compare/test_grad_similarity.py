@@ -233,6 +233,18 @@ def test_report_has_a_similarity_matrix_and_the_flagged_rows(tmp_path: Path):
     assert len(flags) - 1 == sum(1 for g in grads if g["flagged"] or g["status"] != "compared")
     assert flags[0][:5] == ["monitor", "rank", "step", "param", "status"] and "flag_reason" in flags[0]
     assert "max_a" not in flags[0] and "zero_fraction_b" not in flags[0]  # in grads.parquet only
+    # capped, the sheet keeps the flagged rows before the parameters found on one side only
+    from rlprobe.compare.run import write_extra_tables
+    from rlprobe.report.xlsx import _pick_rows
+
+    (tmp_path / "again").mkdir()
+    sheet = write_extra_tables(tmp_path / "again", {"grads": pq.read_table(tmp_path / "out" / "grads.parquet"),
+                                                    "grad_steps": pq.read_table(tmp_path / "out" / "grad_steps.parquet")}
+                               )["extra_sheets"]["Grad flags"]
+    n_flagged = sum(1 for g in grads if g["flagged"])
+    assert 0 < n_flagged < sheet.num_rows
+    picked = sheet.take(_pick_rows(sheet, None, n_flagged))
+    assert all(picked["flagged"].to_pylist())
 
 
 @pytest.mark.parametrize("numpy_bitwise_count", [True, False])
