@@ -161,8 +161,10 @@ def _write_table(table: Any, fmt: str, output: str | None, max_rows: int) -> Non
     elif fmt == "csv":
         import pyarrow.csv as pacsv
 
+        from rlprobe.report.csv_report import csv_safe_table
+
         sink = output or sys.stdout.buffer
-        pacsv.write_csv(table, sink)
+        pacsv.write_csv(csv_safe_table(table), sink)  # formula-like text guarded, lists as text
     elif fmt == "json":
         import json
 

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import GRAD, with_rank
+from rlprobe.report.safe_cells import csv_text
 from rlprobe.resources import sql_text
 
 DEFAULTS = {"first_step_min": 0.97, "max_drop": 0.03, "norm_rtol": 1e-3}
@@ -258,7 +259,7 @@ def similarities_csvs(grads: pa.Table, steps: pa.Table) -> dict[str, str]:
         w = csv.writer(buf, lineterminator="\r\n")  # as msprobe (pandas) writes it
         w.writerow(["step", *ordered])
         for param, values in per[(monitor, rank)].items():
-            w.writerow([param, *[_cell(values.get(s)) for s in ordered]])
+            w.writerow([csv_text(param), *[_cell(values.get(s)) for s in ordered]])  # a name is never a formula
         w.writerow(["summary", *[_cell(summary[(monitor, rank)].get(s)) for s in ordered]])
         prefix = "grads" if len(monitors) == 1 else f"grads/monitor={monitor}"
         files[f"{prefix}/rank{rank}/similarities.csv"] = "\ufeff" + buf.getvalue()

@@ -1,5 +1,6 @@
 """key_data.csv: every key_data column, headers per language, shapes as "[4, 16]" like msprobe,
-formula-like text guarded."""
+formula-like text guarded (rlprobe.report.safe_cells); csv_safe_table guards a table the same
+way for other CSV writers."""
 
 from __future__ import annotations
 
@@ -39,15 +40,40 @@ def write_key_data_csv(path: str | Path, key_data: pa.Table, lang: str = "en") -
     return write_report_file(path, write)
 
 
-def _csv_values(column: pa.ChunkedArray) -> list[Any]:
+def csv_safe_table(table: pa.Table) -> pa.Table:
+    """`table` for another library's CSV writer (pyarrow.csv for `rlprobe sql --format csv`): text
+    cells and column names guarded as key_data.csv guards them, lists as "[4, 16]", other nested
+    values as JSON text (CSV has no such types); nulls, numbers, booleans and times unchanged."""
+    columns = []
+    for column in table.columns:
+        text = _text_values(column)
+        columns.append(column if text is None else pa.array(text, pa.string()))
+    return pa.Table.from_arrays(columns, names=[csv_text(n) for n in table.column_names])
+
+
+def _text_values(column: pa.ChunkedArray) -> list[str | None] | None:
+    """A text, list or other nested column as guarded CSV text (None stays None); None for other types."""
     t = column.type
     if pa.types.is_dictionary(t):
         column, t = column.cast(t.value_type), t.value_type
-    values = column.to_pylist()
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return ["" if v is None else list_text(v) for v in values]
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return ["" if v is None else csv_text(v) for v in values]
+        return [None if v is None else csv_text(v) for v in column.to_pylist()]
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return [None if v is None else csv_text(list_text(v)) for v in column.to_pylist()]
+    if pa.types.is_nested(t):
+        import json
+
+        return [None if v is None else csv_text(json.dumps(v, ensure_ascii=False, default=str))
+                for v in column.to_pylist()]
+    return None
+
+
+def _csv_values(column: pa.ChunkedArray) -> list[Any]:
+    text = _text_values(column)
+    if text is not None:
+        return ["" if v is None else v for v in text]
+    t = column.type
+    values = column.to_pylist()
     if pa.types.is_integer(t) or pa.types.is_floating(t):
         return values  # csv writes None as empty and floats with repr (shortest round-trip)
     return [csv_cell(v) for v in values]

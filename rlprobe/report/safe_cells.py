@@ -1,9 +1,16 @@
 """Cell values that spreadsheet programs could run as formulas (formula/CSV injection).
 
-Keys, indices and messages come from the dumps, so a key named `=HYPERLINK(...)` must show as
-text. In xlsx every string is written with the string cell type (never a formula); in CSV,
-which has no types, such strings get a leading apostrophe as OWASP advises. Numbers,
-negative ones included, stay numbers.
+Keys, indices, messages, monitor, parameter, module and stage names and run paths come from
+the dumps and the command line, so a key named `=HYPERLINK(...)` must show as text. Every
+xlsx and CSV writer of rlprobe stores its cells through the functions here, which depend on
+the value only (any spreadsheet library can call them):
+- xlsx: `xlsx_cell(value)` is the value to store; a string is always written with the string
+  cell type (never a formula), and where `xlsx_quote_prefix(value)` is true also with Excel's
+  quote prefix, the mark Excel gives text typed after an apostrophe: the cell shows the text
+  unchanged and stays text when someone edits it.
+- CSV, which has no types: `csv_cell(value)`; formula-like text gets a leading apostrophe as
+  OWASP advises.
+Numbers, negative ones included, stay numbers.
 """
 
 from __future__ import annotations
@@ -62,7 +69,7 @@ def xlsx_cell(value: Any) -> Any:
     Excel has no NaN or infinity: those floats become the text 'nan', 'inf', '-inf'; integers
     beyond 2**53 become text so no digit is lost; numpy scalars become Python numbers; other
     objects become their text. Strings must still be written with the string type (never as
-    formulas): see guard_openpyxl_cell."""
+    formulas), quote-prefixed where xlsx_quote_prefix says so: see guard_openpyxl_cell."""
     kind = type(value)
     if kind is float:
         return value if math.isfinite(value) else str(value)
@@ -81,6 +88,14 @@ def xlsx_cell(value: Any) -> Any:
     return xlsx_text(str(value))
 
 
+def xlsx_quote_prefix(stored: Any) -> bool:
+    """Whether the xlsx cell holding `stored` (a value as xlsx_cell returns it) needs Excel's quote
+    prefix: text beginning with =, +, -, @ or a tab (CR never remains: xlsx_text makes it LF).
+    Unlike CSV's apostrophe the prefix does not show, so text that reads as a number ("-1.5") gets
+    it too: Excel keeps it text when the cell is edited."""
+    return type(stored) is str and stored.startswith(FORMULA_TRIGGERS)
+
+
 def guard_openpyxl_cell(cell: Any, value: Any) -> Any:
     """Assign `value` to an openpyxl cell so that formula-like text stays text.
 
@@ -88,4 +103,6 @@ def guard_openpyxl_cell(cell: Any, value: Any) -> Any:
     cell.value = xlsx_cell(value)
     if isinstance(cell.value, str):
         cell.data_type = "s"
+        if xlsx_quote_prefix(cell.value):
+            cell.quotePrefix = True
     return cell

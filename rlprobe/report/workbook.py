@@ -1,5 +1,6 @@
 """What the xlsx reports need from openpyxl: a write-only workbook whose cell formats are named
-styles, cells that keep text as text, and sheet names that follow Excel's rules.
+styles, sheets whose every cell keeps text as text (rows go in only through Sheet.append, which
+stores values as rlprobe.report.safe_cells says), and sheet names that follow Excel's rules.
 
 Write-only mode streams each sheet's rows to a temporary file, so memory stays flat; sheets are
 written one after another in tab order, and a sheet's column widths and frozen header must be set
@@ -20,7 +21,7 @@ from openpyxl.styles import Font, NamedStyle, PatternFill
 from openpyxl.utils import get_column_letter
 from openpyxl.worksheet.hyperlink import Hyperlink
 
-from rlprobe.report.safe_cells import FORMULA_TRIGGERS, xlsx_cell
+from rlprobe.report.safe_cells import xlsx_cell, xlsx_quote_prefix
 
 if TYPE_CHECKING:
     from openpyxl.worksheet._write_only import WriteOnlyWorksheet
@@ -76,40 +77,56 @@ class Workbook:
             self._styles[fmt] = style.name
         return self._styles[fmt]
 
-    def add_sheet(self, name: str, widths: Sequence[float] = (), *,
-                  freeze_header: bool = False) -> "WriteOnlyWorksheet":
-        """The next sheet; `name` must already follow Excel's rules (see SheetNames)."""
+    def add_sheet(self, name: str, widths: Sequence[float] = (), *, freeze: str | None = None,
+                  autofilter: str | None = None) -> "Sheet":
+        """The next sheet; `name` must already follow Excel's rules (see SheetNames). `freeze`: the
+        first cell that scrolls ("A2" freezes the header row); `autofilter`: the range with filter buttons."""
         ws = self.book.create_sheet(name)
         for i, width in enumerate(widths, 1):
             ws.column_dimensions[get_column_letter(i)].width = round(width, 2)
-        if freeze_header:
-            ws.freeze_panes = "A2"
-        return ws
+        if freeze:
+            ws.freeze_panes = freeze
+        if autofilter:
+            ws.auto_filter.ref = autofilter
+        return Sheet(ws)
 
 
-def row_cells(ws: "WriteOnlyWorksheet", values: Sequence[Any], styles: Sequence[Style] | Style = None,
-              links: dict[int, str] | None = None) -> list[Any]:
-    """One row for `ws.append`: values as xlsx_cell stores them, each styled (one style for the row or one
-    per column) and, where `links` names a sheet for the 0-based column, a link to that sheet's cell A1."""
-    if styles is None or isinstance(styles, str):
-        styles = [styles] * len(values)
-    row = []
-    for j, (value, style) in enumerate(zip(values, styles)):
-        value = xlsx_cell(value)
-        target = links.get(j) if links else None
-        formula_like = type(value) is str and value.startswith(FORMULA_TRIGGERS)
-        if style is None and target is None and not formula_like:
-            row.append(value)  # openpyxl writes plain values without a cell object of their own
-            continue
-        cell = WriteOnlyCell(ws, value)
-        if type(value) is str:
-            cell.data_type = "s"  # never a formula, whatever the text starts with
-        if style is not None:
-            cell.style = style
-        if target is not None:
-            cell.hyperlink = Hyperlink(ref="", location=f"{quoted_sheet(target)}!A1", display=str(value))
-        row.append(cell)
-    return row
+class Sheet:
+    """A write-only sheet that takes whole rows only through `append`, so every cell of every
+    rlprobe workbook is stored as safe_cells says: text stays text, never a formula."""
+
+    def __init__(self, ws: "WriteOnlyWorksheet") -> None:
+        self._ws = ws
+
+    def append(self, values: Sequence[Any], styles: Sequence[Style] | Style = None,
+               links: dict[int, str] | None = None) -> None:
+        """One row: each value as xlsx_cell stores it, styled (one style for the row or one per
+        column) and, where `links` names a sheet for the 0-based column, linked to that sheet's A1."""
+        if styles is None or isinstance(styles, str):
+            styles = [styles] * len(values)
+        ws = self._ws
+        row = []
+        for j, (value, style) in enumerate(zip(values, styles)):
+            value = xlsx_cell(value)
+            target = links.get(j) if links else None
+            quoted = xlsx_quote_prefix(value)
+            if style is None and target is None and not quoted:
+                row.append(value)  # openpyxl writes plain values without a cell object of their own
+                continue
+            cell = WriteOnlyCell(ws, value)
+            if type(value) is str:
+                cell.data_type = "s"  # never a formula, whatever the text starts with
+            if style is not None:
+                cell.style = style
+            if quoted:
+                cell.quotePrefix = True  # set after the named style, which would reset it
+            if target is not None:
+                cell.hyperlink = Hyperlink(ref="", location=f"{quoted_sheet(target)}!A1", display=str(value))
+            row.append(cell)
+        ws.append(row)
+
+    def blank_row(self) -> None:
+        self._ws.append([])
 
 
 def quoted_sheet(name: str) -> str:

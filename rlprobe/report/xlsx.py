@@ -22,7 +22,7 @@ from rlprobe.report.headers import MSPROBE_LAYOUT, check_lang, header, label, ms
 from rlprobe.report.output_file import write_report_file
 from rlprobe.report.summary_text import (MATCHING_STATUSES, cell_text, differs, list_text, ordered_counts,
                                          rollup_columns, verdict, yaml_lines)
-from rlprobe.report.workbook import MAX_ROWS, CellFormat, SheetNames, Workbook, row_cells
+from rlprobe.report.workbook import MAX_ROWS, CellFormat, SheetNames, Workbook
 
 SUMMARY_SHEET = "Summary"
 MAX_WIDTH = 60
@@ -162,23 +162,24 @@ def _write_grad_matrix(book: Workbook, name: str, grads: pa.Table, steps: pa.Tab
     bold = book.style(CellFormat(bold=True))
     bold_bad = book.style(CellFormat(bold=True, fill=FILLS["bad"]))
     longest = max([len(str(p)) for group in params.values() for p in group] + [12])
-    ws = book.add_sheet(name, [12, 6, min(60, longest + 2)] + [9] * len(kept_steps), freeze_header=True)
-    ws.freeze_panes = "D2"
-    ws.append(row_cells(ws, [header("monitor", lang), header("rank", lang), header("param", lang), *kept_steps], head))
+    ws = book.add_sheet(name, [12, 6, min(60, longest + 2)] + [9] * len(kept_steps), freeze="D2")
+    ws.append([header("monitor", lang), header("rank", lang), header("param", lang), *kept_steps], head)
     written = 0
     for (monitor, rank), group in params.items():
         for param, cells in group.items():
             if written >= max_rows:
                 break
-            marked = flags.get((monitor, rank, param), {})
-            styles = [None] * len(cells)
-            for j, flagged in marked.items():
-                styles[j] = bad if flagged else missing
-            ws.append(row_cells(ws, cells, styles) if marked else cells)
+            marked = flags.get((monitor, rank, param))
+            styles = None
+            if marked:
+                styles = [None] * len(cells)
+                for j, flagged in marked.items():
+                    styles[j] = bad if flagged else missing
+            ws.append(cells, styles)
             written += 1
         summary_row = [monitor, rank, "(weighted)"] + [weighted.get((monitor, rank, s)) for s in kept_steps]
         styles = [bold] * 3 + [bold_bad if (monitor, rank, s) in step_flags else bold for s in kept_steps]
-        ws.append(row_cells(ws, summary_row, styles))
+        ws.append(summary_row, styles)
     total = sum(len(g) for g in params.values())
     notes = []
     if written < total:
@@ -187,8 +188,8 @@ def _write_grad_matrix(book: Workbook, name: str, grads: pa.Table, steps: pa.Tab
         notes.append(f"steps {kept_steps[0]}-{kept_steps[-1]} of {all_steps[0]}-{all_steps[-1]} shown "
                      "(Excel's column limit); grads.parquet has all")
     if notes:
-        ws.append([])
-        ws.append(row_cells(ws, ["; ".join(notes)], bold))
+        ws.blank_row()
+        ws.append(["; ".join(notes)], bold)
 
 
 def _empty_columns(table: pa.Table) -> tuple[str, ...]:
@@ -330,7 +331,7 @@ def _write_summary_sheet(book: Workbook, name: str, summary: Mapping[str, Any],
             widths[j] = max(widths[j], min(MAX_WIDTH, _display_width(_shown(v)) + 2))
     ws = book.add_sheet(name, widths)
     for i, (values, row_style) in enumerate(rows):
-        ws.append(row_cells(ws, values, row_style, links.get(i)))
+        ws.append(values, row_style, links.get(i))
 
 
 def _rollup_family(record: Mapping[str, Any]) -> str | None:
@@ -372,14 +373,13 @@ def _write_grid(book: Workbook, name: str, heads: list[str], columns: list[list[
     head = book.style(CellFormat(bold=True, fill=FILLS["header"]))
     by_family = [[book.style(CellFormat(bold=fam == "first", fill=FILLS.get(fam), number_format=fmt))
                   for fmt in formats] for fam in FAMILIES]
-    ws = book.add_sheet(name, widths, freeze_header=True)
-    ws.auto_filter.ref = f"A1:{get_column_letter(len(heads))}{len(families) + 1}"
-    ws.append(row_cells(ws, heads, head))
+    ws = book.add_sheet(name, widths, freeze="A2", autofilter=f"A1:{get_column_letter(len(heads))}{len(families) + 1}")
+    ws.append(heads, head)
     for family, values in zip(families, zip(*columns)):
-        ws.append(row_cells(ws, values, by_family[family]))
+        ws.append(values, by_family[family])
     if note is not None:
-        ws.append([])
-        ws.append(row_cells(ws, [note], book.style(CellFormat(bold=True))))
+        ws.blank_row()
+        ws.append([note], book.style(CellFormat(bold=True)))
 
 
 def _row_families(table: pa.Table, marks: list[bool] | None) -> list[int]:

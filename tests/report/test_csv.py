@@ -122,5 +122,5 @@ def test_guard_openpyxl_cell_keeps_text(tmp_path):
     buf = io.BytesIO()
     wb.save(buf)
     back = openpyxl.load_workbook(io.BytesIO(buf.getvalue())).active
-    assert back["A1"].value == "=1+1" and back["A1"].data_type == "s"
-    assert back["A2"].value == -2.5 and back["A2"].data_type == "n"
+    assert back["A1"].value == "=1+1" and back["A1"].data_type == "s" and back["A1"].quotePrefix
+    assert back["A2"].value == -2.5 and back["A2"].data_type == "n" and not back["A2"].quotePrefix

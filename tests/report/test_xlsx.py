@@ -13,6 +13,7 @@ import pytest
 from rlprobe.errors import ProbeError
 from rlprobe.report import xlsx as xlsx_module
 from rlprobe.report.headers import msprobe_headers
+from rlprobe.report.safe_cells import FORMULA_TRIGGERS
 from rlprobe.report.xlsx import write_per_key_xlsx, write_report_xlsx
 
 from .conftest import key_row, make_key_data, make_summary
@@ -46,6 +47,8 @@ def _no_formulas(path: Path) -> None:
         for row in ws.iter_rows():
             for cell in row:
                 assert cell.data_type != "f", (ws.title, cell.coordinate, cell.value)
+                if isinstance(cell.value, str) and cell.value.startswith(FORMULA_TRIGGERS):
+                    assert cell.quotePrefix, (ws.title, cell.coordinate, cell.value)  # stays text when edited
     with zipfile.ZipFile(path) as z:
         for name in z.namelist():
             assert b"<f>" not in z.read(name) and b"<f " not in z.read(name), name
