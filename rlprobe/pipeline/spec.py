@@ -260,8 +260,15 @@ def _compose(path: Path, text: str) -> tuple[dict[str, Any], dict[tuple, int]]:
     def walk(node: yaml.Node, loc: tuple) -> None:
         lines.setdefault(loc, node.start_mark.line + 1)
         if isinstance(node, yaml.MappingNode):
+            seen: dict[tuple[str, str], int] = {}
             for key, value in node.value:
-                lines[loc + (key.value,)] = key.start_mark.line + 1
+                line = key.start_mark.line + 1
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if (key.tag, key.value) in seen:  # PyYAML would keep the last one silently
+                        raise SpecError(f"{path}:{line}: key '{dotted(loc + (key.value,))}' appears twice "
+                                        f"(lines {seen[(key.tag, key.value)]} and {line}); keep one")
+                    seen[(key.tag, key.value)] = line
+                lines[loc + (key.value,)] = line
                 walk(value, loc + (key.value,))
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):

@@ -42,6 +42,25 @@ def test_malformed_yaml_names_file_and_line(tmp_path, write_yaml):
     assert e.exit_code == 2 and f"{path}:4: malformed YAML" in str(e)
 
 
+def test_duplicate_keys_name_both_lines(tmp_path, dumps, write_yaml, cli):
+    # YAML loaders keep the last of two equal keys: the first gate list would vanish unseen
+    path = _good(tmp_path, dumps, "gates:\n  - {name: g1, sql: 'select 1'}\nreport: {csv: false}\n"
+                                  "gates:\n  - {name: g2, sql: 'select 2'}\n")
+    e = _error(path)
+    assert e.exit_code == 2 and str(e) == f"{path}:8: key 'gates' appears twice (lines 5 and 8); keep one"
+    result = cli("pipeline", "run", path)
+    assert result.exit_code == 2 and "key 'gates' appears twice (lines 5 and 8)" in result.output
+    assert not (tmp_path / "out").exists()
+    nested = write_yaml(tmp_path / "n.yaml", f"version: 1\nname: x\nruns:\n  a: {dumps['a']}\n  a: {dumps['b']}\n"
+                                             "output: o\n")
+    assert "n.yaml:5: key 'runs.a' appears twice (lines 4 and 5)" in str(_error(nested))
+    flow = write_yaml(tmp_path / "f.yaml", GOOD.format(a=dumps["a"], b=dumps["b"]) + "report: {csv: true, csv: false}\n")
+    assert "f.yaml:5: key 'report.csv' appears twice (lines 5 and 5)" in str(_error(flow))
+    # a key given beside a merge key (<<) overrides the merged one: not a duplicate
+    merged = load_pipeline(_good(tmp_path, dumps, "select: {<<: {steps: '0-1', ranks: '0'}, steps: '0-2'}\n"))
+    assert (merged.spec.select.steps, merged.spec.select.ranks) == ("0-2", "0")
+
+
 def test_unknown_field_suggests_the_right_one(tmp_path, dumps):
     e = _error(_good(tmp_path, dumps, "selct: {steps: 0-3}\nreport: {junt: true}\n"))
     text = str(e)
