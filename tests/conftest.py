@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,3 +29,26 @@ def fixtures_dir() -> Path:
             f"shared fixtures not found at {path}; set RLPROBE_SHARED to the folder that holds fixtures/"
         )
     return path
+
+
+@pytest.fixture
+def mounts():
+    """mount(dir, options) -> bool: a tmpfs (e.g. "size=1m" for a small disk, "ro,size=1m" for a
+    read-only one) at `dir`, False where mounting is not allowed; every mount made is lazily
+    unmounted at teardown."""
+    made: list[Path] = []
+
+    def mount(directory: Path, options: str) -> bool:
+        directory.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            made.append(directory)
+        return r.returncode == 0
+
+    try:
+        yield mount
+    finally:
+        for d in reversed(made):
+            if subprocess.run(["umount", str(d)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(d)], capture_output=True)

@@ -4,10 +4,10 @@ find the first divergence, explain it, and write the result tables and reports."
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -18,12 +18,16 @@ from rlprobe._version import __version__
 from rlprobe.compare.dataflow import key_order_table
 from rlprobe.compare.verdict import explain, explain_beyond_key_data
 from rlprobe.errors import ProbeError
+from rlprobe.lake.atomic import TMP_MARK, is_temporary
 from rlprobe.lake.reader import Dump, open_dump
 from rlprobe.lake.schema import KEY_DATA, with_rank
+from rlprobe.report.output_file import output_os_error
 from rlprobe.resources import sql_text
 
 if TYPE_CHECKING:
     import duckdb
+
+    from rlprobe.report.work_dir import WorkDir
 
 Progress = Callable[[int, int], None]
 
@@ -48,11 +52,19 @@ def compare(
         tables, summary = compare_dumps(dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
                                         stats_rtol=stats_rtol, order=order, progress=progress)
         summary["elapsed_s"] = round(time.perf_counter() - started, 3)
-        _write_outputs(work, tables, summary, lang=lang, per_key_files=per_key_files, per_key_dir=per_key_dir,
-                       reports=reports)
-        _publish(work, out)
+        try:
+            _write_outputs(work.path, tables, summary, lang=lang, per_key_files=per_key_files,
+                           per_key_dir=per_key_dir, reports=reports)
+            _publish(work.path, out)
+        except (OSError, ProbeError) as e:  # a full disk, a quota, a read-only folder: OUT keeps its files
+            cause = output_os_error(e)
+            if cause is None:
+                raise
+            reason = os.strerror(cause.errno) if cause.errno else str(cause)
+            raise ProbeError(f"output directory {out} cannot be written: {reason}{_which_file(cause, work.path)}; "
+                             "its earlier files are kept") from None
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        work.remove()
     return summary
 
 
@@ -315,14 +327,33 @@ def _records(result) -> list[dict[str, Any]]:
 
 
 # -- outputs -------------------------------------------------------------------------------
-def _work_dir(out: Path) -> Path:
+WORK_PREFIX = ".rlprobe-tmp-"
+
+
+def _work_dir(out: Path) -> "WorkDir":
+    """A work folder inside `out`, after removing those of killed comparisons into `out`."""
+    from rlprobe.report.work_dir import WorkDir, remove_dead_work_dirs
+
     try:
         out.mkdir(parents=True, exist_ok=True)
-        work = out / f".rlprobe-tmp-{uuid.uuid4().hex[:8]}"
-        work.mkdir()
+        remove_dead_work_dirs(out, WORK_PREFIX)
+        return WorkDir(out, WORK_PREFIX)
     except OSError as e:
         raise ProbeError(f"output directory {out} cannot be written: {e.strerror or e}") from None
-    return work
+
+
+def _which_file(error: OSError, work: Path) -> str:
+    """' (writing report.xlsx)' for an error that names a file of the work folder."""
+    name = getattr(error, "filename", None)
+    if not name:
+        return ""
+    try:
+        relative = Path(name).relative_to(work)
+    except ValueError:
+        return ""
+    if is_temporary(relative):  # an atomic write's temporary: name the file it was to become
+        relative = relative.with_name(relative.name[1:relative.name.index(TMP_MARK)])
+    return f" (writing {relative})"
 
 
 def _write_outputs(work: Path, tables: dict[str, pa.Table], summary: dict[str, Any], *, lang: str,

@@ -86,6 +86,20 @@ def history_rows(summary: dict[str, Any], scalars: pa.Table, grad_steps: pa.Tabl
     return pa.Table.from_pylist(rows, schema=HISTORY)
 
 
+def check_history_writable(path: Path) -> None:
+    """Refuse a history file that could not be written (a read-only or missing-permission folder)
+    before a pipeline does its work: its folder is created if need be and must take a new file."""
+    path = Path(path)
+    probe = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe.touch(exist_ok=False)
+        probe.unlink()
+    except OSError as e:
+        raise HistoryError(f"history file {path} cannot be written: {_reason(e)}; make its folder writable "
+                           "or change `history:`") from None
+
+
 def append_history(path: Path, rows: pa.Table) -> pa.Table:
     """Read, append, write a temporary file beside it, rename: readers never see half a file."""
     path = Path(path)
@@ -96,9 +110,16 @@ def append_history(path: Path, rows: pa.Table) -> pa.Table:
         pq.write_table(table, tmp, compression="zstd")
         os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True) if tmp.parent.is_dir() else None
-        raise HistoryError(f"history file {path} cannot be written: {e.strerror or e}") from None
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # the folder turned read-only, or is gone: nothing of ours is left to remove
+            pass
+        raise HistoryError(f"history file {path} cannot be written: {_reason(e)}") from None
     return table
+
+
+def _reason(error: OSError) -> str:
+    return os.strerror(error.errno) if error.errno else str(error)
 
 
 def history_overview(table: pa.Table) -> list[dict[str, Any]]:

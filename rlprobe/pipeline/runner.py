@@ -8,9 +8,9 @@ that cannot be read or an output (or history) that cannot be written.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -20,9 +20,11 @@ import pyarrow.parquet as pq
 
 from rlprobe.errors import DumpReadError, ProbeError
 from rlprobe.lake.schema import SCALAR, with_rank
-from rlprobe.pipeline.history import HistoryError, append_history, history_rows, read_history
+from rlprobe.pipeline.history import HistoryError, append_history, check_history_writable, history_rows, read_history
 from rlprobe.pipeline.reports import GateResult, junit_xml, render_pipeline_md
 from rlprobe.pipeline.spec import NamedSql, Pipeline
+from rlprobe.report.output_file import output_os_error
+from rlprobe.report.work_dir import WorkDir, remove_dead_work_dirs
 from rlprobe.resources import sql_text
 
 EXIT_OK, EXIT_GATE_FAILED, EXIT_SPEC, EXIT_UNREADABLE = 0, 1, 2, 3
@@ -76,6 +78,8 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
         raise PipelineError(str(e), EXIT_UNREADABLE) from None
     try:
         history = read_history(pipeline.history)
+        if pipeline.history is not None:
+            check_history_writable(pipeline.history)  # before the work, not after the output is published
     except HistoryError as e:
         raise PipelineError(str(e), EXIT_UNREADABLE) from None
     work = _work_dir(pipeline.output)
@@ -109,19 +113,25 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
         t = time.perf_counter()
         summary["elapsed_s"] = round(time.perf_counter() - started, 3)
         try:
-            _write_outputs(work, pipeline, tables, summary, query_tables, gates, scalars)
-        except OSError as e:
-            raise PipelineError(f"output {pipeline.output} cannot be written: {e}", EXIT_UNREADABLE) from None
+            _write_outputs(work.path, pipeline, tables, summary, query_tables, gates, scalars)
+        except (OSError, ProbeError) as e:  # a full disk, a quota, a read-only folder
+            cause = output_os_error(e)
+            if cause is None:
+                raise
+            reason = os.strerror(cause.errno) if cause.errno else str(cause)
+            raise PipelineError(f"output {pipeline.output} cannot be written: {reason}; its earlier files are kept",
+                                EXIT_UNREADABLE) from None
         _publish(work, pipeline.output)
         timings["reports_s"] = time.perf_counter() - t
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        work.remove()
 
     if pipeline.history is not None:
         try:
             append_history(pipeline.history, history_rows(summary, scalars, grad_steps, pipeline=spec.name))
         except HistoryError as e:
-            raise PipelineError(str(e), EXIT_UNREADABLE) from None
+            raise PipelineError(f"{e}; the output {pipeline.output} is complete, but this run is not in the history",
+                                EXIT_UNREADABLE) from None
     code = EXIT_GATE_FAILED if any(not g.passed for g in gates) else EXIT_OK
     return PipelineResult(code, pipeline.output, summary, gates, timings)
 
@@ -197,8 +207,11 @@ def _arrow(relation) -> pa.Table:
 
 
 # -- outputs -------------------------------------------------------------------------------
-def _work_dir(out: Path) -> Path:
-    """A fresh directory beside `out`; renamed to `out` only when every file is written."""
+def _work_dir(out: Path) -> WorkDir:
+    """A fresh directory beside `out`, renamed to `out` only when every file is written; first the
+    work directories of killed runs into `out` go (an earlier output one had set aside comes back)."""
+    prefix = f".{out.name}.tmp-"
+    remove_dead_work_dirs(out.parent, prefix, restore_to=out)
     if out.exists() and not out.is_dir():
         raise PipelineError(f"output {out} is a file; give a directory", EXIT_UNREADABLE)
     if out.is_dir() and any(out.iterdir()) and not (out / "summary.json").exists():
@@ -206,11 +219,9 @@ def _work_dir(out: Path) -> Path:
                             "give a new or empty directory", EXIT_UNREADABLE)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        work = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-        work.mkdir()
+        return WorkDir(out.parent, prefix)
     except OSError as e:
         raise PipelineError(f"output {out} cannot be written: {e.strerror or e}", EXIT_UNREADABLE) from None
-    return work
 
 
 def _write_outputs(work: Path, pipeline: Pipeline, tables: dict[str, pa.Table], summary: dict[str, Any],
@@ -250,14 +261,15 @@ def _write_outputs(work: Path, pipeline: Pipeline, tables: dict[str, pa.Table], 
         write_plots(work, every_param=report.plot_every_param)
 
 
-def _publish(work: Path, out: Path) -> None:
-    """Swap the finished directory into place; an earlier run's output goes only after."""
+def _publish(work: WorkDir, out: Path) -> None:
+    """Swap the finished directory into place; an earlier run's output goes only after (a run
+    killed in between leaves it as `work.old`, which the next run puts back)."""
     old = None
     try:
         if out.exists():
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+            old = work.old
             out.rename(old)
-        work.rename(out)
+        work.path.rename(out)
     except OSError as e:
         if old is not None and not out.exists():
             old.rename(out)

@@ -19,3 +19,12 @@ def write_report_file(path: str | Path, write: Callable[[BinaryIO], None]) -> Pa
     except OSError as e:
         raise ProbeError(f"cannot write report {path}: {e.strerror or e}; choose a writable output path") from e
     return path
+
+
+def output_os_error(error: BaseException) -> OSError | None:
+    """The file-system error behind a failed write of an output: `error` itself, or the OSError a
+    report writer's ProbeError wraps; None for any other failure."""
+    if isinstance(error, OSError):
+        return error
+    cause = error.__cause__
+    return cause if isinstance(error, ProbeError) and isinstance(cause, OSError) else None

@@ -12,6 +12,7 @@ format on each cell makes openpyxl hash every style object every time, about 10%
 from __future__ import annotations
 
 import re
+import zipfile
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Sequence
 
@@ -52,16 +53,38 @@ class Workbook:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is None:
-            self.book.save(self._fileobj)
+        if exc_type is not None:
+            self._abandon(None)
             return
-        # finish each sheet's temporary file now (openpyxl deletes them at exit), rather than
-        # when the garbage collector meets a half-written one
+        # openpyxl's save_workbook, with the archive in hand: a save that fails (a full disk)
+        # must not leave it to the garbage collector, which would print errors at exit
+        import datetime
+
+        from openpyxl.writer.excel import ExcelWriter
+
+        if not self.book.worksheets:  # as Workbook.save: a workbook has at least one sheet
+            self.book.create_sheet()
+        self.book.properties.modified = datetime.datetime.now(tz=datetime.timezone.utc).replace(tzinfo=None)
+        archive = zipfile.ZipFile(self._fileobj, "w", zipfile.ZIP_DEFLATED, allowZip64=True)
+        try:
+            ExcelWriter(self.book, archive).save()
+        except BaseException:
+            self._abandon(archive)
+            raise
+
+    def _abandon(self, archive: zipfile.ZipFile | None) -> None:
+        """After a failure: finish each sheet's temporary file now (openpyxl deletes them at exit)
+        and close the archive, rather than leave either half-written to the garbage collector."""
         for ws in self.book.worksheets:
             try:
                 if not ws.closed:
                     ws.close()
             except Exception:  # noqa: BLE001 - the write already failed; that error is the one to report
+                pass
+        if archive is not None:
+            try:
+                archive.close()
+            except Exception:  # noqa: BLE001 - as above
                 pass
 
     def style(self, fmt: CellFormat) -> Style:

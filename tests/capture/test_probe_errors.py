@@ -63,27 +63,6 @@ def _no_env_run_id(monkeypatch):
 
 
 @pytest.fixture
-def mounts():
-    """mount(dir, options) -> bool; every mount made is lazily unmounted at teardown."""
-    made: list[Path] = []
-
-    def mount(directory: Path, options: str) -> bool:
-        directory.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)],
-                           capture_output=True, text=True)
-        if r.returncode == 0:
-            made.append(directory)
-        return r.returncode == 0
-
-    try:
-        yield mount
-    finally:
-        for d in reversed(made):
-            if subprocess.run(["umount", str(d)], capture_output=True).returncode != 0:
-                subprocess.run(["umount", "-l", str(d)], capture_output=True)
-
-
-@pytest.fixture
 def started(tmp_path):
     """A probe with step 0 written and flushed; closed (if still open) at teardown."""
     path = tmp_path / "dump"

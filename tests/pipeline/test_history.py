@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 
 def _spec(tmp_path: Path, a: Path, b: Path) -> Path:
@@ -61,3 +63,50 @@ def test_unreadable_history_exit_3(tmp_path, dumps, cli):
     assert result.exit_code == 3 and "history" in result.output and not (tmp_path / "out").exists()
     assert cli("history", tmp_path / "history.parquet").exit_code == 3
     assert cli("history", tmp_path / "missing.parquet").exit_code == 3
+
+
+def _history_spec(tmp_path: Path, a: Path, b: Path, history: Path) -> Path:
+    path = tmp_path / "h.yaml"
+    path.write_text(f"version: 1\nname: hist\nruns: {{base: '{a}', cand: '{b}'}}\noutput: ./out\n"
+                    f"history: '{history}'\n", encoding="utf-8")
+    return path
+
+
+def test_read_only_history_is_refused_before_any_work(tmp_path, dumps, cli, mounts):
+    ro = tmp_path / "ro"
+    history = (ro if mounts(ro, "ro,size=1m") else Path("/proc/1/rlprobe-cannot-exist")) / "history.parquet"
+    result = cli("pipeline", "run", _history_spec(tmp_path, dumps["a"], dumps["b"], history))
+    message = " ".join(result.output.split())
+    assert result.exit_code == 3 and f"history file {history} cannot be written" in message, result.output
+    assert "change `history:`" in message
+    assert not (tmp_path / "out").exists()  # refused before the comparison, not after publishing it
+
+
+def test_history_turning_read_only_mid_run_keeps_the_output_and_the_history(tmp_path, dumps, mounts):
+    import subprocess
+
+    from rlprobe.pipeline.runner import PipelineError, run_pipeline
+    from rlprobe.pipeline.spec import load_pipeline
+
+    folder = tmp_path / "hist"
+    mounted = mounts(folder, "size=1m")
+    spec = _history_spec(tmp_path, dumps["a"], dumps["b"], folder / "history.parquet")
+    assert run_pipeline(load_pipeline(spec)).exit_code == 0
+    before = (folder / "history.parquet").read_bytes()
+
+    def turn_read_only(done: int, total: int) -> None:  # while the tensors are compared
+        if mounted:
+            subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+        else:
+            folder.chmod(0o555)
+
+    with pytest.raises(PipelineError) as error:
+        run_pipeline(load_pipeline(spec, ["runs.cand=" + str(dumps["same"])]), progress=turn_read_only)
+    message = str(error.value)
+    assert error.value.exit_code == 3
+    assert f"history file {folder / 'history.parquet'} cannot be written: " in message, message
+    assert f"the output {tmp_path / 'out'} is complete, but this run is not in the history" in message
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["run_b"] == str(dumps["same"])  # the second run's output was published
+    assert (folder / "history.parquet").read_bytes() == before
+    assert [p.name for p in folder.iterdir()] == ["history.parquet"]

@@ -148,3 +148,113 @@ def test_shipped_compare_and_nightly_run(tmp_path, dumps, cli, monkeypatch):
     assert pq.read_table(tmp_path / "nightly" / "history.parquet").num_rows > 0
     monkeypatch.setenv("CANDIDATE", str(dumps["same"]))
     assert cli("pipeline", "run", resource_dir("pipelines") / "nightly.yaml").exit_code == 0
+
+
+# a pipeline run paused until killed: while comparing, or between setting the earlier output aside
+# and moving the new one in
+_PAUSED = """
+import pathlib, sys, time
+from rlprobe.pipeline.runner import run_pipeline
+from rlprobe.pipeline.spec import load_pipeline
+
+spec, mark, where = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
+
+def pause(*_):
+    mark.write_text("paused")
+    time.sleep(600)
+
+pipeline = load_pipeline(spec)
+if where == "publish":
+    rename = pathlib.Path.rename
+
+    def rename_after_a_pause(self, target):
+        if pathlib.Path(target) == pipeline.output:
+            pause()
+        return rename(self, target)
+
+    pathlib.Path.rename = rename_after_a_pause
+run_pipeline(pipeline, progress=pause if where == "compare" else None)
+"""
+
+
+def _killed_while(spec: Path, where: str) -> None:
+    import subprocess
+    import sys
+
+    mark = spec.parent / f"paused-{where}"
+    proc = subprocess.Popen([sys.executable, "-c", _PAUSED, str(spec), str(mark), where])
+    try:
+        while not mark.exists():  # as long as the process takes; fails only if it ended first
+            try:
+                code = proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                continue
+            pytest.fail(f"the pipeline exited with {code} before pausing {where}")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_next_run_removes_what_killed_runs_left_and_restores_the_set_aside_output(tmp_path, dumps, cli):
+    spec = _spec(tmp_path, dumps["a"], dumps["b"])
+    assert cli("pipeline", "run", spec).exit_code == 0
+    first = (tmp_path / "out" / "summary.json").read_bytes()
+    def left() -> set[str]:
+        return {p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")}
+
+    _killed_while(spec, "compare")
+    first_left = left()
+    assert len(first_left) == 2  # its work folder and lock
+    _killed_while(spec, "publish")  # the run that started removed them, then was killed itself
+    assert not left() & first_left and len(left()) == 3 and any(n.endswith(".old") for n in left())
+    assert not (tmp_path / "out").exists()  # killed before the new output moved in
+    # the next run, even one that stops at a broken query, puts the earlier output back first
+    (tmp_path / "broken.sql").write_text("SELEC 1")
+    result = cli("pipeline", "run", spec, "--set", "queries=[broken.sql]")
+    assert result.exit_code == 2 and "broken.sql" in result.output
+    assert (tmp_path / "out" / "summary.json").read_bytes() == first
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_full_disk_is_exit_3_and_keeps_the_earlier_output(tmp_path, dumps, mounts):
+    import os
+    import subprocess
+    import sys
+
+    disk = tmp_path / "disk"
+    mounted = mounts(disk, "size=1m")
+    if not mounted:
+        disk.mkdir()
+    spec = _spec(tmp_path, dumps["a"], dumps["same"], output=str(disk / "out"))
+
+    def run(fsize: int | None = None) -> subprocess.CompletedProcess:
+        def set_limit() -> None:
+            if fsize is not None:
+                import resource
+
+                resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+        return subprocess.run([sys.executable, "-m", "rlprobe.cli", "pipeline", "run", str(spec), "--quiet"],
+                              capture_output=True, text=True, preexec_fn=set_limit)
+
+    assert run().returncode == 0
+    out = disk / "out"
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    if mounted:
+        # leave room for the files written before report.xlsx and one page more: the disk fills up
+        # while the workbook is written (a tmpfs counts whole pages)
+        page = os.statvfs(disk).f_frsize
+        pages = sum(-(-(out / n).stat().st_size // page) for n in
+                    ("key_data.parquet", "scalars.parquet", "summary.json", "key_data.csv")) + 1
+        assert (out / "report.xlsx").stat().st_size > 2 * page
+        free = os.statvfs(disk).f_bavail * page
+        with open(disk / "filler", "wb") as f:
+            f.write(b"\0" * (free - pages * page))
+    spec.write_text(spec.read_text().replace(str(dumps["same"]), str(dumps["b"])))
+    result = run(None if mounted else 4096)  # else files may not grow past 4 KiB (RLIMIT_FSIZE)
+    message = " ".join(result.stderr.split())
+    assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr
+    assert f"error: output {out} cannot be written: " in message, message
+    assert ("No space left on device" if mounted else "File too large") in message, message
+    assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert {p.name for p in disk.iterdir()} == ({"out", "filler"} if mounted else {"out"})
