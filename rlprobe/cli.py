@@ -127,25 +127,32 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
     if len(args) > 2 or (len(args) == 1 and not runs):
         raise click.UsageError("give DUMP QUERY, or --run NAME=PATH (repeatable) and QUERY")
     query = args[-1]
+    from rlprobe.pipeline.catalog import attach_runs, check_every_file, parse_run_option
+
+    paths = list(args[:-1])  # what the query reads: a failure inside a file is traced to it
     try:
         if runs:
-            from rlprobe.pipeline.catalog import attach_runs, parse_run_option
-
             pairs = [parse_run_option(r) for r in runs]
+            paths += [path for _, path in pairs]
             con = _open(args[0]).connect() if len(args) == 2 else None
             con = attach_runs(pairs, con)
         else:
             con = _open(args[0]).connect()
         result = con.sql(query)
+        table = None if result is None else result.arrow()  # a statement without rows (SET): None
     except DumpReadError as e:
         raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
     except ProbeError as e:
         raise click.exceptions.Exit(_err(str(e), 2)) from None
     except duckdb.Error as e:
+        if not isinstance(e, (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)):
+            try:  # DuckDB names no file for a corrupt data page: read them all to find it
+                check_every_file(paths)
+            except DumpReadError as bad:
+                raise click.exceptions.Exit(_err(str(bad), EXIT_UNREADABLE)) from None
         raise click.exceptions.Exit(_err(f"query failed: {e}", 2)) from None
-    if result is None:  # a statement without rows (e.g. SET)
+    if table is None:
         return
-    table = result.arrow()
     if hasattr(table, "read_all"):
         table = table.read_all()
     _write_table(table, fmt, output, max_rows)
@@ -240,7 +247,10 @@ def compact(dump: str) -> None:
     d = _open(dump)
     if d.format != "rlprobe":
         raise click.exceptions.Exit(_err(f"{dump} is an {d.format} dump; only rlprobe dumps have parts to compact", 2))
-    result = run(dump)
+    try:
+        result = run(dump)
+    except DumpReadError as e:  # a damaged or foreign part, named; the dump is left as it was
+        raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
     click.echo(f"{dump}: {result['files_before']} files -> {result['files_after']}")
 
 

@@ -210,13 +210,15 @@ def _warm_up_kernels() -> None:
 def _load_stats(con, name: str, dump: Dump, read_errors: list[str], side: str) -> None:
     """One run's key-data statistics as the DuckDB table `name` (rank column included).
 
-    rlprobe dumps: DuckDB reads every live part at once; if that fails (an unreadable part), the
-    parts are read one by one and each unreadable one becomes a message in `read_errors`."""
+    rlprobe dumps: parts whose footer cannot be read or whose columns are not key data's are
+    left out, each a message in `read_errors`; DuckDB reads the others at once, and if that fails
+    (a corrupt data page), they are read one by one, and each unreadable one is a message too."""
     schema = with_rank(KEY_DATA)
     columns = ", ".join(f'"{f.name}"' for f in KEY_DATA)
     create = f'CREATE OR REPLACE TEMP TABLE {name} AS SELECT {columns}, "rank" FROM '
     if dump.format == "rlprobe":
-        parts = dump.parts("key_data")
+        errors: list[str] = []
+        parts = dump.checked_parts("key_data", errors)
         files = [f for fs in parts.values() for f in fs]
         if files:
             import duckdb
@@ -227,12 +229,13 @@ def _load_stats(con, name: str, dump: Dump, read_errors: list[str], side: str) -
             try:
                 con.execute(create + "read_parquet($files, filename = true, union_by_name = true, "
                             "hive_partitioning = false) JOIN _part_rank USING (filename)", {"files": files})
+                read_errors.extend(f"run {side}: {e}" for e in errors)
                 return
             except duckdb.Error:
-                pass  # an unreadable part: read them one by one below, to name it
+                pass  # an unreadable page, or a part of an older version without some column: one by one below
             finally:
                 con.unregister("_part_rank")
-    errors: list[str] = []
+    errors = []
     table = dump.arrow("key_data", errors=errors)
     read_errors.extend(f"run {side}: {e}" for e in errors)
     table = table.select(schema.names) if table.num_rows else schema.empty_table()

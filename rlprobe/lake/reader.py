@@ -7,6 +7,7 @@ key_data rows (dtype and counts unknown), its configurations.json the configs ta
 from __future__ import annotations
 
 import json
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     import polars as pl
 
 CONFIG_SCHEMA = pa.schema([("rank", pa.int64()), ("path", pa.string()), ("value", pa.string())])
+_CONFIG_NAME = re.compile(r"configurations(?:\.rank(\d+))?\.json")
 VIEWS = {"key_data": "key_data", "scalars": "scalar"}
 
 
@@ -102,20 +104,48 @@ class Dump:
             found.setdefault(rank, []).append(str(part.path))
         return found
 
+    def checked_parts(self, kind: str, errors: list[str] | None = None, *, deep: bool = False) -> dict[int, list[str]]:
+        """`parts(kind)` that read as `kind` rows (rlprobe.lake.part_check): a corrupt, truncated,
+        empty or foreign part raises DumpReadError naming it or, with `errors` given, is described
+        there and left out. Only footers are read, unless `deep` (every page: slow, for diagnosis)."""
+        from rlprobe.lake.part_check import part_problem
+
+        found: dict[int, list[str]] = {}
+        for rank, files in self.parts(kind).items():
+            for f in files:
+                problem = part_problem(f, kind, deep=deep)
+                if problem is None:
+                    found.setdefault(rank, []).append(f)
+                elif errors is None:
+                    raise DumpReadError(problem)
+                else:
+                    errors.append(problem)
+        return found
+
+    def check_every_page(self) -> None:
+        """Read every stats part whole; DumpReadError names the first that cannot be read (a corrupt
+        data page, which DuckDB reports without the file: call this after a query failed)."""
+        from rlprobe.lake.layout import KINDS
+
+        for kind in KINDS:
+            self.checked_parts(kind, deep=True)
+
     def arrow(self, kind: str, errors: list[str] | None = None) -> pa.Table:
-        """A whole stats table with its rank column. With `errors` given, an unreadable part is
-        skipped and described there instead of raising DumpReadError."""
+        """A whole stats table with its rank column. With `errors` given, a part that cannot be
+        read as `kind` rows is skipped and described there instead of raising DumpReadError."""
         if self.format == "msprobe":
             return self._msprobe_key_data if kind == "key_data" else _empty(kind)
         if self.format == "msprobe-grad":
             return self._msprobe_grad if kind == "grad" else _empty(kind)
+        from rlprobe.lake.part_check import conform, unreadable_part
+
         tables = []
-        for rank, files in self.parts(kind).items():
+        for rank, files in self.checked_parts(kind, errors).items():
             for f in files:
                 try:
-                    t = pq.read_table(f, partitioning=None)
+                    t = conform(pq.read_table(f, partitioning=None), kind)
                 except (OSError, pa.ArrowException) as e:
-                    message = f"{f}: unreadable Parquet part ({e}); its rows are missing from this dump"
+                    message = unreadable_part(f, e)
                     if errors is None:
                         raise DumpReadError(message) from None
                     errors.append(message)
@@ -139,7 +169,7 @@ class Dump:
         if self.format == "rlprobe":
             frames = [
                 pl.scan_parquet(files, hive_partitioning=False).with_columns(pl.lit(rank, pl.Int64).alias("rank"))
-                for rank, files in self.parts(kind).items()
+                for rank, files in self.checked_parts(kind).items()
             ]
             if frames:
                 return pl.concat(frames, how="diagonal_relaxed")
@@ -154,16 +184,29 @@ class Dump:
         return self._lazy("scalar")
 
     # -- configs -------------------------------------------------------------------------
-    def configs(self) -> dict[int, dict[str, Any]]:
-        """save_config() contents per rank."""
+    def configs(self, errors: list[str] | None = None) -> dict[int, dict[str, Any]]:
+        """save_config() contents per rank: configurations.json (rank 0) and configurations.rank<R>.json.
+        Other configurations*.json files are not rlprobe's and are left out (with `errors` given,
+        described there, as is an unreadable one instead of raising DumpReadError)."""
         found = {}
         for f in sorted(self.path.glob("configurations*.json")):
-            rank = 0 if f.name == "configurations.json" else int(f.name.split(".rank")[1].split(".")[0])
-            found[rank] = _json(f)
-        return found
+            m = _CONFIG_NAME.fullmatch(f.name)
+            if m is None:
+                if errors is not None:
+                    errors.append(f"{f}: not a config file rlprobe writes (configurations.json or "
+                                  "configurations.rank<R>.json); left out of configs")
+                continue
+            try:
+                found[int(m.group(1) or 0)] = _json(f)
+            except DumpReadError as e:
+                if errors is None:
+                    raise
+                errors.append(f"{e}; left out of configs")
+        return dict(sorted(found.items()))
 
-    def configs_table(self) -> pa.Table:
-        rows = [{"rank": r, "path": p, "value": json.dumps(v)} for r, cfg in self.configs().items() for p, v in _leaves(cfg)]
+    def configs_table(self, errors: list[str] | None = None) -> pa.Table:
+        rows = [{"rank": r, "path": p, "value": json.dumps(v)}
+                for r, cfg in self.configs(errors).items() for p, v in _leaves(cfg)]
         return pa.Table.from_pylist(rows, schema=CONFIG_SCHEMA)
 
     # -- tensors -------------------------------------------------------------------------
@@ -193,8 +236,11 @@ class Dump:
         return restore(stored, dtype)
 
     # -- SQL -----------------------------------------------------------------------------
-    def connect(self, con: "duckdb.DuckDBPyConnection | None" = None, schema: str | None = None) -> "duckdb.DuckDBPyConnection":
-        """A DuckDB connection with views key_data, scalars, configs (in `schema` if given)."""
+    def connect(self, con: "duckdb.DuckDBPyConnection | None" = None, schema: str | None = None,
+                errors: list[str] | None = None, *, deep: bool = False) -> "duckdb.DuckDBPyConnection":
+        """A DuckDB connection with views key_data, scalars, configs (in `schema` if given). A stats
+        part or config file that cannot be read raises DumpReadError naming it or, with `errors`
+        given, is described there and left out of the views (`deep`: see checked_parts)."""
         import duckdb
 
         con = con or duckdb.connect()
@@ -207,21 +253,21 @@ class Dump:
             con.execute(f'USE "{_ident(database)}"."{_ident(schema)}"')
         try:
             for view, kind in VIEWS.items():
-                self._relation(con, kind).create_view(view, replace=True)
-            con.from_arrow(self.configs_table()).create_view("configs", replace=True)
+                self._relation(con, kind, errors, deep).create_view(view, replace=True)
+            con.from_arrow(self.configs_table(errors)).create_view("configs", replace=True)
         finally:
             if previous is not None:
                 con.execute(f'USE "{_ident(database)}"."{_ident(previous)}"')
         return con
 
-    def _relation(self, con: "duckdb.DuckDBPyConnection", kind: str) -> "duckdb.DuckDBPyRelation":
+    def _relation(self, con: "duckdb.DuckDBPyConnection", kind: str, errors: list[str] | None = None,
+                  deep: bool = False) -> "duckdb.DuckDBPyRelation":
         if self.format == "rlprobe":
             rel = None
-            for rank, files in self.parts(kind).items():
+            for rank, files in self.checked_parts(kind, errors, deep=deep).items():
                 part = con.read_parquet(files, union_by_name=True).project(f"*, {int(rank)}::BIGINT AS rank")
                 rel = part if rel is None else rel.union(part)
-            if rel is not None:
-                return rel
+            return rel if rel is not None else con.from_arrow(_empty(kind))
         return con.from_arrow(self.arrow(kind))
 
     def sql(self, query: str, params: Any = None) -> "duckdb.DuckDBPyRelation":

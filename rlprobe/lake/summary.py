@@ -12,13 +12,21 @@ from rlprobe.resources import sql_text
 
 
 def dump_summary(dump: Dump) -> dict[str, Any]:
-    con = dump.connect()
-    keys = _records(con, "info_key_data.sql")
-    scalars = _records(con, "info_scalars.sql")
+    """What `dump` holds. A stats part or config file that cannot be read is one of the
+    `problems` (naming the file), and the rest is summarised without it."""
+    import duckdb
+
+    problems: list[str] = []
+    try:
+        con = dump.connect(errors=problems)
+        keys, scalars, ranks = _tables(con)
+    except duckdb.Error:  # a corrupt data page (its footer reads): find the part by reading them whole
+        problems.clear()
+        con = dump.connect(errors=problems, deep=True)
+        keys, scalars, ranks = _tables(con)
     for k in keys:
         k["bytes"] = _tree_bytes(_key_dir(dump, k["key"]))
     manifests = dump.rank_manifests
-    problems = []
     for rank, m in manifests.items():
         if m.get("errors"):
             problems.append(f"rank {rank}: {len(m['errors'])} error(s), first: {m['errors'][0]}")
@@ -31,7 +39,7 @@ def dump_summary(dump: Dump) -> dict[str, Any]:
     run_ids = {m.get("run_id") for m in manifests.values()}
     if len(run_ids) > 1:
         problems.append(f"ranks disagree on run_id: {sorted(map(str, run_ids))}")
-    ranks = sorted(manifests) or sorted({r for r, in con.execute("select distinct rank from key_data").fetchall()})
+    ranks = sorted(manifests) or ranks
     return {
         "path": str(dump.path),
         "format": dump.format,
@@ -46,6 +54,12 @@ def dump_summary(dump: Dump) -> dict[str, Any]:
         "scalars": scalars,
         "problems": problems,
     }
+
+
+def _tables(con: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[int]]:
+    """(keys, scalars, ranks with key data) from the views of Dump.connect."""
+    ranks = sorted(r for r, in con.execute("select distinct rank from key_data").fetchall())
+    return _records(con, "info_key_data.sql"), _records(con, "info_scalars.sql"), ranks
 
 
 def _records(con: Any, sql_file: str) -> list[dict[str, Any]]:

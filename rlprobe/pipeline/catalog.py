@@ -59,14 +59,38 @@ def attach_runs(runs: list[tuple[str, str]], con: Any = None) -> Any:
     return con
 
 
+def check_every_file(paths: list[str]) -> None:
+    """Read whole every Parquet file behind the views of the runs at `paths` (dumps and result
+    directories); DumpReadError names the first that cannot be read. For a query that failed on
+    a corrupt data page, which DuckDB reports without the file (slow: every page is read)."""
+    import pyarrow.parquet as pq
+
+    from rlprobe.lake.part_check import unreadable_part
+    from rlprobe.lake.reader import open_dump
+
+    for path in paths:
+        root = Path(path)
+        if not is_result_dir(root):
+            open_dump(root).check_every_page()
+            continue
+        for f in _result_files(root):
+            try:
+                pq.read_table(f)
+            except Exception as e:  # pyarrow's OSError or ArrowException: a corrupt file
+                raise DumpReadError(unreadable_part(f, e)) from None
+
+
+def _result_files(root: Path) -> list[Path]:
+    return sorted(root.glob("*.parquet")) + sorted(root.glob("queries/*.parquet")) + sorted(root.glob("gates/*.parquet"))
+
+
 def _attach_result_dir(con: Any, name: str, root: Path) -> list[str]:
     database, previous = con.sql("SELECT current_database(), current_schema()").fetchall()[0]
     con.execute(f'CREATE SCHEMA IF NOT EXISTS "{database}"."{name}"')
     con.execute(f'USE "{database}"."{name}"')
     views = []
     try:
-        files = sorted(root.glob("*.parquet")) + sorted(root.glob("queries/*.parquet")) + sorted(root.glob("gates/*.parquet"))
-        for f in files:
+        for f in _result_files(root):
             view = f.stem if f.parent == root else f"{f.parent.name}_{f.stem}"
             if not IDENTIFIER.match(view):
                 continue
