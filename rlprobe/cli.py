@@ -232,14 +232,25 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, pe
 @main.command()
 @click.argument("dump", type=click.Path(exists=True, file_okay=False))
 def compact(dump: str) -> None:
-    """Merge every rank's stats parts of DUMP into one file per kind and remove leftovers."""
+    """Merge every rank's stats parts of DUMP into one file per kind and remove leftovers.
+
+    A rank whose writer is still alive is left as it is. Exit codes: 0 every rank compacted,
+    1 a rank left as it was (named), 2 not an rlprobe dump, 3 DUMP cannot be read.
+    """
     from rlprobe.lake.compact import compact as run
 
     d = _open(dump)
     if d.format != "rlprobe":
         raise click.exceptions.Exit(_err(f"{dump} is an {d.format} dump; only rlprobe dumps have parts to compact", 2))
-    result = run(dump)
+    try:
+        result = run(dump)
+    except ProbeError as e:
+        raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
     click.echo(f"{dump}: {result['files_before']} files -> {result['files_after']}")
+    for message in result["refused"]:
+        _err(message, 1)
+    if result["refused"]:
+        raise click.exceptions.Exit(1)
 
 
 @main.command()

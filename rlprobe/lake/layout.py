@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlprobe.errors import ProbeError
+from rlprobe.errors import DumpReadError, ProbeError
 
 FORMAT_VERSION = 1
 KINDS = ("key_data", "grad", "module", "scalar")
@@ -147,20 +147,36 @@ class DumpLayout:
         return sorted(live, key=lambda p: (str(p.path.parent), p.first))
 
 
-def live_parts_in(directory: Path) -> tuple[list[Part], list[Part]]:
-    """(live, covered) parts of one rank directory."""
+def parts_in(directory: Path) -> list[Part]:
+    """Every part file of one rank directory, live or covered, unordered."""
     if not directory.is_dir():
-        return [], []
-    parts = [p for p in (parse_part(f) for f in directory.iterdir()) if p is not None]
+        return []
+    return [p for p in (parse_part(f) for f in directory.iterdir()) if p is not None]
+
+
+def live_parts_in(directory: Path) -> tuple[list[Part], list[Part]]:
+    """(live, covered) parts of one rank directory.
+
+    Merges take a contiguous run of live parts, so two parts either nest or are disjoint. Two
+    that overlap only in part were made by two merges of one rank at once (which the rank lock
+    prevents; see lake/rank_lock.py): the rows of the shared flushes are in both, and no choice
+    of files reads them once, so this raises DumpReadError naming both files."""
+    parts = parts_in(directory)
     # widest first, so a merged part claims its range before the parts it replaced
     parts.sort(key=lambda p: (p.first, -p.size))
     live: list[Part] = []
     covered: list[Part] = []
-    reach = -1
+    reach: Part | None = None
     for p in parts:
-        if p.last <= reach:
+        if reach is not None and p.last <= reach.last:
             covered.append(p)
-        else:
-            live.append(p)
-            reach = max(reach, p.last)
+            continue
+        if reach is not None and p.first <= reach.last:
+            raise DumpReadError(
+                f"{directory}: stats parts {reach.path.name} and {p.path.name} overlap: the rows of flushes "
+                f"{p.first}-{reach.last} are in both, written by two merges of this rank at once (a process that "
+                "ignored the rank lock); readers refuse to count them twice. Keep a copy, then rewrite the two "
+                "files as one without the duplicated rows")
+        live.append(p)
+        reach = p
     return live, covered

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlprobe.lake.atomic import atomic_write_parquet, is_temporary
-from rlprobe.lake.layout import Part, live_parts_in, part_name
+from rlprobe.lake.layout import Part, live_parts_in, part_name, parts_in
 
 FANOUT = 4
 # tables of parts this store wrote stay in memory (up to this many bytes in all), so a tiered
@@ -31,8 +31,7 @@ def _tier(part: Part) -> int:
 class PartStore:
     def __init__(self, directory: Path):
         self.directory = directory
-        live, covered = live_parts_in(directory)
-        self.next_seq = max((p.last for p in live + covered), default=-1) + 1
+        self.next_seq = max((p.last for p in parts_in(directory)), default=-1) + 1
         self._cache: dict[Path, pa.Table] = {}
         self._cache_bytes = 0
         self._disk_schemas: dict[pa.Schema, pa.Schema] = {}
