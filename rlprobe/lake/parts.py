@@ -103,28 +103,35 @@ class PartStore:
             if is_temporary(f):
                 f.unlink(missing_ok=True)
 
-    def drop_steps_after(self, last_step: int) -> int:
-        """Remove rows whose step is past `last_step` (a killed writer's uncommitted tail),
-        rewriting each affected part atomically; returns the number of rows removed."""
+    def drop_rows_outside(self, steps: set[int], column: str = "step") -> tuple[int, list[str]]:
+        """Remove rows whose `column` is not one of `steps` (a killed writer's uncommitted rows),
+        rewriting each affected part atomically. Returns (rows removed, the tensor and sign
+        files those rows named, relative to the dump root)."""
         import pyarrow.compute as pc
 
         self.remove_leftovers()
         dropped = 0
+        files: list[str] = []
+        keep_steps = pa.array(sorted(steps), pa.int64())
         for part in self.live():
             self._forget(part.path)
             table = pq.read_table(part.path, partitioning=None)
-            if "step" not in table.column_names:
+            if column not in table.column_names:
                 continue
-            keep = pc.fill_null(pc.less_equal(table["step"], last_step), True)
+            keep = pc.fill_null(pc.is_in(table[column], value_set=keep_steps), True)
             kept = table.filter(keep)
             if kept.num_rows == table.num_rows:
                 continue
+            gone = table.filter(pc.invert(keep))
+            for name in ("tensor_file", "sign_file"):
+                if name in gone.column_names:
+                    files.extend(f for f in set(gone[name].to_pylist()) if f)
             dropped += table.num_rows - kept.num_rows
             if kept.num_rows:
                 atomic_write_parquet(part.path, kept)
             else:
                 part.path.unlink(missing_ok=True)
-        return dropped
+        return dropped, files
 
     def _merge(self, parts: list[Part]) -> None:
         tables = [self._read(p.path) for p in parts]
