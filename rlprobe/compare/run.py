@@ -196,7 +196,8 @@ def _warm_up_kernels() -> None:
 
 
 def _load_stats(con, name: str, dump: Dump, read_errors: list[str], side: str) -> None:
-    """One run's key-data statistics as the DuckDB table `name` (rank column included).
+    """One run's key-data statistics of committed steps as the DuckDB table `name` (rank column
+    included; a column that older parts lack, such as `absent`, reads as null).
 
     rlprobe dumps: DuckDB reads every live part at once; if that fails (an unreadable part), the
     parts are read one by one and each unreadable one becomes a message in `read_errors`."""
@@ -211,19 +212,30 @@ def _load_stats(con, name: str, dump: Dump, read_errors: list[str], side: str) -
 
             part_rank = pa.table({"filename": pa.array(files, pa.string()),
                                   "rank": pa.array([r for r, fs in parts.items() for _ in fs], pa.int64())})
-            con.register("_part_rank", part_rank)
+            helpers = {"_part_rank": part_rank, "_key_data_columns": KEY_DATA.empty_table()}
+            committed = dump.committed_table("key_data")
+            where = ""
+            if committed.num_rows:  # committed steps only, as rlprobe.open shows them
+                helpers["_committed"] = committed
+                where = (" WHERE _part_rank.rank NOT IN (SELECT rank FROM _committed) OR EXISTS (SELECT 1 FROM "
+                         "_committed c WHERE c.rank = _part_rank.rank AND step BETWEEN c.first_step AND c.last_step)")
+            for helper, table in helpers.items():
+                con.register(helper, table)
             try:
-                con.execute(create + "read_parquet($files, filename = true, union_by_name = true, "
-                            "hive_partitioning = false) JOIN _part_rank USING (filename)", {"files": files})
+                con.execute(create + "(SELECT * FROM _key_data_columns UNION ALL BY NAME SELECT * FROM "
+                            "read_parquet($files, filename = true, union_by_name = true, hive_partitioning = false)) "
+                            "JOIN _part_rank USING (filename)" + where, {"files": files})
                 return
             except duckdb.Error:
                 pass  # an unreadable part: read them one by one below, to name it
             finally:
-                con.unregister("_part_rank")
+                for helper in helpers:
+                    con.unregister(helper)
     errors: list[str] = []
     table = dump.arrow("key_data", errors=errors)
     read_errors.extend(f"run {side}: {e}" for e in errors)
-    table = table.select(schema.names) if table.num_rows else schema.empty_table()
+    table = pa.table({f.name: table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+                      for f in schema}).cast(schema) if table.num_rows else schema.empty_table()
     con.register("_stats_arrow", table)
     try:
         con.execute(create + "_stats_arrow")

@@ -19,24 +19,28 @@ from rlprobe.errors import DumpReadError
 from rlprobe.lake import msprobe_format
 from rlprobe.lake.encoding import restore
 from rlprobe.lake.layout import RUN_MANIFEST, DumpLayout
-from rlprobe.lake.schema import schema_for, with_rank
+from rlprobe.lake.schema import schema_for, step_column, with_rank
 
 if TYPE_CHECKING:
     import duckdb
     import polars as pl
 
+_DUCKDB_TYPES = {"string": "VARCHAR", "int64": "BIGINT", "double": "DOUBLE", "bool": "BOOLEAN",
+                 "list<item: int64>": "BIGINT[]", "list<item: double>": "DOUBLE[]"}
 CONFIG_SCHEMA = pa.schema([("rank", pa.int64()), ("path", pa.string()), ("value", pa.string())])
 VIEWS = {"key_data": "key_data", "scalars": "scalar"}
 
 
-def open_dump(path: Any) -> "Dump":
+def open_dump(path: Any, include_uncommitted: bool = False) -> "Dump":
+    if not isinstance(path, (str, Path)) and not hasattr(path, "__fspath__"):
+        raise DumpReadError(f"dump path {path!r}: expected a directory path (str or os.PathLike)")
     root = Path(path)
     if not root.exists():
         raise DumpReadError(f"dump {root} does not exist")
     if not root.is_dir():
         raise DumpReadError(f"dump {root} is a file; expected a dump directory (rlprobe or msprobe)")
     if (root / RUN_MANIFEST).exists() or (root / "stats").is_dir() or any(root.glob("rank*.json")):
-        return Dump(root, "rlprobe")
+        return Dump(root, "rlprobe", include_uncommitted)
     if msprobe_format.is_msprobe_key_data(root):
         return Dump(root, "msprobe")
     if msprobe_format.is_msprobe_grad(root):
@@ -48,15 +52,21 @@ def open_dump(path: Any) -> "Dump":
 
 
 class Dump:
-    """A dump on disk, read-only."""
+    """A dump on disk, read-only.
 
-    def __init__(self, root: Path, fmt: str):
+    Stats rows of rlprobe dumps are shown for committed steps only (each rank's
+    `committed_steps`): rows a killed writer left of later steps, and rows of a rank whose
+    manifest is missing, appear only with `include_uncommitted=True`."""
+
+    def __init__(self, root: Path, fmt: str, include_uncommitted: bool = False):
         self.path = root
         self.format = fmt
+        self.include_uncommitted = include_uncommitted
         self.layout = DumpLayout(root)
 
     def __repr__(self) -> str:
-        return f"Dump({str(self.path)!r}, format={self.format!r})"
+        extra = ", include_uncommitted=True" if self.include_uncommitted else ""
+        return f"Dump({str(self.path)!r}, format={self.format!r}{extra})"
 
     # -- manifests -----------------------------------------------------------------------
     @cached_property
@@ -77,11 +87,61 @@ class Dump:
 
     @property
     def complete(self) -> bool | None:
-        """True when every rank closed its probe; None for msprobe dumps (unknown)."""
+        """True when every rank 0..world_size-1 closed its probe; None for msprobe dumps (unknown)."""
         if self.format != "rlprobe":
             return None
         world = self.manifest.get("world_size") or max(self.rank_manifests, default=-1) + 1
-        return len(self.rank_manifests) >= world and all(m.get("closed") for m in self.rank_manifests.values())
+        if not isinstance(world, int) or world < 1:
+            return False
+        return all(self.rank_manifests.get(r, {}).get("closed") for r in range(world))
+
+    def committed_ranges(self, rank: int) -> list[tuple[int, int]]:
+        """Rank `rank`'s committed steps as sorted, disjoint (first, last) ranges; none when its
+        manifest is missing."""
+        cache = self.__dict__.setdefault("_ranges", {})
+        if rank not in cache:
+            steps = self.rank_manifests.get(rank, {}).get("committed_steps") or []
+            ranges: list[tuple[int, int]] = []
+            for step in sorted({s for s in steps if isinstance(s, int) and not isinstance(s, bool)}):
+                if ranges and step == ranges[-1][1] + 1:
+                    ranges[-1] = (ranges[-1][0], step)
+                else:
+                    ranges.append((step, step))
+            cache[rank] = ranges
+        return cache[rank]
+
+    def hides_rows_of(self, rank: int) -> bool:
+        """Whether rank `rank`'s rows are filtered by its committed steps. A rank that closed
+        without incomplete steps committed every row it wrote (docs/dump-format.md), so only a
+        killed or failed rank, or one without a manifest, costs the filter."""
+        if self.format != "rlprobe" or self.include_uncommitted:
+            return False
+        manifest = self.rank_manifests.get(rank)
+        return manifest is None or not manifest.get("closed") or bool(manifest.get("incomplete_steps"))
+
+    def committed_table(self, kind: str) -> pa.Table:
+        """(rank, first_step, last_step): the committed step ranges of every filtered rank with
+        `kind` parts (a rank with none has one row of nulls); ranks not listed show every row."""
+        rows = []
+        for rank in self.parts(kind):
+            if self.hides_rows_of(rank):
+                rows.extend((rank, lo, hi) for lo, hi in self.committed_ranges(rank) or [(None, None)])
+        return pa.table({"rank": pa.array([r[0] for r in rows], pa.int64()),
+                         "first_step": pa.array([r[1] for r in rows], pa.int64()),
+                         "last_step": pa.array([r[2] for r in rows], pa.int64())})
+
+    def _visible_mask(self, table: pa.Table, kind: str, rank: int) -> pa.Array | None:
+        """Which rows of one rank's table belong to committed steps (None: all of them)."""
+        import pyarrow.compute as pc
+
+        column = step_column(kind)
+        if not self.hides_rows_of(rank) or column not in table.column_names:
+            return None
+        steps = table[column]
+        mask = pa.array([False] * table.num_rows, pa.bool_())
+        for lo, hi in self.committed_ranges(rank):
+            mask = pc.or_(mask, pc.and_(pc.greater_equal(steps, lo), pc.less_equal(steps, hi)))
+        return pc.fill_null(mask, False)
 
     @property
     def may_hold_tensors(self) -> bool:
@@ -120,6 +180,9 @@ class Dump:
                         raise DumpReadError(message) from None
                     errors.append(message)
                     continue
+                mask = self._visible_mask(t, kind, rank)
+                if mask is not None:
+                    t = t.filter(mask)
                 tables.append(t.append_column("rank", pa.array([rank] * t.num_rows, pa.int64())))
         if not tables:
             return _empty(kind)
@@ -137,10 +200,16 @@ class Dump:
         import polars as pl
 
         if self.format == "rlprobe":
-            frames = [
-                pl.scan_parquet(files, hive_partitioning=False).with_columns(pl.lit(rank, pl.Int64).alias("rank"))
-                for rank, files in self.parts(kind).items()
-            ]
+            frames = []
+            for rank, files in self.parts(kind).items():
+                frame = pl.scan_parquet(files, hive_partitioning=False)
+                if self.hides_rows_of(rank):
+                    column = pl.col(step_column(kind))
+                    visible = pl.lit(False)
+                    for lo, hi in self.committed_ranges(rank):
+                        visible = visible | column.is_between(lo, hi)
+                    frame = frame.filter(visible)
+                frames.append(frame.with_columns(pl.lit(rank, pl.Int64).alias("rank")))
             if frames:
                 return pl.concat(frames, how="diagonal_relaxed")
         return pl.from_arrow(self.arrow(kind)).lazy()
@@ -171,15 +240,23 @@ class Dump:
         """The saved tensor in its original dtype (float32 for widened bf16/fp16/fp8)."""
         import pyarrow.compute as pc
 
-        table = self.arrow("key_data").select(["key", "step", "rank", "micro_step", "index", "tensor_file", "dtype"])
+        table = self.arrow("key_data")
+        table = table.select([c for c in ("key", "step", "rank", "micro_step", "index", "tensor_file", "dtype", "absent")
+                              if c in table.column_names])
         mask = pc.and_(pc.and_(pc.equal(table["key"], key), pc.equal(table["step"], step)),
                        pc.and_(pc.and_(pc.equal(table["rank"], rank), pc.equal(table["micro_step"], micro_step)),
                                pc.equal(table["index"], index)))
         rows = table.filter(mask)
         what = f"key {key!r} step {step} rank {rank} micro_step {micro_step} index {index!r}"
         if rows.num_rows == 0:
+            if self.hides_rows_of(rank) and not any(lo <= step <= hi for lo, hi in self.committed_ranges(rank)):
+                raise DumpReadError(f"{self.path}: no tensor {what}: step {step} of rank {rank} is not committed "
+                                    "(a killed run's last steps); rlprobe.open(path, include_uncommitted=True) "
+                                    "shows what was written of it")
             raise DumpReadError(f"{self.path}: no tensor {what}")
         tensor_file, dtype = rows["tensor_file"][-1].as_py(), rows["dtype"][-1].as_py()
+        if "absent" in rows.column_names and rows["absent"][-1].as_py():
+            raise DumpReadError(f"{self.path}: {what} was saved as None (absent): there is no tensor")
         if tensor_file is None:
             raise DumpReadError(f"{self.path}: {what} was saved as statistics only (no tensor file)")
         return self.load_tensor(tensor_file, dtype)
@@ -218,11 +295,29 @@ class Dump:
         if self.format == "rlprobe":
             rel = None
             for rank, files in self.parts(kind).items():
-                part = con.read_parquet(files, union_by_name=True).project(f"*, {int(rank)}::BIGINT AS rank")
+                part = con.read_parquet(files, union_by_name=True)
+                if self.hides_rows_of(rank):
+                    part = part.filter(self.committed_expression(kind, rank))
+                # the schema's columns in its order, null where older parts lack one (`absent`):
+                # the union below is by position, and views and rlprobe's own SQL name them all
+                present = set(part.columns)
+                columns = [f'"{f.name}"' if f.name in present else f'CAST(NULL AS {_DUCKDB_TYPES[str(f.type)]}) AS "{f.name}"'
+                           for f in schema_for(kind)]
+                part = part.project(", ".join(columns) + f", {int(rank)}::BIGINT AS rank")
                 rel = part if rel is None else rel.union(part)
             if rel is not None:
                 return rel
         return con.from_arrow(self.arrow(kind))
+
+    def committed_expression(self, kind: str, rank: int) -> "duckdb.Expression":
+        """A DuckDB filter expression: rank `rank`'s rows of committed steps."""
+        from duckdb import ColumnExpression, ConstantExpression
+
+        column = ColumnExpression(step_column(kind))
+        visible = ConstantExpression(False)
+        for lo, hi in self.committed_ranges(rank):
+            visible = visible | column.between(ConstantExpression(lo), ConstantExpression(hi))
+        return visible
 
     def sql(self, query: str, params: Any = None) -> "duckdb.DuckDBPyRelation":
         return self.connect().sql(query, params=params)
