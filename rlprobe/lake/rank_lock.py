@@ -129,4 +129,5 @@ def _read_owner(fd: int) -> str:
         info = {}
     if not info.get("pid"):
         return "pid unknown"
-    return f"{info.get('holder', 'a writer')}, pid {info['pid']} on {info.get('host', '?')} since {info.get('since', '?')}"
+    holder, host, since = info.get("holder", "a writer"), info.get("host", "?"), info.get("since", "?")
+    return f"{holder}, pid {info['pid']} on {host} since {since}"

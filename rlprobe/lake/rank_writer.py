@@ -186,7 +186,8 @@ class RankWriter:
         self.manifest["incomplete_steps"] = []
         return errors
 
-    def record_error(self, message: str, lost: dict[str, Any] | None = None, incomplete_step: int | None = None) -> None:
+    def record_error(self, message: str, lost: dict[str, Any] | None = None,
+                     incomplete_step: int | None = None) -> None:
         """Record an error (and what was lost); `incomplete_step`: a step that lost a row for good
         and so is never committed."""
         self.manifest["errors"].append(message)

@@ -241,8 +241,8 @@ class Dump:
         import pyarrow.compute as pc
 
         table = self.arrow("key_data")
-        table = table.select([c for c in ("key", "step", "rank", "micro_step", "index", "tensor_file", "dtype", "absent")
-                              if c in table.column_names])
+        wanted = ("key", "step", "rank", "micro_step", "index", "tensor_file", "dtype", "absent")
+        table = table.select([c for c in wanted if c in table.column_names])
         mask = pc.and_(pc.and_(pc.equal(table["key"], key), pc.equal(table["step"], step)),
                        pc.and_(pc.and_(pc.equal(table["rank"], rank), pc.equal(table["micro_step"], micro_step)),
                                pc.equal(table["index"], index)))
@@ -301,8 +301,8 @@ class Dump:
                 # the schema's columns in its order, null where older parts lack one (`absent`):
                 # the union below is by position, and views and rlprobe's own SQL name them all
                 present = set(part.columns)
-                columns = [f'"{f.name}"' if f.name in present else f'CAST(NULL AS {_DUCKDB_TYPES[str(f.type)]}) AS "{f.name}"'
-                           for f in schema_for(kind)]
+                columns = [f'"{f.name}"' if f.name in present
+                           else f'CAST(NULL AS {_DUCKDB_TYPES[str(f.type)]}) AS "{f.name}"' for f in schema_for(kind)]
                 part = part.project(", ".join(columns) + f", {int(rank)}::BIGINT AS rank")
                 rel = part if rel is None else rel.union(part)
             if rel is not None:

@@ -6,11 +6,9 @@ index or cannot be written as UTF-8."""
 from __future__ import annotations
 
 import json
-import shutil
 import warnings
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 
@@ -293,5 +291,4 @@ def test_a_row_no_part_can_hold_is_lost_alone(tmp_path):
     assert sink.manifest["committed_steps"] == [0, 2]
     table = rlprobe.open(path, include_uncommitted=True).arrow("scalar")
     assert sorted(table["value"].to_pylist()) == [1.0, 3.0, 4.0]
-    assert isinstance(table, pa.Table)
-    shutil.rmtree(path)
+    assert sorted(rlprobe.open(path).arrow("scalar")["value"].to_pylist()) == [1.0, 4.0]  # step 1 is incomplete

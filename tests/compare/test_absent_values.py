@@ -78,7 +78,8 @@ def test_compare_says_absent_in_a_b_or_both(tmp_path, stats_only):
     out = tmp_path / "out"
     summary = compare(a, b, out)
     rows = _rows(out)
-    status = {key: rows[(key, 0, 0, "")]["status"] for key in ("old_log_prob", "ref_log_prob", "log_prob", "values", "kl")}
+    keys = ("old_log_prob", "ref_log_prob", "log_prob", "values", "kl")
+    status = {key: rows[(key, 0, 0, "")]["status"] for key in keys}
     assert status == {"old_log_prob": "absent_in_a", "ref_log_prob": "absent_in_both",
                       "log_prob": "stats_only_match" if stats_only else "match", "values": "absent_in_b",
                       "kl": "only_in_a"}
