@@ -18,11 +18,12 @@ if TYPE_CHECKING:
 __all__ = ["Probe", "ProbeError", "DumpReadError", "Dump", "open", "compare", "from_config", "__version__"]
 
 
-def open(path: Any) -> "Dump":  # noqa: A001 - mirrors the io.open idiom: rlprobe.open(dump)
-    """Open a dump (rlprobe or msprobe format) for reading."""
+def open(path: Any, include_uncommitted: bool = False) -> "Dump":  # noqa: A001 - mirrors io.open: rlprobe.open(dump)
+    """Open a dump (rlprobe or msprobe format) for reading. Statistics of steps that were never
+    committed (a killed run's last steps) are left out unless `include_uncommitted=True`."""
     from rlprobe.lake.reader import open_dump
 
-    return open_dump(path)
+    return open_dump(path, include_uncommitted)
 
 
 def from_config(cfg: Any, **probe_kwargs: Any) -> Any:

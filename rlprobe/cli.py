@@ -139,7 +139,9 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
         else:
             con = _open(args[0]).connect()
         result = con.sql(query)
-        table = None if result is None else result.arrow()  # a statement without rows (SET): None
+        # a statement without rows (SET): None. Read whole here: a lazy reader would raise a corrupt
+        # page's error later, as a pyarrow OSError that the handlers below never see
+        table = None if result is None else result.to_arrow_table()
     except DumpReadError as e:
         raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
     except ProbeError as e:
@@ -153,8 +155,6 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
         raise click.exceptions.Exit(_err(f"query failed: {e}", 2)) from None
     if table is None:
         return
-    if hasattr(table, "read_all"):
-        table = table.read_all()
     _write_table(table, fmt, output, max_rows)
 
 
@@ -241,7 +241,12 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, pe
 @main.command()
 @click.argument("dump", type=click.Path(exists=True, file_okay=False))
 def compact(dump: str) -> None:
-    """Merge every rank's stats parts of DUMP into one file per kind and remove leftovers."""
+    """Merge every rank's stats parts of DUMP into one file per kind and remove leftovers.
+
+    A rank whose writer is still alive is left as it is. Exit codes: 0 every rank compacted,
+    1 a rank left as it was (named), 2 not an rlprobe dump, 3 DUMP cannot be read (a damaged or
+    foreign part, named: nothing was compacted).
+    """
     from rlprobe.lake.compact import compact as run
 
     d = _open(dump)
@@ -249,9 +254,13 @@ def compact(dump: str) -> None:
         raise click.exceptions.Exit(_err(f"{dump} is an {d.format} dump; only rlprobe dumps have parts to compact", 2))
     try:
         result = run(dump)
-    except DumpReadError as e:  # a damaged or foreign part, named; the dump is left as it was
+    except ProbeError as e:  # a damaged or foreign part (nothing compacted), or a lock file that cannot be opened
         raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
     click.echo(f"{dump}: {result['files_before']} files -> {result['files_after']}")
+    for message in result["refused"]:
+        _err(message, 1)
+    if result["refused"]:
+        raise click.exceptions.Exit(1)
 
 
 @main.command()

@@ -32,6 +32,9 @@ statused AS (
         CASE
             WHEN NOT in_b THEN 'only_in_a'
             WHEN NOT in_a THEN 'only_in_b'
+            WHEN absent_a AND absent_b THEN 'absent_in_both'
+            WHEN absent_a THEN 'absent_in_a'
+            WHEN absent_b THEN 'absent_in_b'
             WHEN shape_differs THEN 'shape_mismatch'
             WHEN error IS NOT NULL THEN 'error'
             WHEN dtype_differs THEN 'dtype_mismatch'
@@ -60,13 +63,17 @@ SELECT
     s.cosine, s.nan_mismatch_count,
     concat_ws('; ',
         CASE s.status
-            WHEN 'only_in_a' THEN 'missing in run B'
-            WHEN 'only_in_b' THEN 'missing in run A'
+            WHEN 'only_in_a' THEN CASE WHEN s.absent_a THEN 'missing in run B (None in run A)' ELSE 'missing in run B' END
+            WHEN 'only_in_b' THEN CASE WHEN s.absent_b THEN 'missing in run A (None in run B)' ELSE 'missing in run A' END
+            WHEN 'absent_in_a' THEN 'None (not computed) in run A, a value in run B'
+            WHEN 'absent_in_b' THEN 'a value in run A, None (not computed) in run B'
+            WHEN 'absent_in_both' THEN 'None (not computed) in both runs'
             WHEN 'shape_mismatch' THEN format('shape {} in A, {} in B: not compared element-wise',
                                               CAST(s.shape_a AS VARCHAR), CAST(s.shape_b AS VARCHAR))
         END,
         CASE WHEN s.dtype_differs THEN format('dtype {} in A, {} in B (compared after widening both)', s.dtype_a, s.dtype_b) END,
-        CASE WHEN s.status NOT IN ('only_in_a', 'only_in_b', 'shape_mismatch') AND NOT s.compared
+        CASE WHEN s.status NOT IN ('only_in_a', 'only_in_b', 'shape_mismatch', 'absent_in_a', 'absent_in_b',
+                                   'absent_in_both') AND NOT s.compared
                   AND (s.file_a IS NULL OR s.file_b IS NULL)
              THEN CASE WHEN s.hash_a IS NOT NULL AND s.hash_b IS NOT NULL THEN 'statistics only: compared by hash'
                        ELSE 'statistics only: compared by min/max/mean/norm' END END,

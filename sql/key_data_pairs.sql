@@ -9,6 +9,8 @@ SELECT
     coalesce(a."index", b."index")                    AS "index",
     a.key IS NOT NULL                                 AS in_a,
     b.key IS NOT NULL                                 AS in_b,
+    coalesce(a.absent, false)                         AS absent_a,   -- saved as None: no tensor, no statistics
+    coalesce(b.absent, false)                         AS absent_b,
     a.shape AS shape_a, b.shape AS shape_b,
     a.dtype AS dtype_a, b.dtype AS dtype_b,
     a.numel AS numel_a, b.numel AS numel_b,

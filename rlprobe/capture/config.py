@@ -156,7 +156,7 @@ class DisabledProbe:
     def save_config(self, config: Any) -> None:
         return None
 
-    def log_metrics(self, metrics: Any) -> None:
+    def log_metrics(self, metrics: Any, step: Any = None) -> None:
         return None
 
     def monitor_grads(self, *args: Any, **kwargs: Any) -> None:
@@ -210,8 +210,8 @@ class ConfiguredProbe:
     def save_config(self, config: Any) -> None:
         self.probe.save_config(config)
 
-    def log_metrics(self, metrics: Any) -> None:
-        self.probe.log_metrics(metrics)
+    def log_metrics(self, metrics: Any, step: Any = None) -> None:
+        self.probe.log_metrics(metrics, step)
 
     def monitor_grads(self, *args: Any, **kwargs: Any) -> Any:
         return self.probe.monitor_grads(*args, **kwargs)

@@ -8,40 +8,64 @@ from rlprobe.errors import ProbeError
 from rlprobe.frameworks import Adapter, adapter_for
 from rlprobe.lake.layout import check_name
 
-EXPECTED = ("a torch or MindSpore tensor, a numpy array, a Python bool/int/float, "
+EXPECTED = ("a torch or MindSpore tensor, a numpy array, a Python bool/int/float, None (not computed), "
             "or a list, tuple or dict of them")
+MAX_DEPTH = 32  # lists/dicts nested deeper than this are refused, not walked until Python's stack runs out
 
 
-def flatten(data: Any, where: str) -> list[tuple[str, str, Any, Adapter]]:
-    """[(key, index, leaf, adapter)] in insertion order; raises ProbeError before anything is saved."""
+def flatten(data: Any, where: str) -> list[tuple[str, str, Any, Adapter | None]]:
+    """[(key, index, leaf, adapter)] in insertion order; raises ProbeError before anything is saved.
+
+    A None leaf (a value the trainer did not compute) comes with adapter None: it is recorded as
+    a row marked absent. Two paths that flatten to one index (`{"a.b": x, "a": {"b": y}}`) are
+    refused, naming both: they would share one row key and one tensor file."""
     if not isinstance(data, dict):
         raise ProbeError(f"{where}: save() takes a dict of name -> value, got {type(data).__name__}")
-    out: list[tuple[str, str, Any, Adapter]] = []
+    out: list[tuple[str, str, Any, Adapter | None]] = []
     for key, value in data.items():
         check_name(key, "key", where)
-        for index, leaf in _walk(value, "", f"{where}, key {key!r}"):
+        at_key = f"{where}, key {key!r}"
+        seen: dict[str, str] = {}  # index -> the path that produced it
+        for index, path, leaf in _walk(value, "", "", at_key, (), 0):
+            if index in seen:
+                raise ProbeError(
+                    f"{at_key}: {key}{seen[index]} and {key}{path} both become index {index!r} (nested names are "
+                    "joined with '.'), so they would share one row and one tensor file; rename one of them")
+            seen[index] = path
+            at = f" index {index!r}" if index else ""
+            if leaf is None:
+                out.append((key, index, None, None))
+                continue
             adapter = adapter_for(leaf)
             if adapter is None:
-                at = f" index {index!r}" if index else ""
-                raise ProbeError(
-                    f"{where}, key {key!r}{at}: unsupported value of type {type(leaf).__name__}; expected {EXPECTED}"
-                )
+                raise ProbeError(f"{at_key}{at}: unsupported value of type {type(leaf).__name__}; expected {EXPECTED}")
             try:
                 adapter.dtype_name(leaf)
             except ProbeError as e:
-                at = f" index {index!r}" if index else ""
-                raise ProbeError(f"{where}, key {key!r}{at}: {e}") from None
+                raise ProbeError(f"{at_key}{at}: {e}") from None
             out.append((key, index, leaf, adapter))
     return out
 
 
-def _walk(value: Any, prefix: str, where: str) -> Iterator[tuple[str, Any]]:
+def _walk(value: Any, prefix: str, path: str, where: str, parents: tuple[int, ...],
+          depth: int) -> Iterator[tuple[str, str, Any]]:
+    """(index, path as written in Python, leaf); `parents` are the ids of the enclosing containers."""
+    if isinstance(value, (list, tuple, dict)):
+        at = f" index {prefix!r}" if prefix else ""
+        if id(value) in parents:
+            raise ProbeError(f"{where}{at}: the {type(value).__name__} contains itself; save() needs a tree of "
+                             f"values, not a self-referencing one")
+        if depth >= MAX_DEPTH:
+            raise ProbeError(f"{where}{at}: nested more than {MAX_DEPTH} levels deep; save the inner values "
+                             "under keys of their own")
+        parents = (*parents, id(value))
     if isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            yield from _walk(item, f"{prefix}.{i}" if prefix else str(i), where)
+            yield from _walk(item, f"{prefix}.{i}" if prefix else str(i), f"{path}[{i}]", where, parents, depth + 1)
     elif isinstance(value, dict):
         for name, item in value.items():
             check_name(name, "dict key", where)
-            yield from _walk(item, f"{prefix}.{name}" if prefix else name, where)
+            yield from _walk(item, f"{prefix}.{name}" if prefix else name, f"{path}[{name!r}]", where, parents,
+                             depth + 1)
     else:
-        yield prefix, value
+        yield prefix, path, value

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from rlprobe.capture.grad_stats import GradBatch, GradSpec, check_bounds, check_level, grad_rows
 from rlprobe.errors import ProbeError
+from rlprobe.lake.layout import check_text
 from rlprobe.selection import parse_int_set
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ class GradMonitor:
         where = f"monitor_grads(name={name!r})"
         if not isinstance(name, str) or not name.strip() or "/" in name or ".." in name:
             raise ProbeError(f"{where}: name must be a plain non-empty string such as 'actor'")
+        check_text(name, "monitor name", where)
         try:
             self.level = check_level(level)
             self.bounds = check_bounds(DEFAULT_BOUNDS if bounds is None else bounds)

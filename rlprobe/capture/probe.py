@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import json
 import math
+import operator
 import os
 import shutil
 import socket
@@ -22,7 +23,7 @@ from rlprobe.capture.writer import BackgroundWriter, LeafJob, write_key_data
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks import FRAMEWORKS, detect_rank_and_world
 from rlprobe.lake.atomic import atomic_write_json
-from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout
+from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout, check_text
 
 if TYPE_CHECKING:
     from rlprobe.capture.grads import GradMonitor
@@ -70,15 +71,20 @@ class Probe:
                 or not 0 <= flush_interval < math.inf:
             raise ProbeError(f"flush_interval={flush_interval!r}: expected seconds, a finite number >= 0 "
                              "(0 commits every step as it ends)")
+        if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str) or not os.fspath(path):
+            raise ProbeError(f"path={path!r}: expected the dump directory as a non-empty str or os.PathLike "
+                             "(it is created if missing)")
+        if start_step is not None and (not _is_int(start_step) or start_step < 0):
+            raise ProbeError(f"start_step={start_step!r}: expected a whole number >= 0, or None (continue the run)")
         self.path = Path(path)
         self.layout = DumpLayout(self.path)
         self.framework = framework
         self.stats_only = stats_only
         self.on_error = on_error
         self._closed = True  # until fully constructed
-        detected = detect_rank_and_world()
-        self.rank = detected[0] if rank is None else rank
-        self.world_size = detected[1] if world_size is None else world_size
+        detected = detect_rank_and_world() if rank is None or world_size is None else (rank, world_size)
+        self.rank = _whole("rank", detected[0] if rank is None else rank, rank is None)
+        self.world_size = _whole("world_size", detected[1] if world_size is None else world_size, world_size is None)
 
         # agree on the run id before anything can fail on one rank only: a rank that raised
         # before the broadcast would leave the others waiting in it for ever
@@ -87,27 +93,42 @@ class Probe:
             old = (_read_json(self.layout.rank_manifest(self.rank)) or {}) if mode == "append" else {}
             chosen = self._agree_run_id(old.get("run_id"))
         self.run_id = chosen
+        if not 0 <= self.rank < self.world_size:
+            source = " (from the environment: RANK, WORLD_SIZE)" if rank is None or world_size is None else ""
+            raise ProbeError(f"rank={self.rank}, world_size={self.world_size}{source}: expected world_size >= 1 and "
+                             "0 <= rank < world_size")
         self._prepare_directory()
-        previous = self._claim(mode)
-        if start_step is None:
-            done = (previous or {}).get("committed_steps") or []
-            start_step = max(done) + 1 if done else 0
-        self.current_step = start_step
-        self._micro: dict[str, int] = {}
-        self._step_has_data = False
+        from rlprobe.lake.rank_lock import RankLock
 
-        from rlprobe.lake.rank_writer import RankWriter
+        # held until close(): no other process (a second Probe, `rlprobe compact`) touches this
+        # rank's files meanwhile; the kernel drops it if this process dies
+        self._lock = RankLock.acquire(self.path, self.rank, "rlprobe.Probe")
+        try:
+            previous = self._claim(mode)
+            if start_step is None:
+                done = (previous or {}).get("committed_steps") or []
+                start_step = max(done) + 1 if done else 0
+            self.current_step = start_step
+            self._micro: dict[str, int] = {}
+            self._step_has_data = False
 
-        sink = RankWriter(self.layout, self.rank, self.world_size, self.run_id,
-                          {"framework": framework or "auto", "mode": mode, "stats_only": stats_only},
-                          previous=previous)
-        if self.rank == 0 and not (mode == "append" and self.layout.run_manifest.exists()):
-            self._write_run_manifest(tags or {})
-        # resuming a killed run: its uncommitted last step would otherwise sit beside the new one
-        errors = sink.drop_uncommitted() if previous is not None and not previous.get("closed") else []
-        errors = errors or sink.write_manifest()
-        if errors:
-            raise ProbeError(f"cannot write to the dump directory {self.path}: {errors[0]}")
+            from rlprobe.lake.rank_writer import RankWriter
+
+            sink = RankWriter(self.layout, self.rank, self.world_size, self.run_id,
+                              {"framework": framework or "auto", "mode": mode, "stats_only": stats_only},
+                              previous=previous, lock=self._lock)
+            if self.rank == 0 and not (mode == "append" and self.layout.run_manifest.exists()):
+                self._write_run_manifest(tags or {})
+            # resuming: a killed run's uncommitted last steps (or an incomplete step) would
+            # otherwise sit beside the new ones
+            resume = previous is not None and (not previous.get("closed") or previous.get("incomplete_steps"))
+            errors = sink.drop_uncommitted() if resume else []
+            errors = errors or sink.write_manifest()
+            if errors:
+                raise ProbeError(f"cannot write to the dump directory {self.path}: {errors[0]}")
+        except BaseException:
+            self._lock.release()
+            raise
         self._writer = BackgroundWriter(sink, max_inflight_bytes, float(flush_interval))
         self._closed = False
         me = weakref.ref(self)
@@ -127,13 +148,28 @@ class Probe:
             raise ProbeError(f"dump directory {self.path} is not writable: {e.strerror or e}") from None
 
     def _claim(self, mode: Mode) -> dict[str, Any] | None:
-        """Check for an earlier run in this directory; returns this rank's old manifest for append."""
+        """Check for an earlier run of this rank in this directory (its manifest, or its stats
+        and tensors without one); returns this rank's old manifest for append."""
         mine = self.layout.rank_manifest(self.rank)
         old = _read_json(mine)
-        holds_run = mine.exists() or (self.rank == 0 and self.layout.run_manifest.exists())
-        if not holds_run or mode == "append" and old is not None:
-            return old if mode == "append" else None
+        data = [] if mine.exists() else self._rank_data(self.rank)
+        holds_run = mine.exists() or bool(data) or (self.rank == 0 and self.layout.run_manifest.exists())
+        if not holds_run:
+            return None
+        if mode == "append":
+            if old is not None:
+                return old
+            if not mine.exists() and not data:  # rank 0 of a run whose rank manifest was never written
+                return None
+            why = f"{mine} cannot be read" if mine.exists() else \
+                f"its data ({', '.join(data)}) is there but {mine.name} is missing"
+            raise ProbeError(f"cannot append to rank {self.rank} of {self.path}: {why}, so which steps were "
+                             "committed is unknown; restore it, or pass mode='overwrite' to delete this rank's data")
         if mode == "new":
+            if old is None and data:
+                raise ProbeError(
+                    f"{self.path} already holds data of rank {self.rank} ({', '.join(data)}) but no {mine.name} "
+                    "(deleted?); pass mode='overwrite' to delete that data, or choose another directory")
             state = "a finished run" if old and old.get("closed") else "an unfinished run (killed or still running)"
             steps = (old or {}).get("committed_steps") or []
             span = f", steps {min(steps)}-{max(steps)}" if steps else ""
@@ -141,14 +177,23 @@ class Probe:
                 f"{self.path} already holds {state} (rank {self.rank}, run_id {(old or {}).get('run_id', '?')}{span}); "
                 "pass mode='overwrite' to replace it, mode='append' to add steps to it, or choose another directory"
             )
-        if mode == "overwrite":
-            self._remove_rank_files(self.rank)
-            if self.rank == 0:
-                self.layout.run_manifest.unlink(missing_ok=True)
-                for r in _ranks_in(self.path):
-                    if r >= self.world_size:
-                        self._remove_rank_files(r)
+        self._remove_rank_files(self.rank)
+        if self.rank == 0:
+            self.layout.run_manifest.unlink(missing_ok=True)
+            for r in _ranks_in(self.path) | self.layout.ranks_with_stats():
+                if r >= self.world_size:
+                    self._remove_rank_files(r)
         return None
+
+    def _rank_data(self, rank: int) -> list[str]:
+        """Where rank `rank` has stats parts or tensors (relative paths, the first few), without
+        walking more of the tensor tree than it must."""
+        found = [f"stats/{kind}/rank={rank}" for kind in self.layout.rank_dirs_for(rank)
+                 if any(self.layout.stats_dir(kind, rank).iterdir())]
+        tensor = self.layout.first_tensor_dir(rank)
+        if tensor is not None:
+            found.append(tensor.relative_to(self.path).as_posix())
+        return found
 
     def _remove_rank_files(self, rank: int) -> None:
         """Delete exactly what rank `rank` of an earlier run wrote, and nothing else."""
@@ -192,7 +237,8 @@ class Probe:
 
     # -- capture -------------------------------------------------------------------------
     def save(self, data: dict[str, Any]) -> None:
-        """Save key data: each value a tensor, array, scalar, or a nested list/tuple/dict of them."""
+        """Save key data: each value a tensor, array, scalar, or a nested list/tuple/dict of them.
+        None (a value the trainer did not compute) is recorded as a row marked absent."""
         where = f"rank {self.rank} step {self.current_step}"
         if not self._usable(where):
             return
@@ -204,7 +250,8 @@ class Probe:
         # stage per framework, keeping the caller's order
         by_adapter: dict[str, list[int]] = {}
         for i, (_, _, _, adapter) in enumerate(leaves):
-            by_adapter.setdefault(adapter.name, []).append(i)
+            if adapter is not None:
+                by_adapter.setdefault(adapter.name, []).append(i)
         staged: list[Any] = [None] * len(leaves)
         for name, idx in by_adapter.items():
             adapter = leaves[idx[0]][3]
@@ -220,37 +267,51 @@ class Probe:
             micro.setdefault(key, self._micro.get(key, 0))
         for key in micro:
             self._micro[key] = micro[key] + 1
-        jobs = [LeafJob(key, index, micro[key], self.framework or adapter.name, leaf)
+        jobs = [LeafJob(key, index, micro[key], self.framework or (adapter.name if adapter else None), leaf)
                 for (key, index, _, adapter), leaf in zip(leaves, staged)]
         step, layout, save_tensors = self.current_step, self.layout, not self.stats_only
-        nbytes = sum(j.leaf.nbytes for j in jobs)
-        self._writer.submit(lambda: write_key_data(self._writer, layout, step, jobs, save_tensors), nbytes)
+        nbytes = sum(j.leaf.nbytes for j in jobs if j.leaf is not None)
+        self._writer.submit(lambda: write_key_data(self._writer, layout, step, jobs, save_tensors), nbytes, step)
         self._step_has_data = True
         self._raise_background_errors()
 
-    def log_metrics(self, metrics: dict[str, Any]) -> None:
-        """Record per-step scalars such as timings, throughput and losses."""
-        where = f"rank {self.rank} step {self.current_step}"
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """Record scalars such as timings, throughput and losses, at `step` (default: the current
+        step). A step that has already ended is fine: a callback that runs after `step()` passes
+        the step its values belong to, and readers show them there."""
+        where = f"rank {self.rank} step {self.current_step if step is None else step}"
         if not self._usable(where):
             return
+        if step is not None and (not _is_int(step) or step < 0):
+            self._fail(f"rank {self.rank}: log_metrics(step={step!r}): expected a whole number >= 0, "
+                       "or None for the current step")
+            return
+        at = self.current_step if step is None else operator.index(step)
         if not isinstance(metrics, dict):
             self._fail(f"{where}: log_metrics() takes a dict of name -> number, got {type(metrics).__name__}")
             return
         rows = []
         now = time.time()
         for name, value in metrics.items():
-            if not isinstance(name, str) or not name:
-                self._fail(f"{where}: metric names must be non-empty strings, got {name!r}")
+            try:
+                check_text(name, "metric name", where)
+            except ProbeError as e:
+                self._fail(f"{e} (metric names must be non-empty strings)")
                 return
-            number = _as_number(value)
+            try:
+                number = _as_number(value)
+            except ProbeError as e:
+                self._fail(f"{where}, metric {name!r}: {e}")
+                return
             if number is None:
                 self._fail(f"{where}, metric {name!r}: expected a number (int, float, 0-d tensor or array), "
                            f"got {type(value).__name__}")
                 return
-            rows.append({"step": self.current_step, "name": name, "value": number, "wall_time": now})
+            rows.append({"step": at, "name": name, "value": number, "wall_time": now})
         sink = self._writer.sink
-        self._writer.submit(lambda: [sink.add_row("scalar", r) for r in rows])
-        self._step_has_data = True
+        self._writer.submit(lambda: [sink.add_row("scalar", r) for r in rows], 0, at)
+        if at == self.current_step:
+            self._step_has_data = True
         self._raise_background_errors()
 
     def save_config(self, config: dict[str, Any]) -> None:
@@ -321,11 +382,15 @@ class Probe:
         for monitor in self.__dict__.pop("_grad_monitors", []):
             monitor.remove()
         writer = self._writer
-        if self._step_has_data:
-            self._commit(self.current_step)
-        writer.submit(lambda: writer.report(writer.sink.close()))
-        writer.wait_idle()
-        writer.stop()
+        try:
+            if self._step_has_data:
+                self._commit(self.current_step)
+            writer.submit(lambda: writer.report(writer.sink.close()))
+            writer.wait_idle()
+            writer.stop()
+        finally:
+            if not writer.alive:
+                self._lock.release()
         self._raise_background_errors()
 
     @property
@@ -366,18 +431,41 @@ class Probe:
             raise ProbeError(message)
 
 
-def _as_number(value: Any) -> float | None:
+def _is_int(value: Any) -> bool:
+    """An int (numpy integers too), not a bool or a float."""
     if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _whole(name: str, value: Any, detected: bool) -> int:
+    if not _is_int(value):
+        source = " (detected)" if detected else ""
+        raise ProbeError(f"{name}={value!r}{source}: expected a whole number")
+    return operator.index(value)
+
+
+def _as_number(value: Any) -> float | None:
+    """`value` as a float64; None when it is no number; ProbeError when it is one float64 cannot hold."""
+    if isinstance(value, (bool, int, float)):
+        try:
+            return float(value)
+        except OverflowError:
+            raise ProbeError(f"the int ({value.bit_length()} bits) is too large for a float64 "
+                             "(about 1.8e308 at most)") from None
     item = getattr(value, "item", None)
     shape = getattr(value, "shape", None)
     if callable(item) and (shape is None or len(shape) == 0 or math.prod(shape) == 1):
         try:
-            return float(item())
-        except (TypeError, ValueError):
-            return None
+            return _as_number(item())
+        except ProbeError:
+            raise
+        except Exception as e:  # a meta tensor, a value on a lost device: its own words
+            raise ProbeError(f"cannot read the {type(value).__name__}'s value ({type(e).__name__}: {e})") from None
     return None
 
 

@@ -37,8 +37,8 @@ class LeafJob:
     key: str
     index: str
     micro_step: int
-    framework: str
-    leaf: StagedLeaf
+    framework: str | None
+    leaf: StagedLeaf | None  # None: the value was None (absent)
 
 
 class BackgroundWriter:
@@ -49,19 +49,20 @@ class BackgroundWriter:
         self._retry_at = 0.0  # after a failed commit: not before this time
         self._inflight = 0
         self._cond = threading.Condition()
-        self._queue: queue.SimpleQueue[tuple[Callable[[], None], int] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Callable[[], None], int, int | None] | None] = queue.SimpleQueue()
         self._errors: list[str] = []
         self._errors_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"rlprobe-writer-rank{sink.rank}", daemon=True)
         self._thread.start()
 
     # -- training thread -----------------------------------------------------------------
-    def submit(self, job: Callable[[], None], nbytes: int = 0) -> None:
+    def submit(self, job: Callable[[], None], nbytes: int = 0, step: int | None = None) -> None:
+        """Queue `job`; `step`: the probe step whose rows it adds, never committed if the job fails."""
         with self._cond:
             while self._inflight > 0 and self._inflight + nbytes > self.max_inflight:
                 self._cond.wait()
             self._inflight += nbytes
-        self._queue.put((job, nbytes))
+        self._queue.put((job, nbytes, step))
 
     def wait_idle(self) -> None:
         done = threading.Event()
@@ -119,11 +120,15 @@ class BackgroundWriter:
                 continue
             if item is None:
                 return
-            job, nbytes = item
+            job, nbytes, step = item
             try:
                 job()
             except Exception as e:  # a bug or an unexpected failure must not kill the thread
-                self.report([f"rlprobe writer: {type(e).__name__}: {e}"])
+                at = "" if step is None else f" (step {step}: not committed, its rows are incomplete)"
+                message = f"rlprobe writer: {type(e).__name__}: {e}{at}"
+                self.sink.record_error(message, None if step is None else {"step": step, "what": "rows"},
+                                       incomplete_step=step)
+                self.report([message])
             finally:
                 item = job = None  # let the job's buffers go before waiting for the next one
                 with self._cond:
@@ -166,22 +171,27 @@ def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow
 
 def write_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob],
                    save_tensors: bool) -> None:
-    """Writer-thread job for one save call."""
-    rank = writer.sink.rank
-    items = [
-        TensorRow(job.leaf, {"key": job.key, "step": step, "micro_step": job.micro_step, "index": job.index,
-                             "framework": job.framework},
-                  f"key {job.key!r} step {step} micro_step {job.micro_step}"
-                  + (f" index {job.index!r}" if job.index else ""),
-                  layout.key_data_tensor(job.key, step, rank, job.micro_step, job.index) if save_tensors else None)
-        for job in jobs
-    ]
+    """Writer-thread job for one save call. A None value becomes a row marked absent: its key,
+    step, micro_step and index, and nothing else."""
+    sink = writer.sink
+    rank = sink.rank
+    items = []
+    for job in jobs:
+        keys = {"key": job.key, "step": step, "micro_step": job.micro_step, "index": job.index,
+                "framework": job.framework}
+        if job.leaf is None:
+            sink.add_row("key_data", {**keys, "absent": True})
+            continue
+        items.append(TensorRow(
+            job.leaf, {**keys, "absent": False},
+            f"key {job.key!r} step {step} micro_step {job.micro_step}" + (f" index {job.index!r}" if job.index else ""),
+            layout.key_data_tensor(job.key, step, rank, job.micro_step, job.index) if save_tensors else None))
     write_tensor_rows(writer, "key_data", items)
 
 
 def _tensor_row(item: TensorRow, kind: str, sink: RankWriter, errors: list[str]) -> dict[str, Any] | None:
     leaf = item.leaf
-    lost = {"kind": kind, **{k: v for k, v in item.keys.items() if k != "framework"}}
+    lost = {"kind": kind, **{k: v for k, v in item.keys.items() if k not in ("framework", "absent")}}
     try:
         if leaf.finish is not None:
             leaf.finish()
@@ -196,7 +206,7 @@ def _tensor_row(item: TensorRow, kind: str, sink: RankWriter, errors: list[str])
         }
     except Exception as e:
         msg = f"{item.where}: could not compute statistics: {type(e).__name__}: {e}"
-        sink.record_error(msg, {**lost, "what": "row"})
+        sink.record_error(msg, {**lost, "what": "row"}, incomplete_step=item.keys.get("step"))
         errors.append(msg)
         return None
     if item.tensor_path is not None and values is not None:

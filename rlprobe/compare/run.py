@@ -208,7 +208,8 @@ def _warm_up_kernels() -> None:
 
 
 def _load_stats(con, name: str, dump: Dump, read_errors: list[str], side: str) -> None:
-    """One run's key-data statistics as the DuckDB table `name` (rank column included).
+    """One run's key-data statistics of committed steps as the DuckDB table `name` (rank column
+    included; a column that older parts lack, such as `absent`, reads as null).
 
     rlprobe dumps: parts whose footer cannot be read or whose columns are not key data's are
     left out, each a message in `read_errors`; DuckDB reads the others at once, and if that fails
@@ -225,20 +226,30 @@ def _load_stats(con, name: str, dump: Dump, read_errors: list[str], side: str) -
 
             part_rank = pa.table({"filename": pa.array(files, pa.string()),
                                   "rank": pa.array([r for r, fs in parts.items() for _ in fs], pa.int64())})
-            con.register("_part_rank", part_rank)
+            helpers = {"_part_rank": part_rank, "_key_data_columns": KEY_DATA.empty_table()}
+            committed = dump.committed_table("key_data")
+            where = ""
+            if committed.num_rows:  # committed steps only, as rlprobe.open shows them
+                helpers["_committed"] = committed
+                where = (" WHERE _part_rank.rank NOT IN (SELECT rank FROM _committed) OR EXISTS (SELECT 1 FROM "
+                         "_committed c WHERE c.rank = _part_rank.rank AND step BETWEEN c.first_step AND c.last_step)")
+            for helper, table in helpers.items():
+                con.register(helper, table)
             try:
-                con.execute(create + "read_parquet($files, filename = true, union_by_name = true, "
-                            "hive_partitioning = false) JOIN _part_rank USING (filename)", {"files": files})
+                con.execute(create + "(SELECT * FROM _key_data_columns UNION ALL BY NAME SELECT * FROM "
+                            "read_parquet($files, filename = true, union_by_name = true, hive_partitioning = false)) "
+                            "JOIN _part_rank USING (filename)" + where, {"files": files})
                 read_errors.extend(f"run {side}: {e}" for e in errors)
                 return
             except duckdb.Error:
-                pass  # an unreadable page, or a part of an older version without some column: one by one below
+                pass  # a corrupt data page (DuckDB names no file): read part by part below, to name it
             finally:
-                con.unregister("_part_rank")
-    errors = []
+                for helper in helpers:
+                    con.unregister(helper)
+    errors = []  # arrow() checks the parts again and names each one it cannot read
     table = dump.arrow("key_data", errors=errors)
     read_errors.extend(f"run {side}: {e}" for e in errors)
-    table = table.select(schema.names) if table.num_rows else schema.empty_table()
+    table = table.select(schema.names) if table.num_rows else schema.empty_table()  # arrow() conforms to KEY_DATA
     con.register("_stats_arrow", table)
     try:
         con.execute(create + "_stats_arrow")

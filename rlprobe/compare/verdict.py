@@ -77,6 +77,13 @@ def explain(first: dict[str, Any] | None, diverged_at_step: dict[str, bool],
                 "advice": "compare like with like: the same keys, steps and ranks (use --keys/--steps/--ranks), "
                           "or find why one run stopped or skipped saving",
                 "next_config": None}
+    if status in ("absent_in_a", "absent_in_b"):
+        none_in, value_in = ("A", "B") if status == "absent_in_a" else ("B", "A")
+        return {"suspect": f"the runs computed different data: run {none_in} saved None (not computed) for {key!r} "
+                           f"at {where}, run {value_in} a value",
+                "advice": "compare the two configs for the setting that switches this value on (a KL or reference "
+                          "model option, a critic, a loss term): the trainers did not run the same computation",
+                "next_config": None}
     if status == "error":
         return {"suspect": f"a file could not be read ({first.get('message')})",
                 "advice": "fix or re-capture the unreadable file; the other rows are still compared", "next_config": None}

@@ -58,5 +58,16 @@ def detect_rank_and_world() -> tuple[int, int]:
     rank = os.environ.get("RANK")
     world = os.environ.get("WORLD_SIZE")
     if rank is not None:
-        return int(rank), int(world or int(rank) + 1)
+        r = _env_int("RANK", rank)
+        return r, _env_int("WORLD_SIZE", world) if world else r + 1
     return 0, 1
+
+
+def _env_int(name: str, value: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        from rlprobe.errors import ProbeError
+
+        raise ProbeError(f"environment variable {name}={value!r}: expected a whole number (as torchrun sets it); "
+                         f"fix {name}, or pass rank= and world_size= to rlprobe.Probe") from None

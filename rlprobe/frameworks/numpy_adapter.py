@@ -21,7 +21,12 @@ class NumpyAdapter:
         if isinstance(value, bool):
             return np.array(value, dtype=np.bool_)
         if isinstance(value, int):
-            return np.array(value, dtype=np.int64)
+            if -(1 << 63) <= value < 1 << 63:
+                return np.array(value, dtype=np.int64)
+            if 0 <= value < 1 << 64:
+                return np.array(value, dtype=np.uint64)
+            raise ProbeError(f"the int {_short(value)} does not fit in 64 bits (int64 or uint64), the widest integer "
+                             "a tensor holds; pass it as a float, or split it")
         if isinstance(value, float):
             return np.array(value, dtype=np.float64)
         return np.asarray(value)
@@ -42,3 +47,8 @@ class NumpyAdapter:
 
     def rank_and_world(self) -> tuple[int, int] | None:
         return None
+
+
+def _short(value: int) -> str:
+    # str() of a huge int is slow, and refused past 4300 digits
+    return str(value) if value.bit_length() <= 128 else f"({'-' if value < 0 else ''}{value.bit_length()} bits)"

@@ -34,6 +34,17 @@ for _name in ("float8_e4m3fn", "float8_e5m2"):
         _STORAGE[getattr(torch, _name)] = torch.uint8
 
 
+def _check_storage(t: torch.Tensor) -> None:
+    """Refuse tensors whose elements cannot be copied out as one dense block."""
+    if t.device.type == "meta":
+        raise ProbeError(f"a meta tensor (shape {tuple(t.shape)}) has no data to save; save the tensor "
+                         "after it has been materialised on a real device")
+    if t.layout != torch.strided or t.is_nested:
+        layout = "nested" if t.is_nested else str(t.layout).removeprefix("torch.")
+        raise ProbeError(f"a {layout} tensor cannot be saved as it is; save t.to_dense() (or its "
+                         "indices and values under keys of their own)")
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     name = str(dtype).removeprefix("torch.")
     if name not in SUPPORTED:
@@ -79,6 +90,7 @@ class TorchAdapter:
         return isinstance(value, torch.Tensor)
 
     def dtype_name(self, value: Any) -> str:
+        _check_storage(value)
         return _dtype_name(value.dtype)
 
     def stage(self, values: Sequence[torch.Tensor], keep_raw: bool) -> list[StagedLeaf]:
@@ -87,6 +99,7 @@ class TorchAdapter:
         on_host: list[int] = []
         for i, t in enumerate(values):
             t = t.detach()
+            _check_storage(t)
             if t.is_complex() or t.dtype not in _STORAGE and str(t.dtype).removeprefix("torch.") not in SUPPORTED:
                 raise ProbeError(f"unsupported torch dtype {t.dtype}; supported: {', '.join(SUPPORTED)}")
             if t.device.type == "cpu":

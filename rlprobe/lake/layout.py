@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlprobe.errors import ProbeError
+from rlprobe.errors import DumpReadError, ProbeError
 
 FORMAT_VERSION = 1
 KINDS = ("key_data", "grad", "module", "scalar")
@@ -27,19 +27,33 @@ def config_file_name(rank: int) -> str:
     return "configurations.json" if rank == 0 else f"configurations.rank{rank}.json"
 
 
-def check_name(name: object, what: str, where: str) -> str:
-    """Refuse names that are not strings, are empty, or try to leave the dump; return the name."""
+def check_text(name: object, what: str, where: str) -> str:
+    """Refuse names that are not strings, are empty, hold a NUL or cannot be written as UTF-8
+    (Parquet strings and file names are UTF-8); return the name."""
     if not isinstance(name, str):
         raise ProbeError(f"{where}: {what} must be a string, got {type(name).__name__} {name!r}")
     if name == "" or name.strip() == "":
         raise ProbeError(f"{where}: {what} is empty; give it a name such as 'log_prob'")
     if "\x00" in name:
         raise ProbeError(f"{where}: {what} {name!r} contains a NUL character")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ProbeError(f"{where}: {what} {name!r} is not valid Unicode text (a lone surrogate "
+                         f"{name[e.start]!r} at position {e.start}, as from bytes decoded with "
+                         "errors='surrogateescape'); give a name that can be written as UTF-8") from None
+    return name
+
+
+def check_name(name: object, what: str, where: str) -> str:
+    """check_text, and refuse names that try to leave the dump; return the name."""
+    check_text(name, what, where)
+    assert isinstance(name, str)
     parts = re.split(r"[/\\]", name)
-    if name.startswith(("/", "\\")) or ".." in parts or re.match(r"^[A-Za-z]:", name):
+    if name.startswith(("/", "\\")) or ".." in parts or re.match(r"^[A-Za-z]:[/\\]", name):
         raise ProbeError(
             f"{where}: {what} {name!r} would write outside the dump directory; "
-            "use a plain name without '..' or a leading '/'"
+            "use a plain name without '..', a leading '/' or a drive such as 'C:\\'"
         )
     return name
 
@@ -137,6 +151,25 @@ class DumpLayout:
             return []
         return sorted(k.name for k in base.iterdir() if (k / f"rank={rank}").is_dir())
 
+    def ranks_with_stats(self) -> set[int]:
+        """Every rank that has a stats directory of any kind."""
+        base = self.root / "stats"
+        kinds = [k.name for k in base.iterdir() if k.is_dir()] if base.is_dir() else []
+        return {rank for kind in kinds for rank in self.rank_dirs(kind)}
+
+    def first_tensor_dir(self, rank: int) -> Path | None:
+        """A `tensors/<kind>/<name>/step=<S>/rank=<rank>` directory, if there is one: stops at the first."""
+        base = self.root / "tensors"
+        if not base.is_dir():
+            return None
+        for kind in base.iterdir():
+            for name in kind.iterdir() if kind.is_dir() else ():
+                for step in name.iterdir() if name.is_dir() else ():
+                    candidate = step / f"rank={rank}"
+                    if candidate.is_dir():
+                        return candidate
+        return None
+
     def live_parts(self, kind: str, rank: int | None = None) -> list[Part]:
         """Parts to read: those not covered by a merged part (a merge killed before it removed
         the parts it replaced leaves them behind; they are ignored, and removed by compact)."""
@@ -147,20 +180,36 @@ class DumpLayout:
         return sorted(live, key=lambda p: (str(p.path.parent), p.first))
 
 
-def live_parts_in(directory: Path) -> tuple[list[Part], list[Part]]:
-    """(live, covered) parts of one rank directory."""
+def parts_in(directory: Path) -> list[Part]:
+    """Every part file of one rank directory, live or covered, unordered."""
     if not directory.is_dir():
-        return [], []
-    parts = [p for p in (parse_part(f) for f in directory.iterdir()) if p is not None]
+        return []
+    return [p for p in (parse_part(f) for f in directory.iterdir()) if p is not None]
+
+
+def live_parts_in(directory: Path) -> tuple[list[Part], list[Part]]:
+    """(live, covered) parts of one rank directory.
+
+    Merges take a contiguous run of live parts, so two parts either nest or are disjoint. Two
+    that overlap only in part were made by two merges of one rank at once (which the rank lock
+    prevents; see lake/rank_lock.py): the rows of the shared flushes are in both, and no choice
+    of files reads them once, so this raises DumpReadError naming both files."""
+    parts = parts_in(directory)
     # widest first, so a merged part claims its range before the parts it replaced
     parts.sort(key=lambda p: (p.first, -p.size))
     live: list[Part] = []
     covered: list[Part] = []
-    reach = -1
+    reach: Part | None = None
     for p in parts:
-        if p.last <= reach:
+        if reach is not None and p.last <= reach.last:
             covered.append(p)
-        else:
-            live.append(p)
-            reach = max(reach, p.last)
+            continue
+        if reach is not None and p.first <= reach.last:
+            raise DumpReadError(
+                f"{directory}: stats parts {reach.path.name} and {p.path.name} overlap: the rows of flushes "
+                f"{p.first}-{reach.last} are in both, written by two merges of this rank at once (a process that "
+                "ignored the rank lock); readers refuse to count them twice. Keep a copy, then rewrite the two "
+                "files as one without the duplicated rows")
+        live.append(p)
+        reach = p
     return live, covered

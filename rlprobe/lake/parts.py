@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlprobe.lake.atomic import atomic_write_parquet, is_temporary
-from rlprobe.lake.layout import Part, live_parts_in, part_name
+from rlprobe.lake.layout import Part, live_parts_in, part_name, parts_in
 
 FANOUT = 4
 # tables of parts this store wrote stay in memory (up to this many bytes in all), so a tiered
@@ -31,8 +31,7 @@ def _tier(part: Part) -> int:
 class PartStore:
     def __init__(self, directory: Path):
         self.directory = directory
-        live, covered = live_parts_in(directory)
-        self.next_seq = max((p.last for p in live + covered), default=-1) + 1
+        self.next_seq = max((p.last for p in parts_in(directory)), default=-1) + 1
         self._cache: dict[Path, pa.Table] = {}
         self._cache_bytes = 0
         self._disk_schemas: dict[pa.Schema, pa.Schema] = {}
@@ -104,28 +103,35 @@ class PartStore:
             if is_temporary(f):
                 f.unlink(missing_ok=True)
 
-    def drop_steps_after(self, last_step: int) -> int:
-        """Remove rows whose step is past `last_step` (a killed writer's uncommitted tail),
-        rewriting each affected part atomically; returns the number of rows removed."""
+    def drop_rows_outside(self, steps: set[int], column: str = "step") -> tuple[int, list[str]]:
+        """Remove rows whose `column` is not one of `steps` (a killed writer's uncommitted rows),
+        rewriting each affected part atomically. Returns (rows removed, the tensor and sign
+        files those rows named, relative to the dump root)."""
         import pyarrow.compute as pc
 
         self.remove_leftovers()
         dropped = 0
+        files: list[str] = []
+        keep_steps = pa.array(sorted(steps), pa.int64())
         for part in self.live():
             self._forget(part.path)
             table = pq.read_table(part.path, partitioning=None)
-            if "step" not in table.column_names:
+            if column not in table.column_names:
                 continue
-            keep = pc.fill_null(pc.less_equal(table["step"], last_step), True)
+            keep = pc.fill_null(pc.is_in(table[column], value_set=keep_steps), True)
             kept = table.filter(keep)
             if kept.num_rows == table.num_rows:
                 continue
+            gone = table.filter(pc.invert(keep))
+            for name in ("tensor_file", "sign_file"):
+                if name in gone.column_names:
+                    files.extend(f for f in set(gone[name].to_pylist()) if f)
             dropped += table.num_rows - kept.num_rows
             if kept.num_rows:
                 atomic_write_parquet(part.path, kept)
             else:
                 part.path.unlink(missing_ok=True)
-        return dropped
+        return dropped, files
 
     def _merge(self, parts: list[Part]) -> None:
         tables = [self._read(p.path) for p in parts]

@@ -5,7 +5,9 @@ buffered per kind and written as one Parquet part per flush; a failed part write
 rows buffered for the next flush, so a transient error (a full disk that is cleared) loses
 nothing and a permanent one is recorded in the rank manifest. Ended steps wait in
 `pending_steps` until the flush that writes their rows commits them, so `committed_steps`
-never names a step whose rows are not on disk.
+never names a step whose rows are not on disk; a step that lost a row for good (a job that
+failed, a row no part can hold) is never committed: it is listed in `incomplete_steps`, and
+readers, which show committed steps only, leave its other rows out too.
 """
 
 from __future__ import annotations
@@ -21,22 +23,26 @@ import numpy as np
 import pyarrow as pa
 
 from rlprobe._version import __version__
+from rlprobe.errors import DumpReadError
 from rlprobe.lake.atomic import atomic_save_npy, atomic_write_json
 from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout
 from rlprobe.lake.parts import PartStore
-from rlprobe.lake.schema import schema_for
+from rlprobe.lake.rank_lock import RankLock
+from rlprobe.lake.schema import schema_for, step_column
 
 
 class RankWriter:
     def __init__(self, layout: DumpLayout, rank: int, world_size: int, run_id: str, info: dict[str, Any],
-                 previous: dict[str, Any] | None = None):
+                 previous: dict[str, Any] | None = None, lock: RankLock | None = None):
         self.layout = layout
+        self.lock = lock  # held for as long as this writer lives (its owner releases it)
         self.rank = rank
         self.world_size = world_size
         self.run_id = run_id
         self.buffers: dict[str, list[dict[str, Any]]] = {}
         self.stores: dict[str, PartStore] = {}
         self.pending_steps: list[int] = []  # ended, not yet committed
+        self.written_steps: set[int] = set()  # steps with rows in a part this writer wrote
         self.last_flush = time.monotonic()
         prev = previous or {}
         self.manifest: dict[str, Any] = {
@@ -51,6 +57,7 @@ class RankWriter:
             "updated_at": time.time(),
             "closed": False,
             "committed_steps": list(prev.get("committed_steps", [])),
+            "incomplete_steps": list(prev.get("incomplete_steps", [])),
             "rows": dict(prev.get("rows", {})),
             "tensor_files": prev.get("tensor_files", 0),
             "tensor_bytes": prev.get("tensor_bytes", 0),
@@ -95,55 +102,104 @@ class RankWriter:
             if not rows:
                 continue
             store = self._store(kind)
+            table = self._table(kind, rows, errors)
             try:
-                store.append(pa.Table.from_pylist(rows, schema=schema_for(kind)))
+                if table.num_rows:
+                    store.append(table)
             except OSError as e:
                 errors.append(f"writing {kind} stats part in {store.directory}: {e}; rows kept for the next flush")
                 unwritten = True
                 continue
-            self.manifest["rows"][kind] = self.manifest["rows"].get(kind, 0) + len(rows)
+            self.manifest["rows"][kind] = self.manifest["rows"].get(kind, 0) + table.num_rows
+            self.written_steps.update(s for s in table[step_column(kind)].to_pylist() if s is not None)
             self.buffers[kind] = []
             try:
                 store.merge_tiered()
-            except OSError as e:  # the unmerged parts stay readable
+            except (OSError, DumpReadError) as e:  # the unmerged parts stay readable
                 errors.append(f"merging {kind} parts in {store.directory}: {e}")
         if not unwritten:  # every row is on disk (a failed merge leaves the parts readable)
-            committed = self.manifest["committed_steps"]
-            committed.extend(s for s in self.pending_steps if s not in committed)
+            self._commit(self.pending_steps)
             self.pending_steps.clear()
         errors.extend(self.write_manifest())
         return errors
 
+    def _commit(self, steps: Any) -> None:
+        committed, incomplete = self.manifest["committed_steps"], set(self.manifest["incomplete_steps"])
+        known = set(committed)
+        for s in steps:
+            if s not in known and s not in incomplete:
+                committed.append(s)
+                known.add(s)
+
+    def _table(self, kind: str, rows: list[dict[str, Any]], errors: list[str]) -> pa.Table:
+        """The rows as one Arrow table. A row no part can hold (which validation in `save` should
+        have refused) is recorded as lost, and its step as incomplete, instead of blocking the
+        rows of every later commit."""
+        schema = schema_for(kind)
+        try:
+            return pa.Table.from_pylist(rows, schema=schema)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError, UnicodeError):
+            pass
+        good = []
+        column = step_column(kind)
+        for row in rows:
+            try:
+                pa.Table.from_pylist([row], schema=schema)
+            except (pa.ArrowException, TypeError, ValueError, OverflowError, UnicodeError) as e:
+                what = {k: row.get(k) for k in ("key", "name", "stage", "module", "monitor", "param") if k in row}
+                message = f"{kind} row {_describe(what)} of step {row.get(column)}: cannot be stored ({e})"
+                self.record_error(message, {"kind": kind, **what, "step": row.get(column), "what": "row"},
+                                  incomplete_step=row.get(column))
+                errors.append(message)
+                continue
+            good.append(row)
+        return pa.Table.from_pylist(good, schema=schema)
+
     def drop_uncommitted(self) -> list[str]:
-        """Before resuming a run whose writer was killed: remove this rank's rows and tensors of
-        steps after the last committed one, so the resumed steps neither duplicate nor contradict
-        them (their tensor files would be overwritten under the old rows). Returns errors."""
-        steps = self.manifest["committed_steps"]
-        last = max(steps) if steps else -1
+        """Before resuming a run: remove this rank's rows and tensors of steps that are not
+        committed (a killed writer's last steps, an incomplete step), so the resumed steps
+        neither duplicate nor contradict them (their tensor files would be overwritten under the
+        old rows). Returns errors."""
+        committed = set(self.manifest["committed_steps"])
         errors: list[str] = []
+        stale_files: list[str] = []
         for kind in self.layout.rank_dirs_for(self.rank):
             try:
-                dropped = self._store(kind).drop_steps_after(last)
-            except (OSError, pa.ArrowException) as e:
+                dropped, files = self._store(kind).drop_rows_outside(committed, step_column(kind))
+            except (OSError, pa.ArrowException, DumpReadError) as e:
                 errors.append(f"removing uncommitted {kind} rows in {self.layout.stats_dir(kind, self.rank)}: {e}")
                 continue
+            stale_files.extend(files)
             if dropped and kind in self.manifest["rows"]:
                 self.manifest["rows"][kind] = max(0, self.manifest["rows"][kind] - dropped)
+        for f in stale_files:
+            (self.layout.root / f).unlink(missing_ok=True)
         tensors = self.layout.root / "tensors"
-        if tensors.is_dir():
-            for d in tensors.glob(f"*/*/step=*/rank={self.rank}"):
+        for kind in ("key_data", "module"):  # their step= directories count probe steps
+            for d in (tensors / kind).glob(f"*/step=*/rank={self.rank}"):
                 try:
-                    stale = int(d.parent.name[5:]) > last
+                    stale = int(d.parent.name[5:]) not in committed
                 except ValueError:
                     continue
                 if stale:
                     shutil.rmtree(d, ignore_errors=True)
+        self.manifest["incomplete_steps"] = []
         return errors
 
-    def record_error(self, message: str, lost: dict[str, Any] | None = None) -> None:
+    def record_error(self, message: str, lost: dict[str, Any] | None = None,
+                     incomplete_step: int | None = None) -> None:
+        """Record an error (and what was lost); `incomplete_step`: a step that lost a row for good
+        and so is never committed."""
         self.manifest["errors"].append(message)
         if lost is not None:
             self.manifest["lost"].append(lost)
+        if incomplete_step is not None:
+            self._mark_incomplete(incomplete_step)
+
+    def _mark_incomplete(self, step: int) -> None:
+        incomplete = self.manifest["incomplete_steps"]
+        if step not in incomplete and step not in self.manifest["committed_steps"]:  # a committed step stays so
+            incomplete.append(step)
 
     def write_manifest(self) -> list[str]:
         self.manifest["updated_at"] = time.time()
@@ -154,18 +210,31 @@ class RankWriter:
         return []
 
     def close(self) -> list[str]:
-        """Flush what is left, merge every kind into one part, mark the rank closed."""
+        """Flush what is left, merge every kind into one part, mark the rank closed. Closing is
+        final: every step with rows on disk is committed (a scalar logged for a step that never
+        ended, say) except the incomplete ones, and steps with rows that could not be written
+        become incomplete. So a closed rank without incomplete steps has no uncommitted rows,
+        and readers need not filter it."""
         errors = self.flush(None)
+        for kind, rows in self.buffers.items():
+            if rows:
+                steps = sorted({r.get(step_column(kind)) for r in rows} - {None})
+                self.record_error(f"{len(rows)} {kind} stats rows of steps {steps} could not be written",
+                                  {"kind": kind, "rows": len(rows), "steps": steps})
+                for step in steps:
+                    self._mark_incomplete(step)
+        self._commit([*self.pending_steps, *sorted(self.written_steps)])
+        self.pending_steps.clear()
         for kind in list(self.layout.rank_dirs_for(self.rank)):
             try:
                 self._store(kind).merge_all()
-            except OSError as e:
+            except (OSError, DumpReadError) as e:
                 errors.append(f"merging {kind} parts: {e}")
-        for kind, rows in self.buffers.items():
-            if rows:
-                lost = {"kind": kind, "rows": len(rows), "steps": sorted({r.get("step") for r in rows})}
-                self.record_error(f"{len(rows)} {kind} stats rows could not be written", lost)
         self.manifest["closed"] = True
         self.manifest["closed_at"] = time.time()
         errors.extend(self.write_manifest())
         return errors
+
+
+def _describe(what: dict[str, Any]) -> str:
+    return " ".join(f"{k} {v!r}" for k, v in what.items()) or "(no name)"

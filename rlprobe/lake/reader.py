@@ -20,25 +20,29 @@ from rlprobe.errors import DumpReadError
 from rlprobe.lake import msprobe_format
 from rlprobe.lake.encoding import restore
 from rlprobe.lake.layout import RUN_MANIFEST, DumpLayout
-from rlprobe.lake.schema import schema_for, with_rank
+from rlprobe.lake.schema import schema_for, step_column, with_rank
 
 if TYPE_CHECKING:
     import duckdb
     import polars as pl
 
+_DUCKDB_TYPES = {"string": "VARCHAR", "int64": "BIGINT", "double": "DOUBLE", "bool": "BOOLEAN",
+                 "list<item: int64>": "BIGINT[]", "list<item: double>": "DOUBLE[]"}
 CONFIG_SCHEMA = pa.schema([("rank", pa.int64()), ("path", pa.string()), ("value", pa.string())])
 _CONFIG_NAME = re.compile(r"configurations(?:\.rank(\d+))?\.json")
 VIEWS = {"key_data": "key_data", "scalars": "scalar"}
 
 
-def open_dump(path: Any) -> "Dump":
+def open_dump(path: Any, include_uncommitted: bool = False) -> "Dump":
+    if not isinstance(path, (str, Path)) and not hasattr(path, "__fspath__"):
+        raise DumpReadError(f"dump path {path!r}: expected a directory path (str or os.PathLike)")
     root = Path(path)
     if not root.exists():
         raise DumpReadError(f"dump {root} does not exist")
     if not root.is_dir():
         raise DumpReadError(f"dump {root} is a file; expected a dump directory (rlprobe or msprobe)")
     if (root / RUN_MANIFEST).exists() or (root / "stats").is_dir() or any(root.glob("rank*.json")):
-        return Dump(root, "rlprobe")
+        return Dump(root, "rlprobe", include_uncommitted)
     if msprobe_format.is_msprobe_key_data(root):
         return Dump(root, "msprobe")
     if msprobe_format.is_msprobe_grad(root):
@@ -50,15 +54,21 @@ def open_dump(path: Any) -> "Dump":
 
 
 class Dump:
-    """A dump on disk, read-only."""
+    """A dump on disk, read-only.
 
-    def __init__(self, root: Path, fmt: str):
+    Stats rows of rlprobe dumps are shown for committed steps only (each rank's
+    `committed_steps`): rows a killed writer left of later steps, and rows of a rank whose
+    manifest is missing, appear only with `include_uncommitted=True`."""
+
+    def __init__(self, root: Path, fmt: str, include_uncommitted: bool = False):
         self.path = root
         self.format = fmt
+        self.include_uncommitted = include_uncommitted
         self.layout = DumpLayout(root)
 
     def __repr__(self) -> str:
-        return f"Dump({str(self.path)!r}, format={self.format!r})"
+        extra = ", include_uncommitted=True" if self.include_uncommitted else ""
+        return f"Dump({str(self.path)!r}, format={self.format!r}{extra})"
 
     # -- manifests -----------------------------------------------------------------------
     @cached_property
@@ -79,11 +89,61 @@ class Dump:
 
     @property
     def complete(self) -> bool | None:
-        """True when every rank closed its probe; None for msprobe dumps (unknown)."""
+        """True when every rank 0..world_size-1 closed its probe; None for msprobe dumps (unknown)."""
         if self.format != "rlprobe":
             return None
         world = self.manifest.get("world_size") or max(self.rank_manifests, default=-1) + 1
-        return len(self.rank_manifests) >= world and all(m.get("closed") for m in self.rank_manifests.values())
+        if not isinstance(world, int) or world < 1:
+            return False
+        return all(self.rank_manifests.get(r, {}).get("closed") for r in range(world))
+
+    def committed_ranges(self, rank: int) -> list[tuple[int, int]]:
+        """Rank `rank`'s committed steps as sorted, disjoint (first, last) ranges; none when its
+        manifest is missing."""
+        cache = self.__dict__.setdefault("_ranges", {})
+        if rank not in cache:
+            steps = self.rank_manifests.get(rank, {}).get("committed_steps") or []
+            ranges: list[tuple[int, int]] = []
+            for step in sorted({s for s in steps if isinstance(s, int) and not isinstance(s, bool)}):
+                if ranges and step == ranges[-1][1] + 1:
+                    ranges[-1] = (ranges[-1][0], step)
+                else:
+                    ranges.append((step, step))
+            cache[rank] = ranges
+        return cache[rank]
+
+    def hides_rows_of(self, rank: int) -> bool:
+        """Whether rank `rank`'s rows are filtered by its committed steps. A rank that closed
+        without incomplete steps committed every row it wrote (docs/dump-format.md), so only a
+        killed or failed rank, or one without a manifest, costs the filter."""
+        if self.format != "rlprobe" or self.include_uncommitted:
+            return False
+        manifest = self.rank_manifests.get(rank)
+        return manifest is None or not manifest.get("closed") or bool(manifest.get("incomplete_steps"))
+
+    def committed_table(self, kind: str) -> pa.Table:
+        """(rank, first_step, last_step): the committed step ranges of every filtered rank with
+        `kind` parts (a rank with none has one row of nulls); ranks not listed show every row."""
+        rows = []
+        for rank in self.parts(kind):
+            if self.hides_rows_of(rank):
+                rows.extend((rank, lo, hi) for lo, hi in self.committed_ranges(rank) or [(None, None)])
+        return pa.table({"rank": pa.array([r[0] for r in rows], pa.int64()),
+                         "first_step": pa.array([r[1] for r in rows], pa.int64()),
+                         "last_step": pa.array([r[2] for r in rows], pa.int64())})
+
+    def _visible_mask(self, table: pa.Table, kind: str, rank: int) -> pa.Array | None:
+        """Which rows of one rank's table belong to committed steps (None: all of them)."""
+        import pyarrow.compute as pc
+
+        column = step_column(kind)
+        if not self.hides_rows_of(rank) or column not in table.column_names:
+            return None
+        steps = table[column]
+        mask = pa.array([False] * table.num_rows, pa.bool_())
+        for lo, hi in self.committed_ranges(rank):
+            mask = pc.or_(mask, pc.and_(pc.greater_equal(steps, lo), pc.less_equal(steps, hi)))
+        return pc.fill_null(mask, False)
 
     @property
     def may_hold_tensors(self) -> bool:
@@ -150,6 +210,9 @@ class Dump:
                         raise DumpReadError(message) from None
                     errors.append(message)
                     continue
+                mask = self._visible_mask(t, kind, rank)
+                if mask is not None:
+                    t = t.filter(mask)
                 tables.append(t.append_column("rank", pa.array([rank] * t.num_rows, pa.int64())))
         if not tables:
             return _empty(kind)
@@ -167,10 +230,16 @@ class Dump:
         import polars as pl
 
         if self.format == "rlprobe":
-            frames = [
-                pl.scan_parquet(files, hive_partitioning=False).with_columns(pl.lit(rank, pl.Int64).alias("rank"))
-                for rank, files in self.checked_parts(kind).items()
-            ]
+            frames = []
+            for rank, files in self.checked_parts(kind).items():
+                frame = pl.scan_parquet(files, hive_partitioning=False)
+                if self.hides_rows_of(rank):
+                    column = pl.col(step_column(kind))
+                    visible = pl.lit(False)
+                    for lo, hi in self.committed_ranges(rank):
+                        visible = visible | column.is_between(lo, hi)
+                    frame = frame.filter(visible)
+                frames.append(frame.with_columns(pl.lit(rank, pl.Int64).alias("rank")))
             if frames:
                 return pl.concat(frames, how="diagonal_relaxed")
         return pl.from_arrow(self.arrow(kind)).lazy()
@@ -214,15 +283,23 @@ class Dump:
         """The saved tensor in its original dtype (float32 for widened bf16/fp16/fp8)."""
         import pyarrow.compute as pc
 
-        table = self.arrow("key_data").select(["key", "step", "rank", "micro_step", "index", "tensor_file", "dtype"])
+        table = self.arrow("key_data")
+        wanted = ("key", "step", "rank", "micro_step", "index", "tensor_file", "dtype", "absent")
+        table = table.select([c for c in wanted if c in table.column_names])
         mask = pc.and_(pc.and_(pc.equal(table["key"], key), pc.equal(table["step"], step)),
                        pc.and_(pc.and_(pc.equal(table["rank"], rank), pc.equal(table["micro_step"], micro_step)),
                                pc.equal(table["index"], index)))
         rows = table.filter(mask)
         what = f"key {key!r} step {step} rank {rank} micro_step {micro_step} index {index!r}"
         if rows.num_rows == 0:
+            if self.hides_rows_of(rank) and not any(lo <= step <= hi for lo, hi in self.committed_ranges(rank)):
+                raise DumpReadError(f"{self.path}: no tensor {what}: step {step} of rank {rank} is not committed "
+                                    "(a killed run's last steps); rlprobe.open(path, include_uncommitted=True) "
+                                    "shows what was written of it")
             raise DumpReadError(f"{self.path}: no tensor {what}")
         tensor_file, dtype = rows["tensor_file"][-1].as_py(), rows["dtype"][-1].as_py()
+        if "absent" in rows.column_names and rows["absent"][-1].as_py():
+            raise DumpReadError(f"{self.path}: {what} was saved as None (absent): there is no tensor")
         if tensor_file is None:
             raise DumpReadError(f"{self.path}: {what} was saved as statistics only (no tensor file)")
         return self.load_tensor(tensor_file, dtype)
@@ -263,15 +340,55 @@ class Dump:
     def _relation(self, con: "duckdb.DuckDBPyConnection", kind: str, errors: list[str] | None = None,
                   deep: bool = False) -> "duckdb.DuckDBPyRelation":
         if self.format == "rlprobe":
-            rel = None
+            ranks = []
             for rank, files in self.checked_parts(kind, errors, deep=deep).items():
-                part = con.read_parquet(files, union_by_name=True).project(f"*, {int(rank)}::BIGINT AS rank")
-                rel = part if rel is None else rel.union(part)
-            return rel if rel is not None else con.from_arrow(_empty(kind))
+                part = con.read_parquet(files, union_by_name=True, hive_partitioning=False)
+                if self.hides_rows_of(rank):
+                    part = part.filter(self.committed_expression(kind, rank))
+                ranks.append((rank, part))
+            return _union_of_ranks(kind, ranks) if ranks else con.from_arrow(_empty(kind))
         return con.from_arrow(self.arrow(kind))
+
+    def committed_expression(self, kind: str, rank: int) -> "duckdb.Expression":
+        """A DuckDB filter expression: rank `rank`'s rows of committed steps."""
+        from duckdb import ColumnExpression, ConstantExpression
+
+        column = ColumnExpression(step_column(kind))
+        visible = ConstantExpression(False)
+        for lo, hi in self.committed_ranges(rank):
+            visible = visible | column.between(ConstantExpression(lo), ConstantExpression(hi))
+        return visible
 
     def sql(self, query: str, params: Any = None) -> "duckdb.DuckDBPyRelation":
         return self.connect().sql(query, params=params)
+
+
+def _union_of_ranks(kind: str, ranks: list[tuple[int, "duckdb.DuckDBPyRelation"]]) -> "duckdb.DuckDBPyRelation":
+    """Every rank's rows as one relation with its rank column. The union is by position, so each
+    rank shows the kind's columns in the kind's order and type (null where a part of an older
+    version lacks one, as rlprobe's own SQL names them all), then the columns the kind does not
+    define (a newer version's, null in ranks without them)."""
+    schema = schema_for(kind)
+    columns = {f.name: _DUCKDB_TYPES[str(f.type)] for f in schema}
+    for _, part in ranks:
+        for name, duck_type in zip(part.columns, part.types):
+            if name != "rank":  # the rank is the part's folder's
+                columns.setdefault(name, str(duck_type))
+    rel = None
+    for rank, part in ranks:
+        present = dict(zip(part.columns, map(str, part.types)))
+        projection = []
+        for name, duck_type in columns.items():
+            quoted = '"' + _ident(name) + '"'
+            if present.get(name) == duck_type:
+                projection.append(quoted)
+            else:
+                source = quoted if name in present else "NULL"
+                projection.append(f"CAST({source} AS {duck_type}) AS {quoted}")
+        part = part.project(", ".join(projection) + f", {int(rank)}::BIGINT AS rank")
+        rel = part if rel is None else rel.union(part)
+    assert rel is not None
+    return rel
 
 
 def _empty(kind: str) -> pa.Table:

@@ -28,6 +28,9 @@ KEY_DATA = pa.schema(
         pa.field("micro_step", pa.int64()),
         pa.field("index", pa.string()),
         *_tensor_columns(),
+        # true: the value saved was None (a trainer's "not computed"); no tensor, no statistics.
+        # Parts written before this column existed read it as null (= a value was saved).
+        pa.field("absent", pa.bool_()),
     ]
 )
 
@@ -87,6 +90,12 @@ RANK_FIELD = pa.field("rank", pa.int64())
 
 def with_rank(schema: pa.Schema) -> pa.Schema:
     return schema.append(RANK_FIELD)
+
+
+def step_column(kind: str) -> str:
+    """The column holding the probe step a row belongs to (what `committed_steps` counts):
+    gradient rows keep their optimizer's own count in `step`."""
+    return "probe_step" if kind == "grad" else "step"
 
 
 def schema_for(kind: str) -> pa.Schema:

@@ -33,9 +33,22 @@ def dump_summary(dump: Dump) -> dict[str, Any]:
         if m.get("lost"):
             problems.append(f"rank {rank}: {len(m['lost'])} item(s) lost (see {dump.layout.rank_manifest(rank)})")
     world = dump.manifest.get("world_size")
-    if world and len(manifests) < world and dump.format == "rlprobe":
+    if world and dump.format == "rlprobe":
         missing = sorted(set(range(world)) - set(manifests))
-        problems.append(f"ranks {missing} of world_size {world} wrote nothing")
+        if missing:
+            problems.append(f"ranks {missing} of world_size {world} wrote nothing")
+        outside = sorted(r for r in manifests if not 0 <= r < world)
+        if outside:
+            problems.append(f"rank manifests {outside} are outside world_size {world}")
+    if dump.format == "rlprobe":
+        orphans = sorted(dump.layout.ranks_with_stats() - set(manifests))
+        if orphans:
+            problems.append(f"ranks {orphans} have statistics but no rank<R>.json: their rows are not shown "
+                            "(rlprobe.open(path, include_uncommitted=True) shows them)")
+        incomplete = {r: m["incomplete_steps"] for r, m in manifests.items() if m.get("incomplete_steps")}
+        for rank, steps in incomplete.items():
+            problems.append(f"rank {rank}: steps {steps} lost rows and are not committed: their other rows are not "
+                            "shown")
     run_ids = {m.get("run_id") for m in manifests.values()}
     if len(run_ids) > 1:
         problems.append(f"ranks disagree on run_id: {sorted(map(str, run_ids))}")

@@ -117,7 +117,7 @@ def _diverging(step: Mapping[str, Any]) -> bool:
 
 
 def _non_matching_rows(key_data: pa.Table) -> tuple[list[dict[str, Any]], int]:
-    """The first MAX_DIVERGING_ROWS rows whose status is neither match nor stats_only_match, and how many there are."""
+    """The first MAX_DIVERGING_ROWS rows whose status is not one of MATCHING_STATUSES, and how many there are."""
     if "status" not in key_data.column_names or key_data.num_rows == 0:
         return [], 0
     status = key_data.column("status").cast(pa.string())

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-DIVERGED = ("mismatch", "shape_mismatch", "dtype_mismatch", "stats_only_mismatch", "error", "only_in_a", "only_in_b")
+DIVERGED = ("mismatch", "shape_mismatch", "dtype_mismatch", "stats_only_mismatch", "error", "only_in_a", "only_in_b",
+            "absent_in_a", "absent_in_b")
 
 
 def write_plots(out: str | Path, every_param: bool = False) -> list[Path]:
@@ -81,7 +82,8 @@ def key_step_grids(table: pa.Table) -> tuple[list[str], list[int], np.ndarray, n
     row_key = pc.index_in(table["key"], value_set=pa.array(keys, table["key"].type)).to_numpy()
     row_step = pc.index_in(table["step"], value_set=pa.array(steps, table["step"].type)).to_numpy()
     err = table["max_rel_err"].to_numpy()  # nulls read as NaN
-    match = pc.is_in(table["status"], pa.array(["match", "stats_only_match"])).to_numpy(zero_copy_only=False)
+    matching = pa.array(["match", "stats_only_match", "absent_in_both"])
+    match = pc.is_in(table["status"], matching).to_numpy(zero_copy_only=False)
     with np.errstate(invalid="ignore", divide="ignore"):
         value = np.where(match, -8.0, np.where(np.isfinite(err), np.log10(np.maximum(err, 1e-8)), 1.0))
     grid = np.full((len(keys), len(steps)), np.nan)

@@ -13,9 +13,9 @@ from rlprobe.report.headers import check_lang, header, label
 # summary.json roll-up columns that exist for sorting, not for readers
 HIDDEN_ROLLUP_COLUMNS = frozenset({"flow_position", "canonical_key"})
 # a canonical status order for counts; others follow alphabetically
-STATUS_ORDER = ("match", "stats_only_match", "mismatch", "stats_only_mismatch", "shape_mismatch",
-                "dtype_mismatch", "only_in_a", "only_in_b", "error")
-MATCHING_STATUSES = frozenset({"match", "stats_only_match"})
+STATUS_ORDER = ("match", "stats_only_match", "absent_in_both", "mismatch", "stats_only_mismatch", "shape_mismatch",
+                "dtype_mismatch", "absent_in_a", "absent_in_b", "only_in_a", "only_in_b", "error")
+MATCHING_STATUSES = frozenset({"match", "stats_only_match", "absent_in_both"})  # None in both runs agrees
 
 
 def format_number(value: Any) -> str:

@@ -34,7 +34,7 @@ MAX_SHEET_ROWS = 20_000  # rows of a key sheet in report.xlsx; key_data.csv / .p
 FILLS = {"bad": "FFC7CE", "missing": "FFEB9C", "first": "FF7C80", "header": "D9D9D9"}
 STATUS_FAMILY = {
     "mismatch": "bad", "stats_only_mismatch": "bad", "shape_mismatch": "bad", "dtype_mismatch": "bad",
-    "error": "bad", "only_in_a": "missing", "only_in_b": "missing",
+    "error": "bad", "only_in_a": "missing", "only_in_b": "missing", "absent_in_a": "missing", "absent_in_b": "missing",
 }
 FAMILIES = (None, "bad", "missing", "first")
 

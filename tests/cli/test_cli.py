@@ -96,20 +96,48 @@ def test_sql_errors(dump, tmp_path):
     assert run("info", notdump).exit_code == 3
 
 
+KILLED_WRITER = """
+import os, sys
+import numpy as np
+import rlprobe
+p = rlprobe.Probe(sys.argv[1], rank=0, world_size=1, flush_interval=0)  # a part per step
+for step in range(3):
+    p.save({"x": np.ones(3, np.float32) * step})
+    p.step()
+p.flush()
+os._exit(1)  # killed: no close(), so the parts stay unmerged
+"""
+
+
 def test_compact_merges_parts_of_killed_run(tmp_path):
     path = tmp_path / "killed"
-    p = rlprobe.Probe(path, flush_interval=0)  # a part per step
-    for step in range(3):
-        p.save({"x": np.ones(3, np.float32) * step})
-        p.step()
-    p.flush()
+    proc = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
     parts = list((path / "stats/key_data/rank=0").glob("part-*.parquet"))
     assert len(parts) == 3  # one per step, not yet merged
     result = run("compact", path)
     assert result.exit_code == 0 and "3 files -> 1" in result.output
     d = rlprobe.open(path)
     assert d.key_data().collect()["step"].to_list() == [0, 1, 2]
-    p.close()
+
+
+def test_compact_leaves_a_rank_with_a_live_writer_alone(tmp_path):
+    path = tmp_path / "live"
+    p = rlprobe.Probe(path, rank=0, world_size=1, flush_interval=0)
+    for step in range(3):
+        p.save({"x": np.ones(3, np.float32) * step})
+        p.step()
+    p.flush()
+    before = sorted(f.name for f in (path / "stats/key_data/rank=0").iterdir())
+    result = run("compact", path)
+    assert result.exit_code == 1, result.output
+    assert "rank 0" in result.output and "live process" in result.output and f"pid {__import__('os').getpid()}" \
+        in result.output and "not compacted" in result.output, result.output
+    assert sorted(f.name for f in (path / "stats/key_data/rank=0").iterdir()) == before
+    p.save({"x": np.ones(3, np.float32) * 3})
+    p.close()  # the writer was not disturbed
+    d = rlprobe.open(path)
+    assert d.complete and d.key_data().collect()["step"].to_list() == [0, 1, 2, 3]
 
 
 def test_import_msprobe(fixtures_dir, tmp_path):

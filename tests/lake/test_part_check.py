@@ -157,3 +157,21 @@ def test_stray_and_unreadable_config_files(good, tmp_path):
     code, output = _cli("info", path)
     assert code == 0 and f"{path / 'configurations.rank2.json'}:unreadableJSON" in "".join(output.split())
     assert compare(path, good, tmp_path / "out")["counts"] == {"match": 6}
+
+
+def test_views_keep_a_newer_versions_column_and_fill_an_older_versions(tmp_path):
+    """Ranks are unioned by position, so every rank shows the kind's columns in order (null where
+    an older part lacks one), then columns the kind does not define (null where a rank lacks them)."""
+    path = tmp_path / "dump"
+    for rank in (0, 1):
+        with rlprobe.Probe(path, rank=rank, world_size=2) as p:
+            p.save({"x": np.ones(2, np.float32) * rank})
+            p.step()
+    older = next((path / "stats" / "key_data" / "rank=0").glob("part-*.parquet"))
+    pq.write_table(pq.read_table(older, partitioning=None).drop_columns(["absent"]), older)
+    newer = next((path / "stats" / "key_data" / "rank=1").glob("part-*.parquet"))
+    table = pq.read_table(newer, partitioning=None)
+    pq.write_table(table.append_column("newer", pa.array(["n"] * table.num_rows)), newer)
+    con = rlprobe.open(path).connect()
+    rows = con.sql('SELECT rank, absent, newer, max FROM key_data ORDER BY rank').fetchall()
+    assert rows == [(0, None, None, 0.0), (1, False, "n", 1.0)]
