@@ -117,6 +117,7 @@ def gpu(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     keys = ["prompts_f", "responses_f", "log_prob", "old_log_prob", "ref_log_prob", "advantages"]
     calls = [{k: torch.randn(*SHAPE, device="cuda") for k in keys} for _ in range(16)]
+    results = []
     for stats_only in (False, True):
         blocking_runs, total_runs = [], []
         for rep in range(args.repeat + 1):  # the first run warms up kernels and the pinned-memory cache
@@ -148,9 +149,11 @@ def gpu(args: argparse.Namespace) -> None:
                 total_runs.append(total)
         label = "stats only" if stats_only else "stats + tensors"
         b = statistics.median(blocking_runs)
-        print(json.dumps({"device": torch.cuda.get_device_name(), "mode": label, "save_blocking_ms": b * 1e3,
-                          "until_closed_ms": statistics.median(total_runs) * 1e3,
-                          "ratio_to_msprobe_121ms": b / 0.121}))
+        results.append({"device": torch.cuda.get_device_name(), "mode": label, "save_blocking_ms": b * 1e3,
+                        "until_closed_ms": statistics.median(total_runs) * 1e3, "ratio_to_msprobe_121ms": b / 0.121})
+        print(json.dumps(results[-1]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results))
 
 
 def main() -> None:
@@ -159,6 +162,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tmp", default=None, help="folder for the temporary dumps (default: system temp)")
+    ap.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args()
     cpu(args) if args.device == "cpu" else gpu(args)
 
