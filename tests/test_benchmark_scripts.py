@@ -94,3 +94,15 @@ def test_triton_kernel_sweep_script_runs_under_the_interpreter(tmp_path):
 
 def test_gpu_checks_script_parses():
     assert subprocess.run(["bash", "-n", str(BENCHMARKS / "gpu_checks.sh")]).returncode == 0
+
+
+def test_cold_save_run_of_the_save_benchmark(tmp_path):
+    """save_overhead.py --cold runs each tool in a fresh process; rlprobe's run, end to end."""
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(BENCHMARKS.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "save_overhead.py"), "--cold-child", "--dump",
+                           str(tmp_path / "d")], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["tool"] == "rlprobe" and got["save_blocking_s"] > 0 and got["init_s"] > 0
+    assert got["bytes_on_disk"] > 8 * 6 * 64 * 4096 * 4  # every float32 tensor of the 8 calls is on disk

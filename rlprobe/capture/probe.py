@@ -20,7 +20,7 @@ from rlprobe._version import __version__
 from rlprobe.capture.flatten import flatten
 from rlprobe.capture.writer import BackgroundWriter, LeafJob, write_key_data
 from rlprobe.errors import ProbeError
-from rlprobe.frameworks import FRAMEWORKS, detect_rank_and_world
+from rlprobe.frameworks import FRAMEWORKS, detect_rank_and_world, prepare_staging
 from rlprobe.lake.atomic import atomic_write_json
 from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout
 
@@ -70,6 +70,9 @@ class Probe:
                 or not 0 <= flush_interval < math.inf:
             raise ProbeError(f"flush_interval={flush_interval!r}: expected seconds, a finite number >= 0 "
                              "(0 commits every step as it ends)")
+        # the host staging ring's first pages are faulted in by a thread of its own from now on,
+        # while the rest of the set-up runs
+        prepare_staging(framework)
         self.path = Path(path)
         self.layout = DumpLayout(self.path)
         self.framework = framework
