@@ -123,25 +123,27 @@ def launch(grads: Sequence[torch.Tensor], level: str, bounds: Sequence[float],
     waits for the copy and splits it; call it off the training thread. `kernels` is the caller's
     own dict (one per monitor) where the fused kernel keeps its device buffers between steps."""
     device = grads[0].device
+    if device.type != "cpu":
+        kernels = {} if kernels is None else kernels
+        fused = _fused_kernel(grads, level, kernels)
+        if fused is not None:
+            try:  # the gradients as they are: contiguous ones are read in memory order, no views made
+                return fused.launch(grads, bounds if level == "L2" else None)
+            except Exception as e:  # e.g. no compiler for this GPU: the torch ops below still work
+                kernels["triton"] = None
+                warnings.warn(f"rlprobe: the Triton gradient kernel failed on {device} ({type(e).__name__}: {e}); "
+                              "this monitor's gradient statistics use torch ops from now on", stacklevel=2)
     flats = [g.detach().reshape(-1) for g in grads]
     if device.type == "cpu":
         return _launch_cpu(flats, level, bounds)
-    fused = _fused_kernel(flats, level, {} if kernels is None else kernels)
-    if fused is not None:
-        try:
-            return fused.launch(flats, bounds if level == "L2" else None)
-        except Exception as e:  # e.g. no compiler for this GPU: the torch ops below still work
-            kernels = {} if kernels is None else kernels
-            kernels["triton"] = None
-            warnings.warn(f"rlprobe: the Triton gradient kernel failed on {device} ({type(e).__name__}: {e}); "
-                          "this monitor's gradient statistics use torch ops from now on", stacklevel=2)
     return _launch_device(flats, level, bounds, device)
 
 
-def _fused_kernel(flats: list[torch.Tensor], level: str, kernels: dict[str, Any]) -> Any:
+def _fused_kernel(grads: Sequence[torch.Tensor], level: str, kernels: dict[str, Any]) -> Any:
     """The monitor's Triton kernel object, or None where the torch-ops path runs: L0 (digests),
-    devices other than CUDA, dtypes the kernel does not read, Triton missing or failed before."""
-    if level == "L0" or flats[0].device.type != "cuda":
+    devices other than CUDA, gradients the kernel does not read (other dtypes, not contiguous),
+    Triton missing or failed before."""
+    if level == "L0" or grads[0].device.type != "cuda":
         return None
     if "triton" not in kernels:
         try:
@@ -151,7 +153,7 @@ def _fused_kernel(flats: list[torch.Tensor], level: str, kernels: dict[str, Any]
         else:
             kernels["triton"] = GradStatsKernel()
     kernel = kernels["triton"]
-    return kernel if kernel is not None and kernel.supports(flats) else None
+    return kernel if kernel is not None and kernel.supports(grads) else None
 
 
 def _launch_device(flats: list[torch.Tensor], level: str, bounds: Sequence[float],

@@ -6,13 +6,15 @@ once and writes a partial row (the max and min as order-preserving integer keys,
 of squares, the nonzero count and one count of x <= bound per bound) and the chunk's packed sign
 bits (np.packbits order, 1 = x > 0, padding bits 0) straight into the step's payload. Stage two,
 one launch, reduces each gradient's partial rows into its stats row (max, min, norm, zero count,
-counts) in the same payload, which then goes to a pinned host ring slot in one non-blocking copy
-marked by one event. Buffers and tables are made once per parameter layout (`GradStatsKernel`
-keeps them); a step allocates nothing on the device, and the address table is uploaded only when
-a gradient moved. Semantics are those of capture/grad_stats.host_batch (contract: docs/grads.md).
+counts) in the same payload. A side stream copies the payload to a pinned host ring slot, so the
+copy (tens of MB of signs) runs beside the next step's work instead of in the training stream;
+the next step's kernels wait for it on the device before rewriting the payload. Buffers and
+tables are made once per parameter layout (`GradStatsKernel` keeps them); a step allocates
+nothing on the device, and the address table is uploaded only when a gradient moved. Semantics
+are those of capture/grad_stats.host_batch (contract: docs/grads.md).
 
 The same kernels run on CPU tensors under the Triton interpreter (TRITON_INTERPRET=1 set before
-this module is imported), which is how the CPU test suite checks them.
+Triton is imported), which is how the CPU test suite checks them.
 """
 
 from __future__ import annotations
@@ -189,6 +191,9 @@ class _Layout:
     part_counts: torch.Tensor  # int32 [chunks, 1 + len(bounds)]: nonzero, then x <= bound
     payload: torch.Tensor  # uint8: float64 stats [n, k], then the packed signs (if any)
     stats: torch.Tensor  # the payload's stats, as float64
+    copy_stream: Any = None  # CUDA: the side stream that copies the payload to the host
+    kernels_done: Any = None  # CUDA: recorded after the kernels, waited for by copy_stream
+    copied: Any = None  # CUDA: the last copy's event, waited for before the payload is rewritten
 
 
 class GradStatsKernel:
@@ -203,18 +208,18 @@ class GradStatsKernel:
         self._key: Any = None
 
     @staticmethod
-    def supports(flats: Sequence[torch.Tensor]) -> bool:
-        """Whether this kernel reads every one of these 1-D gradients (float32, bfloat16, float16,
+    def supports(grads: Sequence[torch.Tensor]) -> bool:
+        """Whether this kernel reads every one of these gradients (float32, bfloat16, float16,
         contiguous); the caller falls back to torch ops otherwise."""
-        return all(f.dtype in DTYPES and f.is_contiguous() for f in flats)
+        return all(g.dtype in DTYPES and g.is_contiguous() for g in grads)
 
     def launch(self, flats: Sequence[torch.Tensor], bounds: Sequence[float] | None,
                signs: bool = True) -> tuple[Callable[[], GradBatch], int]:
-        """Queue the statistics of the 1-D contiguous `flats` (one device; float32, bfloat16,
-        float16) on the current stream: columns STAT_COLUMNS, then x <= bound per bound when
-        `bounds` is given, and the packed signs when `signs`. Returns (finish, host bytes):
-        `finish()` waits for the copy and returns a GradBatch of views into a host ring slot,
-        which `GradBatch.release()` gives back."""
+        """Queue the statistics of the contiguous tensors `flats` (one device; float32, bfloat16,
+        float16; any shape, read in memory order) on the current stream: columns STAT_COLUMNS,
+        then x <= bound per bound when `bounds` is given, and the packed signs when `signs`.
+        Returns (finish, host bytes): `finish()` waits for the copy and returns a GradBatch of
+        views into a host ring slot, which `GradBatch.release()` gives back."""
         device = flats[0].device
         if device.type == "cuda" and device.index != torch.cuda.current_device():
             with torch.cuda.device(device):  # Triton launches, the copy and the event on its device
@@ -229,6 +234,8 @@ class GradStatsKernel:
         device = flats[0].device
         bounds = tuple(float(b) for b in bounds) if bounds is not None else ()
         lay = self._prepare(flats, bounds, signs, device)
+        if lay.copied is not None:  # the last step's copy still reading the payload (on the device)
+            torch.cuda.current_stream(device).wait_event(lay.copied)
         addrs = tuple(f.data_ptr() for f in flats)
         if addrs != lay.addrs:  # a gradient was reallocated (zero_grad(set_to_none=True) frees them)
             _copy_in(lay.addr_table, addrs)
@@ -250,9 +257,9 @@ class GradStatsKernel:
         key = (device, bounds, signs, tuple((f.dtype, f.numel()) for f in flats))
         if key != self._key or self._layout is None:
             for f in flats:
-                if f.device != device or f.dtype not in DTYPES or f.dim() != 1 or not f.is_contiguous():
-                    raise ValueError(f"GradStatsKernel: expected 1-D contiguous float32/bfloat16/float16 "
-                                     f"tensors on {device}, got {f.dtype} {tuple(f.shape)} on {f.device}")
+                if f.device != device or f.dtype not in DTYPES or not f.is_contiguous():
+                    raise ValueError(f"GradStatsKernel: expected contiguous float32/bfloat16/float16 tensors "
+                                     f"on {device}, got {f.dtype} {tuple(f.shape)} on {f.device}")
             self._layout = _make_layout(flats, bounds, signs, device, self.chunk)
             self._key = key
         return self._layout
@@ -302,6 +309,10 @@ def _make_layout(flats: Sequence[torch.Tensor], bounds: tuple[float, ...], signs
             groups.append((dtype, first, len(chunk_param) - first))
     chunks = max(1, len(chunk_param))
     payload = torch.empty(n * k * 8 + n_sign_bytes, dtype=torch.uint8, device=device)
+    copy_stream = kernels_done = None
+    if device.type == "cuda":
+        copy_stream, kernels_done = torch.cuda.Stream(device), torch.cuda.Event()
+        payload.record_stream(copy_stream)  # freed later: not reused before that stream's copies end
     return _Layout(
         groups=groups, offsets=offsets, signs=signs, k=k, addrs=(), aligned=False,
         addr_table=torch.zeros(n, dtype=torch.int64, device=device),
@@ -314,13 +325,15 @@ def _make_layout(flats: Sequence[torch.Tensor], bounds: tuple[float, ...], signs
         part_keys=torch.empty(2 * chunks, dtype=torch.int32, device=device),
         part_ss=torch.empty(chunks, dtype=torch.float64, device=device),
         part_counts=torch.empty((1 + len(bounds)) * chunks, dtype=torch.int32, device=device),
-        payload=payload, stats=payload[: n * k * 8].view(torch.float64),
+        payload=payload, stats=payload[: n * k * 8].view(torch.float64), copy_stream=copy_stream,
+        kernels_done=kernels_done,
     )
 
 
 def _to_host(lay: _Layout, n: int) -> Callable[[], GradBatch]:
     """One non-blocking copy of the payload into a slot of the device's host staging ring (a
-    buffer of its own when it can never fit), and one event; the finish function waits for it."""
+    buffer of its own when it can never fit), on the side stream on CUDA, and one event; the
+    finish function waits for it."""
     from rlprobe.frameworks.staging import host_ring, pinned_ring
 
     payload = lay.payload
@@ -332,11 +345,16 @@ def _to_host(lay: _Layout, n: int) -> Callable[[], GradBatch]:
     else:
         host, give_back = slot
         host = torch.from_numpy(host) if isinstance(host, np.ndarray) else host
-    host.copy_(payload, non_blocking=cuda)
     event = None
     if cuda:
-        event = torch.cuda.Event()
-        event.record()
+        lay.kernels_done.record()
+        lay.copy_stream.wait_event(lay.kernels_done)
+        with torch.cuda.stream(lay.copy_stream):
+            host.copy_(payload, non_blocking=True)
+            event = lay.copied = torch.cuda.Event()
+            event.record()
+    else:
+        host.copy_(payload)
     at, k, offsets, with_signs = n * lay.k * 8, lay.k, lay.offsets, lay.signs
 
     def finish() -> GradBatch:

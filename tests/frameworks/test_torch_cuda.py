@@ -193,7 +193,7 @@ def _grad_cases() -> list[torch.Tensor]:
     cases[5][3] = -0.0
     cases += [special, special[1:], special[1:].to(torch.bfloat16), special[3:].half(), torch.empty(0),
               torch.randn(70_000, generator=g).to(torch.bfloat16), torch.randn(4099, generator=g).half(),
-              -torch.rand(33, generator=g) - 1]
+              -torch.rand(33, generator=g) - 1, torch.randn(257, 33, generator=g)]
     flat = torch.randn(20_000, generator=g)
     cases += [flat[0:4096], flat[4096:9095], flat[9095:20_000]]  # the last view starts 12 bytes past 16
     return cases
@@ -202,7 +202,7 @@ def _grad_cases() -> list[torch.Tensor]:
 def _compare_with_host(batch, cpu: list[torch.Tensor], bounds) -> None:
     from rlprobe.capture.grad_stats import host_batch
 
-    wide = [t.float().numpy() for t in cpu]
+    wide = [t.float().numpy().reshape(-1) for t in cpu]
     with np.errstate(over="ignore"):
         want = host_batch(wide, "L2" if bounds is not None else "L1", bounds or [])
     assert np.array_equal(batch.signs, want.signs) and batch.sign_offsets == want.sign_offsets

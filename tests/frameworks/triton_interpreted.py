@@ -36,7 +36,7 @@ def _check(kernel, tensors: list[torch.Tensor], bounds: list[float] | None) -> N
     finish, nbytes = kernel.launch(tensors, bounds)
     got = finish()
     try:
-        wide = [t.float().numpy() for t in tensors]
+        wide = [t.float().numpy().reshape(-1) for t in tensors]
         with np.errstate(over="ignore"):  # host_batch's float32 norm of |x| > 1.8e19
             want = host_batch(wide, "L2" if bounds is not None else "L1", bounds or [])
         k = 4 + (len(bounds) if bounds is not None else 0)
@@ -101,6 +101,7 @@ def test_triton_kernel_special_values_and_byte_edges(bounds):
         # subnormals are values: not zero, signs set (the interpreter's bf16 cast would flush them)
         torch.tensor([-9.18e-41, 1e-40, -1e-45]).to(torch.bfloat16), torch.tensor([1e-40, -1e-45, 0.0]),
         torch.tensor([6e-8, -6e-8]).half(),
+        torch.linspace(-2, 2, 63).reshape(7, 9), torch.linspace(-2, 2, 24).reshape(2, 3, 4).half(),  # memory order
     ]
     _check(triton_kernel.GradStatsKernel(block=16, chunk=32, num_warps=1), tensors, bounds)
 
@@ -152,6 +153,7 @@ def test_triton_kernel_results_live_in_a_ring_slot_until_released():
 def test_triton_kernel_refuses_what_it_cannot_read():
     kernel = triton_kernel.GradStatsKernel(block=16, chunk=32, num_warps=1)
     assert not kernel.supports([torch.ones(3, dtype=torch.float64)])
+    assert not kernel.supports([torch.ones(4, 3).t()]) and kernel.supports([torch.ones(4, 3), torch.ones(2).half()])
     with pytest.raises(ValueError, match="float64"):
         kernel.launch([torch.ones(3, dtype=torch.float64)], None)
     with pytest.raises(ValueError, match="block=12"):
