@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks (issues 2, 4, 6 and 17) as one script for a lent GPU machine, in under 5 minutes:
+# The GPU checks (issues 2, 4, 6 and 17) as one script for a lent GPU machine, in under 5 minutes
+# (the sections' time limits add up to 285 s):
 #   1. environment        GPU, versions, the imports the capture path needs
 #   2. cuda tests         tests/frameworks/test_torch_cuda.py (Triton kernel vs numpy, no sync, ...)
 #   3. grad mlp           the gradient probe on the 537M-parameter MLP (L1, L2 vs the plain step)
@@ -40,7 +41,7 @@ section() {  # section NAME LIMIT_S COMMAND...: run one section under a time lim
     STATUS+=("$name|$rc|$((SECONDS - t0))")
 }
 
-section "environment" 30 bash -c "
+section "environment" 20 bash -c "
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     $PY - <<'PYEOF'
 import sys
@@ -58,20 +59,20 @@ heavy = [m for m in ('duckdb', 'polars', 'openpyxl', 'pydantic') if m in sys.mod
 print('capture imports duckdb/polars/openpyxl/pydantic:', heavy or 'none')
 PYEOF"
 
-section "cuda tests" 80 "$PY" -m pytest tests/frameworks/test_torch_cuda.py -q -p no:cacheprovider -o addopts="" \
+section "cuda tests" 70 "$PY" -m pytest tests/frameworks/test_torch_cuda.py -q -p no:cacheprovider -o addopts="" \
     --junitxml "$RESULTS/cuda_tests.xml"
 
-section "grad mlp" 60 "$PY" benchmarks/grad_gpu_overhead.py --workload mlp --steps 10 --warmup 3 --repeat 3 \
+section "grad mlp" 50 "$PY" benchmarks/grad_gpu_overhead.py --workload mlp --steps 10 --warmup 3 --repeat 3 \
     ${DEVICE[@]+"${DEVICE[@]}"} --json "$RESULTS/grad_mlp.json"
 
-section "grad decoder" 75 "$PY" benchmarks/grad_gpu_overhead.py --workload decoder --steps 10 --warmup 3 --repeat 3 \
+section "grad decoder" 65 "$PY" benchmarks/grad_gpu_overhead.py --workload decoder --steps 10 --warmup 3 --repeat 3 \
     ${DEVICE[@]+"${DEVICE[@]}"} --json "$RESULTS/grad_decoder.json"
 
-section "kernel sweep" 60 "${SWEEP[@]}" benchmarks/grad_kernel_sweep.py ${DEVICE[@]+"${DEVICE[@]}"} \
+section "kernel sweep" 55 "${SWEEP[@]}" benchmarks/grad_kernel_sweep.py ${DEVICE[@]+"${DEVICE[@]}"} \
     --json "$RESULTS/grad_kernel_sweep.json"
 
 if [ "${GPU_CHECKS_CPU_SMOKE:-}" != 1 ]; then
-    section "save" 30 "$PY" benchmarks/save_overhead.py --device cuda --repeat 3 --json "$RESULTS/save_gpu.json"
+    section "save" 25 "$PY" benchmarks/save_overhead.py --device cuda --repeat 3 --json "$RESULTS/save_gpu.json"
 fi
 
 echo
