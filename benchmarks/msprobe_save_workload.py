@@ -21,6 +21,13 @@ Prints one JSON line:
   total_s:         wall time of the whole save/step loop
   bytes_on_disk:   sum of st_size of every file under --dump afterwards
   calls:           number of SingleSave.save calls
+
+--cold (issue 17, the first saves of a fresh process): 8 save calls, each of six float32
+[64, 4096] tensors (COLD_FLOAT_KEYS), "responses" int64 [64, 4096] and "prompts" int64
+[64, 512] with values in [0, 150000] (make_cold_calls, generated before anything is timed),
+step() after every fourth; save_blocking_s runs from the first save to the last one's return
+(the step after the fourth inside it, the last step after it); init_s times the construction.
+benchmarks/save_overhead.py --cold runs the same with rlprobe, each in a fresh process.
 """
 import argparse
 import json
@@ -48,6 +55,36 @@ def make_data(seed):
     return data
 
 
+COLD_CALLS = 8
+COLD_FLOAT_KEYS = ("log_prob", "old_log_prob", "ref_log_prob", "advantages", "returns", "values")
+COLD_INT_HIGH = 150000
+
+
+def make_cold_calls(seed):
+    import torch
+
+    torch.manual_seed(seed)
+    calls = []
+    for _ in range(COLD_CALLS):
+        call = {key: torch.randn(64, 4096) for key in COLD_FLOAT_KEYS}
+        call["responses"] = torch.randint(0, COLD_INT_HIGH + 1, (64, 4096))
+        call["prompts"] = torch.randint(0, COLD_INT_HIGH + 1, (64, 512))
+        calls.append(call)
+    return calls
+
+
+def time_cold(calls, save, step):
+    """Seconds from the first save to the last one's return, step() after every fourth save."""
+    t0 = time.perf_counter()
+    for i, call in enumerate(calls):
+        save(call)
+        if i % 4 == 3 and i < len(calls) - 1:
+            step()
+    blocking = time.perf_counter() - t0
+    step()
+    return blocking
+
+
 def bytes_under(path):
     total = 0
     for root, _dirs, files in os.walk(path):
@@ -60,10 +97,23 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dump", required=True, help="dump directory (must not exist or be empty)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cold", action="store_true", help="the cold workload (see above)")
     args = ap.parse_args(argv)
 
     if os.path.isdir(args.dump) and os.listdir(args.dump):
         sys.exit(f"--dump {args.dump} is not empty")
+
+    if args.cold:
+        calls = make_cold_calls(args.seed)
+        t0 = time.perf_counter()
+        from msprobe.core import SingleSave
+
+        SingleSave(args.dump, fmk="pytorch")
+        init = time.perf_counter() - t0
+        blocking = time_cold(calls, SingleSave.save, SingleSave.step)
+        print(json.dumps({"tool": "msprobe", "init_s": round(init, 6), "save_blocking_s": round(blocking, 6),
+                          "bytes_on_disk": bytes_under(args.dump), "calls": len(calls)}))
+        return
 
     from msprobe.core import SingleSave
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -37,3 +39,70 @@ def test_transformer_shaped_workload_has_an_llm_parameter_list(monkeypatch):
     step(0)
     assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
     sys.modules.pop("msprobe_grad_workload", None)
+
+
+def test_decoder_workload_runs_on_cpu(tmp_path, monkeypatch, capsys):
+    """grad_gpu_overhead.py --workload decoder: the Llama-shaped decoder's smoke size, end to end."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import grad_gpu_overhead
+
+    out = tmp_path / "r.json"
+    assert grad_gpu_overhead.main(["--workload", "decoder", "--device", "cpu", "--smoke", "--tmp", str(tmp_path),
+                                   "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())["summary"]
+    # 2 layers of 9 tensors (2 norms, q/k/v/o, gate/up/down) + embedding, final norm, LM head
+    dim, ffn, vocab = 64, 128, 256
+    per_layer = 4 * dim * dim + 3 * dim * ffn + 2 * dim
+    assert summary["tensors"] == 21 and summary["params"] == 2 * per_layer + 2 * vocab * dim + dim
+    for level, goal in (("L1", 2), ("L2", 3)):
+        assert summary[level]["goal_pct"] == goal and summary[level]["kernel"] == "numba (CPU)"
+        assert summary[level]["sign_bytes_per_step"] > summary["params"] / 8
+    assert "Llama-architecture decoder" in capsys.readouterr().out
+    sys.modules.pop("grad_gpu_overhead", None)
+
+
+def test_decoder_workload_is_the_issues_953m_parameters_in_147_tensors(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import grad_gpu_overhead
+
+    model = grad_gpu_overhead.make_decoder(grad_gpu_overhead.DECODER, "meta")  # shapes only, no memory
+    named = dict(model.named_parameters())
+    assert len(named) == 147 and sum(p.numel() for p in named.values()) == 953_223_168
+    assert named["layers.15.gate_proj.weight"].shape == (5632, 2048) and named["lm_head.weight"].shape == (32000, 2048)
+    sys.modules.pop("grad_gpu_overhead", None)
+
+
+def test_triton_kernel_sweep_script_runs_under_the_interpreter(tmp_path):
+    """grad_kernel_sweep.py's whole path (shapes, copy bandwidth, agreement, launches, torch-ops
+    comparison) on tiny shapes, in a process started with TRITON_INTERPRET=1."""
+    out = tmp_path / "sweep.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(BENCHMARKS.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "grad_kernel_sweep.py"), "--device", "cpu", "--smoke",
+                           "--workloads", "decoder", "--json", str(out)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    w = json.loads(out.read_text())["workloads"]["decoder"]
+    assert w["tensors"] == 12 and w["gradient_bytes"] == 4 * w["elements"]
+    assert [(s["block"], s["warps"]) for s in w["shapes"]] == [(16, 1), (32, 1)]
+    assert all(s["agrees"] for s in w["shapes"]) and w["best"]["block"] in (16, 32)
+    for key in ("L2_kernels_ms", "L1_kernels_ms", "triton L2 launch+copy ms", "torch ops L2 launch+copy ms",
+                "triton L2 issue ms (host)", "torch ops L2 issue ms (host)"):
+        assert w["shipped"][key] > 0, key
+    assert "of copy" in proc.stdout
+
+
+def test_gpu_checks_script_parses():
+    assert subprocess.run(["bash", "-n", str(BENCHMARKS / "gpu_checks.sh")]).returncode == 0
+
+
+def test_cold_save_run_of_the_save_benchmark(tmp_path):
+    """save_overhead.py --cold runs each tool in a fresh process; rlprobe's run, end to end."""
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(BENCHMARKS.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "save_overhead.py"), "--cold-child", "--dump",
+                           str(tmp_path / "d")], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["tool"] == "rlprobe" and got["save_blocking_s"] > 0 and got["init_s"] > 0
+    assert got["bytes_on_disk"] > 8 * 6 * 64 * 4096 * 4  # every float32 tensor of the 8 calls is on disk

@@ -23,12 +23,14 @@ PACK_MAGIC = -9205322385119247871  # 0x8040201008040201
 @dataclass
 class GradBatch:
     """One monitor's step on the host: stats (float64 [n, 4 + len(bounds)]), digests (uint64 [n]
-    or None), packed signs (uint8, each parameter starting on a byte boundary) or None."""
+    or None), packed signs (uint8, each parameter starting on a byte boundary) or None. When the
+    arrays are views of a staging ring slot, `release` gives the slot back once they are written."""
 
     stats: np.ndarray
     digests: np.ndarray | None
     signs: np.ndarray | None
     sign_offsets: list[int]
+    release: Callable[[], None] | None = None
 
 
 @dataclass

@@ -49,6 +49,7 @@ class GradMonitor:
         self.optimizer: Any = None
         self._handles: list[Any] = []
         self._removed = False
+        self._kernels: dict[str, Any] = {}  # device kernels' buffers, reused every step (torch_grads.launch)
         if model is None and optimizer is None:
             raise ProbeError(f"{where}: give a model, an optimizer or both "
                              "(monitor_grads(model, optimizer=opt) or, for MindSpore, monitor_grads(optimizer=opt))")
@@ -133,7 +134,7 @@ class GradMonitor:
             return
         from rlprobe.frameworks.torch_grads import launch
 
-        finish, nbytes = launch(grads, self.level, self.bounds)
+        finish, nbytes = launch(grads, self.level, self.bounds, self._kernels)
         self.submit(step, specs, finish, nbytes)
 
     def _next_step(self) -> int | None:
@@ -165,17 +166,22 @@ class GradMonitor:
                 sink.record_error(msg, {"kind": "grad", "monitor": monitor, "step": step, "what": "rows"})
                 writer.report([msg])
                 return
-            sign_file = None
-            if batch.signs is not None:
-                path = layout.grad_signs(monitor, step, rank)
-                try:
-                    sign_file = sink.write_tensor(path, batch.signs)
-                except OSError as e:
-                    msg = f"{where}: sign map not written to {path}: {e}; its statistics are kept"
-                    sink.record_error(msg, {"kind": "grad", "monitor": monitor, "step": step, "what": "signs"})
-                    writer.report([msg])
-            for row in grad_rows(batch, specs, monitor=monitor, step=step, probe_step=probe_step, level=level,
-                                 framework=framework, bounds=bounds, sign_file=sign_file):
+            try:
+                sign_file = None
+                if batch.signs is not None:
+                    path = layout.grad_signs(monitor, step, rank)
+                    try:
+                        sign_file = sink.write_tensor(path, batch.signs)
+                    except OSError as e:
+                        msg = f"{where}: sign map not written to {path}: {e}; its statistics are kept"
+                        sink.record_error(msg, {"kind": "grad", "monitor": monitor, "step": step, "what": "signs"})
+                        writer.report([msg])
+                rows = grad_rows(batch, specs, monitor=monitor, step=step, probe_step=probe_step, level=level,
+                                 framework=framework, bounds=bounds, sign_file=sign_file)
+            finally:
+                if batch.release is not None:  # the arrays were views of a staging ring slot
+                    batch.release()
+            for row in rows:
                 sink.add_row("grad", row)
 
         writer.submit(job, nbytes)

@@ -21,7 +21,7 @@ from rlprobe._version import __version__
 from rlprobe.capture.flatten import flatten
 from rlprobe.capture.writer import BackgroundWriter, LeafJob, write_key_data
 from rlprobe.errors import ProbeError
-from rlprobe.frameworks import FRAMEWORKS, detect_rank_and_world
+from rlprobe.frameworks import FRAMEWORKS, detect_rank_and_world, prepare_staging
 from rlprobe.lake.atomic import atomic_write_json
 from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout, check_text
 
@@ -76,6 +76,9 @@ class Probe:
                              "(it is created if missing)")
         if start_step is not None and (not _is_int(start_step) or start_step < 0):
             raise ProbeError(f"start_step={start_step!r}: expected a whole number >= 0, or None (continue the run)")
+        # the host staging ring's first pages are faulted in by a thread of its own from now on,
+        # while the rest of the set-up runs
+        prepare_staging(framework)
         self.path = Path(path)
         self.layout = DumpLayout(self.path)
         self.framework = framework

@@ -43,6 +43,12 @@ class LeafJob:
 
 class BackgroundWriter:
     def __init__(self, sink: RankWriter, max_inflight_bytes: int, flush_interval: float = 0.0):
+        # part merges need pyarrow.compute, whose import holds the GIL for ~100 ms. Imported here,
+        # on the thread setting the probe up: done on the writer thread it ran while the first
+        # saves did and stalled them (measured: the first save of a fresh process took ~100 ms
+        # instead of ~7, benchmarks/save_overhead.py --cold)
+        import pyarrow.compute  # noqa: F401
+
         self.sink = sink
         self.max_inflight = max_inflight_bytes
         self.flush_interval = flush_interval
@@ -108,10 +114,6 @@ class BackgroundWriter:
         self._retry_at = time.monotonic() + max(self.flush_interval, RETRY_S) if self.sink.pending_steps else 0.0
 
     def _run(self) -> None:
-        # part merges need pyarrow.compute, whose import holds the GIL for ~50 ms: pay it now,
-        # while the training code is still setting up, not in the middle of a training step
-        import pyarrow.compute  # noqa: F401
-
         while True:
             try:
                 item = self._queue.get(timeout=self._commit_wait())

@@ -9,7 +9,7 @@ from typing import Any
 
 from rlprobe.frameworks.base import Adapter, StagedLeaf
 
-__all__ = ["Adapter", "StagedLeaf", "adapter_for", "detect_rank_and_world", "FRAMEWORKS"]
+__all__ = ["Adapter", "StagedLeaf", "adapter_for", "detect_rank_and_world", "prepare_staging", "FRAMEWORKS"]
 FRAMEWORKS = ("torch", "mindspore", "numpy")
 
 
@@ -71,3 +71,12 @@ def _env_int(name: str, value: str) -> int:
 
         raise ProbeError(f"environment variable {name}={value!r}: expected a whole number (as torchrun sets it); "
                          f"fix {name}, or pass rank= and world_size= to rlprobe.Probe") from None
+
+
+def prepare_staging(framework: str | None) -> None:
+    """Make the host staging ring now if this probe may stage into it (torch CPU tensors), so its
+    first pages are faulted in before the first saves need them (frameworks/staging.py)."""
+    if framework in (None, "torch") and "torch" in sys.modules:
+        from rlprobe.frameworks.staging import host_ring
+
+        host_ring()

@@ -1,10 +1,16 @@
-"""Gradient statistics of many torch tensors on their device, in a few batched ops, returned to
-the host in ONE copy per step: the float64 stats matrix, the int64 digests and the packed sign
-bits travel as one uint8 buffer (pinned and non-blocking on CUDA)."""
+"""Gradient statistics of many torch tensors on their device, returned to the host in ONE copy
+per step: the float64 stats matrix, the int64 digests and the packed sign bits travel as one
+uint8 buffer (pinned and non-blocking on CUDA).
+
+On CUDA, L1 and L2 use the fused Triton kernel (frameworks/triton_grad_kernel.py: every gradient
+read once, two launches a step) where Triton is installed; otherwise, and for L0's digests, the
+batched torch ops below (a handful per parameter) do the same work.
+"""
 
 from __future__ import annotations
 
-from typing import Sequence
+import warnings
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -111,14 +117,43 @@ def _launch_cpu(flats: list[torch.Tensor], level: str, bounds: Sequence[float]) 
     return finish, int(raw.size)
 
 
-def launch(grads: Sequence[torch.Tensor], level: str, bounds: Sequence[float]) -> tuple[Finish, int]:
+def launch(grads: Sequence[torch.Tensor], level: str, bounds: Sequence[float],
+           kernels: dict[str, Any] | None = None) -> tuple[Finish, int]:
     """Queue the statistics of `grads` on their device; returns (finish, host bytes). `finish()`
-    waits for the copy and splits it; call it off the training thread."""
+    waits for the copy and splits it; call it off the training thread. `kernels` is the caller's
+    own dict (one per monitor) where the fused kernel keeps its device buffers between steps."""
     device = grads[0].device
+    if device.type != "cpu":
+        kernels = {} if kernels is None else kernels
+        fused = _fused_kernel(grads, level, kernels)
+        if fused is not None:
+            try:  # the gradients as they are: contiguous ones are read in memory order, no views made
+                return fused.launch(grads, bounds if level == "L2" else None)
+            except Exception as e:  # e.g. no compiler for this GPU: the torch ops below still work
+                kernels["triton"] = None
+                warnings.warn(f"rlprobe: the Triton gradient kernel failed on {device} ({type(e).__name__}: {e}); "
+                              "this monitor's gradient statistics use torch ops from now on", stacklevel=2)
     flats = [g.detach().reshape(-1) for g in grads]
     if device.type == "cpu":
         return _launch_cpu(flats, level, bounds)
     return _launch_device(flats, level, bounds, device)
+
+
+def _fused_kernel(grads: Sequence[torch.Tensor], level: str, kernels: dict[str, Any]) -> Any:
+    """The monitor's Triton kernel object, or None where the torch-ops path runs: L0 (digests),
+    devices other than CUDA, gradients the kernel does not read (other dtypes, not contiguous),
+    Triton missing or failed before."""
+    if level == "L0" or grads[0].device.type != "cuda":
+        return None
+    if "triton" not in kernels:
+        try:
+            from rlprobe.frameworks.triton_grad_kernel import GradStatsKernel
+        except ImportError:
+            kernels["triton"] = None
+        else:
+            kernels["triton"] = GradStatsKernel()
+    kernel = kernels["triton"]
+    return kernel if kernel is not None and kernel.supports(grads) else None
 
 
 def _launch_device(flats: list[torch.Tensor], level: str, bounds: Sequence[float],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 
@@ -44,3 +46,90 @@ def test_out_of_order_release_frees_in_fifo_order():
 
 def test_too_large_request_is_refused():
     assert StagingRing(np.zeros(4 * ALIGN, np.uint8)).alloc(5 * ALIGN) is None
+
+
+# -- faulting the host ring's pages in ahead of use (issue 17: cold saves) ------------------------
+def _resident(buffer: np.ndarray) -> np.ndarray:
+    """Which pages of a page-aligned buffer are in memory, by mincore(2)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    pages = -(-buffer.size // mmap.PAGESIZE)
+    vec = np.zeros(pages, np.uint8)
+    assert libc.mincore(buffer.ctypes.data, buffer.size, vec.ctypes.data) == 0, ctypes.get_errno()
+    return (vec & 1).astype(bool)
+
+
+def _mapped(nbytes: int) -> np.ndarray:
+    import mmap
+
+    return np.frombuffer(mmap.mmap(-1, nbytes), np.uint8)
+
+
+def test_host_ring_faults_in_only_a_bounded_margin_past_what_is_used():
+    from rlprobe.frameworks.staging import _populator
+
+    mib = 1 << 20
+    slack = 2 * mib  # where transparent huge pages are on, a fault may bring in 2 MiB at once
+    buffer = _mapped(64 * mib)
+    ring = StagingRing(buffer, _populator(buffer), ahead=8 * mib)
+    assert ring.wait_prefaulted(8 * mib, timeout=10)
+    resident = _resident(buffer)
+    page = buffer.size // resident.size
+    assert resident[: 8 * mib // page].all() and not resident[(8 * mib + slack) // page:].any()  # not the ring
+    _, free_a = ring.alloc(5 * mib)
+    _, free_b = ring.alloc(5 * mib)  # furthest slot ends at 10 MiB: resident up to 18 MiB, no further
+    assert ring.wait_prefaulted(18 * mib, timeout=10)
+    resident = _resident(buffer)
+    assert resident[: 18 * mib // page].all() and not resident[(18 * mib + slack) // page:].any()
+    free_a()
+    free_b()
+    ring.alloc(5 * mib)  # wrapped to the start: nothing new to fault in
+    time.sleep(0.2)
+    assert ring.faulted == 18 * mib and not _resident(buffer)[(18 * mib + slack) // page:].any()
+
+
+def test_prefaulting_never_changes_bytes_already_written():
+    """The ring's thread and the training thread may reach a page together: MADV_POPULATE_WRITE
+    leaves what the training thread wrote as it is."""
+    from rlprobe.frameworks.staging import _populator
+
+    mib = 1 << 20
+    buffer = _mapped(32 * mib)
+    ring = StagingRing(buffer, _populator(buffer), ahead=0)  # nothing faulted in until the first slot
+    slot, _ = ring.alloc(24 * mib)
+    pattern = np.arange(slot.size // 4, dtype=np.uint32).view(np.uint8)
+    np.copyto(slot, pattern)  # races the thread faulting [0, 24 MiB) in
+    assert ring.wait_prefaulted(24 * mib, timeout=10)
+    assert np.array_equal(slot, pattern) and not buffer[24 * mib:].any()
+
+
+def test_a_new_probe_starts_the_host_ring_and_its_imports_before_the_first_save(tmp_path):
+    """In a fresh process, Probe() makes the host ring (its first PREFAULT_AHEAD bytes faulted in
+    by the ring's thread, no more) and has imported pyarrow.compute, whose ~100 ms import holding
+    the GIL used to land on the first saves from the writer thread."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = f"""
+import json, sys, torch, rlprobe
+from rlprobe.frameworks import staging
+assert "host" not in staging._rings
+probe = rlprobe.Probe({str(tmp_path / "d")!r})
+ring = staging._rings.get("host")
+ok = ring is not None and ring.wait_prefaulted(staging.PREFAULT_AHEAD, timeout=20)
+print(json.dumps({{"ring": ring is not None, "prefaulted": ok, "faulted": ring.faulted if ring else None,
+                  "ahead": staging.PREFAULT_AHEAD, "capacity": ring.capacity if ring else None,
+                  "pyarrow_compute": "pyarrow.compute" in sys.modules}}))
+probe.close()
+"""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["ring"] and got["prefaulted"] and got["pyarrow_compute"]
+    assert got["faulted"] == got["ahead"] < got["capacity"]

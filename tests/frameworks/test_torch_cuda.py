@@ -131,7 +131,7 @@ def test_monitor_grads_on_cuda_matches_cpu_and_does_not_synchronise(tmp_path):
         g = torch.Generator(device="cpu").manual_seed(1)
         xs = [torch.randn(16, 64, generator=g).to(device) for _ in range(3)]
         with rlprobe.Probe(path) as probe:
-            probe.monitor_grads(model, optimizer=opt, name="actor", level="L2", bounds=[-0.1, 0.0, 0.1])
+            monitor = probe.monitor_grads(model, optimizer=opt, name="actor", level="L2", bounds=[-0.1, 0.0, 0.1])
             for i, x in enumerate(xs):
                 opt.zero_grad()
                 model(x).pow(2).mean().backward()
@@ -142,6 +142,8 @@ def test_monitor_grads_on_cuda_matches_cpu_and_does_not_synchronise(tmp_path):
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
                 probe.step()
+            if device == "cuda":  # the fused kernel ran, not the torch-ops fallback
+                assert type(monitor._kernels["triton"]).__name__ == "GradStatsKernel"
 
     train("cpu", tmp_path / "cpu", False)
     train("cuda", tmp_path / "cuda", True)
@@ -175,3 +177,88 @@ def test_stage_hooks_on_cuda_dump_the_same_module_tensors_as_on_cpu(tmp_path):
         assert r["tensor_file"] and r["shape"] == c["shape"]
         np.testing.assert_allclose(np.load(tmp_path / "cuda" / r["tensor_file"]),
                                    np.load(tmp_path / "cpu" / c["tensor_file"]), rtol=1e-4, atol=1e-5)
+
+
+# -- the fused Triton gradient kernel (issue 17) ------------------------------------------------
+def _grad_cases() -> list[torch.Tensor]:
+    """Gradients around every edge of the kernel: sizes around bytes, tiles and chunks, special
+    values, three dtypes, an empty one, and Megatron-like main_grad views into one flat buffer
+    (one of them not 16-byte aligned, which turns vector loads off)."""
+    from rlprobe.frameworks.triton_grad_kernel import BLOCK, CHUNK
+
+    g = torch.Generator(device="cpu").manual_seed(7)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 1e-40, -1e-45, 3.4e38, 5e19])
+    cases = [torch.randn(n, generator=g) for n in (1, 7, 8, 9, BLOCK - 1, BLOCK + 1, CHUNK + 3, 300_001)]
+    cases[4][::5] = 0.0
+    cases[5][3] = -0.0
+    cases += [special, special[1:], special[1:].to(torch.bfloat16), special[3:].half(), torch.empty(0),
+              torch.randn(70_000, generator=g).to(torch.bfloat16), torch.randn(4099, generator=g).half(),
+              -torch.rand(33, generator=g) - 1, torch.randn(257, 33, generator=g)]
+    flat = torch.randn(20_000, generator=g)
+    cases += [flat[0:4096], flat[4096:9095], flat[9095:20_000]]  # the last view starts 12 bytes past 16
+    return cases
+
+
+def _compare_with_host(batch, cpu: list[torch.Tensor], bounds) -> None:
+    from rlprobe.capture.grad_stats import host_batch
+
+    wide = [t.float().numpy().reshape(-1) for t in cpu]
+    with np.errstate(over="ignore"):
+        want = host_batch(wide, "L2" if bounds is not None else "L1", bounds or [])
+    assert np.array_equal(batch.signs, want.signs) and batch.sign_offsets == want.sign_offsets
+    assert np.array_equal(batch.stats[:, 3:], want.stats[:, 3:])  # zero and bound counts
+    for r, v in enumerate(wide):
+        row = batch.stats[r]
+        if v.size == 0 or np.isnan(v).any():
+            assert np.isnan(row[:3]).all(), r
+            continue
+        assert row[0] == v.max() and row[1] == v.min(), r
+        with np.errstate(over="ignore"):
+            exact = float(np.float32(np.sqrt(np.sum(v.astype(np.float64) ** 2))))
+        assert row[2] == pytest.approx(exact, rel=1e-6) or row[2] == exact == np.inf, r
+
+
+@pytest.mark.parametrize("shape", [None, (1024, 4), (4096, 16)])
+def test_triton_grad_kernel_on_cuda_equals_the_numpy_reference(shape):
+    from rlprobe.frameworks.triton_grad_kernel import GradStatsKernel
+
+    cpu = _grad_cases()
+    kernel = GradStatsKernel() if shape is None else GradStatsKernel(block=shape[0], chunk=16 * shape[0],
+                                                                      num_warps=shape[1])
+    flat = cpu[-1]._base.cuda()  # the views share one buffer on the GPU too
+    gpu = [t.cuda() for t in cpu[:-3]] + [flat[0:4096], flat[4096:9095], flat[9095:20_000]]
+    assert gpu[-1].data_ptr() % 16 == 12
+    for bounds in (None, [-1.0, -1e-3, 0.0, 1e-3, 1.0]):
+        finish, nbytes = kernel.launch(gpu, bounds)
+        batch = finish()
+        try:
+            assert nbytes == batch.stats.nbytes + batch.signs.nbytes
+            _compare_with_host(batch, cpu, bounds)
+        finally:
+            batch.release()
+
+
+def test_triton_grad_path_allocates_nothing_per_step_and_does_not_synchronise():
+    """torch_grads.launch on CUDA picks the Triton kernel; after the first step it allocates no
+    device memory (buffers kept in the monitor's dict) and never synchronises the host."""
+    from rlprobe.frameworks.torch_grads import launch
+    from rlprobe.frameworks.triton_grad_kernel import GradStatsKernel
+
+    cpu = _grad_cases()[:12]
+    grads = [t.cuda() for t in cpu]
+    kernels: dict = {}
+    launch(grads, "L2", [-1.0, 0.0, 1.0], kernels)[0]().release()
+    assert isinstance(kernels["triton"], GradStatsKernel)
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    finishes = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            finishes.append(launch(grads, "L2", [-1.0, 0.0, 1.0], kernels)[0])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+    for finish in finishes:
+        batch = finish()
+        _compare_with_host(batch, cpu, [-1.0, 0.0, 1.0])
+        batch.release()
