@@ -19,6 +19,15 @@ def shared_fixtures_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 
 
+@pytest.fixture(autouse=True)
+def _plain_output(monkeypatch):
+    """Commands print to tests as to a pipe, whatever the caller's environment forces: FORCE_COLOR
+    (set by many CI systems) would make rich write colour codes and a live progress bar there.
+    COLUMNS stays as it is: no output may depend on it."""
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     """Folder with the shared fixtures (msprobe dumps and msprobe's own comparison output)."""
