@@ -342,8 +342,9 @@ def test_directory_turns_read_only_mid_run(tmp_path, mounts):
     probe.flush()
     subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
     probe.save({"x": good(1)})
-    probe.step()
     with pytest.raises(ProbeError) as err:
+        # the writer is asynchronous: its error surfaces at step() if it already failed, at flush() at the latest
+        probe.step()
         probe.flush()
     msg = str(err.value)
     assert "Read-only" in msg and str(path) in msg, msg
