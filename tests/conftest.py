@@ -9,9 +9,10 @@ import pytest
 
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     # Under pytest-xdist each worker, and the processes its tests start, gets its share of the cores
-    # for OpenMP/BLAS thread pools (torch, numpy); on 2 cores `-n 2` otherwise ran 2 x 2 threads and
-    # the suite took 1.45x the wall time of `-n 2` with one thread each. Set before torch is imported.
-    _share = max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    # for OpenMP/BLAS thread pools (torch, numpy): on 2 cores, `-n 2` with two threads per worker ran
+    # slower than one process; with one thread each, faster. Set before torch is imported.
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    _share = max(1, _cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(_name, str(_share))
 
