@@ -151,3 +151,13 @@ def test_a_terminal_wraps_between_words_never_inside_a_path_or_a_number(lake, co
     # and the terminal's width was used: the verdict wrapped between its fields
     verdict = outputs[4]
     assert _lines_holding(verdict, "first divergence") and not _lines_holding(verdict, "micro_step 0: mismatch (max")
+
+
+def test_a_table_written_to_a_file_is_never_wrapped(lake, tmp_path):
+    target = tmp_path / "table.txt"
+    query = f"SELECT key, max(max) AS top, '{lake['b']}' AS dump FROM key_data GROUP BY key ORDER BY key"
+    result = CliRunner().invoke(main, ["sql", str(lake["b"]), query, "-o", str(target)], env={"COLUMNS": "20"},
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows = [line for line in target.read_text(encoding="utf-8").splitlines() if str(lake["b"]) in line]
+    assert len(rows) == 2 and "log_prob" in rows[0] and "1.125" in rows[0] and "responses" in rows[1]
