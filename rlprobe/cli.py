@@ -59,35 +59,31 @@ def info(dump: str, as_json: bool) -> None:
 
 
 def _print_summary(s: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from rich.markup import escape
 
-    console = Console()
+    from rlprobe.console import make_console, print_table, whole
+
+    console = make_console()
     complete = {True: "[green]complete[/]", False: "[yellow]incomplete (killed, or still running)[/]",
                 None: "unknown (msprobe dump)"}[s["complete"]]
-    console.print(f"[bold]{s['path']}[/]  format {s['format']}  run_id {s.get('run_id') or '-'}  {complete}")
-    console.print(f"ranks {s['ranks']}  world_size {s.get('world_size') or '-'}  framework {s.get('framework') or '-'}  "
-                  f"tensor bytes {_bytes(s['tensor_bytes'])}")
+    console.print("  ".join([f"[bold]{whole(s['path'])}[/]", whole(f"format {s['format']}"),
+                             whole(f"run_id {s.get('run_id') or '-'}"), complete]))
+    console.print("  ".join(whole(f"{name} {value}") for name, value in (
+        ("ranks", s["ranks"]), ("world_size", s.get("world_size") or "-"), ("framework", s.get("framework") or "-"),
+        ("tensor bytes", _bytes(s["tensor_bytes"])))))
     for problem in s["problems"]:
-        console.print(f"[red]! {problem}[/]")
-    table = Table(title="key data", title_justify="left")
-    table.add_column("key", no_wrap=True)
-    for column in ("dtypes", "steps", "ranks", "micro steps", "indexes", "tensors", "saved", "bytes"):
-        table.add_column(column)
+        console.print(f"[red]! {escape(str(problem))}[/]")
+    rows = []
     for k in s["keys"]:
         steps = f"{k['first_step']}-{k['last_step']} ({k['steps']})" if k["steps"] > 1 else str(k["first_step"])
-        table.add_row(k["key"], k["dtypes"], steps, str(k["ranks"]), str(k["micro_steps"]), str(k["indexes"]),
-                      str(k["tensors"]), str(k["tensor_files"]), _bytes(k["bytes"]))
-    console.print(table)
+        rows.append([k["key"], k["dtypes"], steps, k["ranks"], k["micro_steps"], k["indexes"], k["tensors"],
+                     k["tensor_files"], _bytes(k["bytes"])])
+    print_table(console, ["key", "dtypes", "steps", "ranks", "micro steps", "indexes", "tensors", "saved", "bytes"],
+                rows, title="[italic]key data[/]")
     if s["scalars"]:
-        t2 = Table(title="scalars", title_justify="left")
-        t2.add_column("name", no_wrap=True)
-        for column in ("steps", "ranks", "mean"):
-            t2.add_column(column)
-        for m in s["scalars"]:
-            t2.add_row(m["name"], f"{m['first_step']}-{m['last_step']} ({m['steps']})", str(m["ranks"]),
-                       f"{m['mean_value']:.6g}")
-        console.print(t2)
+        print_table(console, ["name", "steps", "ranks", "mean"],
+                    [[m["name"], f"{m['first_step']}-{m['last_step']} ({m['steps']})", m["ranks"],
+                      f"{m['mean_value']:.6g}"] for m in s["scalars"]], title="[italic]scalars[/]")
 
 
 def _bytes(n: int | None) -> str:
@@ -178,16 +174,18 @@ def _write_table(table: Any, fmt: str, output: str | None, max_rows: int) -> Non
         text = json.dumps(table.to_pylist(), default=str, indent=1)
         Path(output).write_text(text + "\n") if output else click.echo(text)
     else:
-        from rich.console import Console
-        from rich.table import Table
+        from contextlib import nullcontext
 
-        view = Table(*table.column_names)
-        for row in table.slice(0, max_rows).to_pylist():
-            view.add_row(*("NULL" if v is None else str(v) for v in row.values()))
-        console = Console(file=open(output, "w") if output else None, width=None if output else None)
-        console.print(view)
-        if table.num_rows > max_rows:
-            console.print(f"({table.num_rows} rows, {max_rows} shown; --max-rows or --format csv for all)")
+        from rlprobe.console import make_console, print_table
+
+        with open(output, "w", encoding="utf-8") if output else nullcontext() as file:
+            console = make_console(file=file)
+            shown = table.slice(0, max_rows)
+            rows = zip(*(["NULL" if v is None else v for v in column.to_pylist()] for column in shown.columns))
+            print_table(console, table.column_names, rows)
+            if table.num_rows > max_rows:
+                console.print(f"({table.num_rows} rows, {max_rows} shown; --max-rows or --format csv for all)",
+                              highlight=False)
         assert isinstance(table, pa.Table)
 
 

@@ -8,6 +8,15 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # Under pytest-xdist each worker, and the processes its tests start, gets its share of the cores
+    # for OpenMP/BLAS thread pools (torch, numpy): on 2 cores, `-n 2` with two threads per worker ran
+    # slower than one process; with one thread each, faster. Set before torch is imported.
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    _share = max(1, _cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_name, str(_share))
+
 
 def shared_fixtures_dir() -> Path:
     """The shared fixtures folder: $RLPROBE_SHARED/fixtures, else ../shared/fixtures beside the repo."""
@@ -18,6 +27,15 @@ def shared_fixtures_dir() -> Path:
         return shared if (shared / "msprobe").is_dir() and not (shared / "fixtures").is_dir() else shared / "fixtures"
     # tests/conftest.py -> parents[0] tests, [1] repo, [2] the folder holding repo and shared/
     return Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def _plain_output(monkeypatch):
+    """Commands print to tests as to a pipe, whatever the caller's environment forces: FORCE_COLOR
+    (set by many CI systems) would make rich write colour codes and a live progress bar there.
+    COLUMNS stays as it is: no output may depend on it."""
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="session")

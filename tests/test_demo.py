@@ -75,7 +75,8 @@ def test_learning_rate_change_shows_after_the_first_update(tmp_path):
 
 def test_ppo_example_runs_on_two_gloo_ranks(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
+    # --standalone: the rendezvous takes a free port, so parallel test workers or other runs never collide
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                     str(example_dir() / "tiny_ppo.py"), "--out", str(tmp_path / "ddp"), "--set", "ppo.steps=1"],
                    check=True, env=env, capture_output=True, cwd=tmp_path)
     d = rlprobe.open(tmp_path / "ddp")

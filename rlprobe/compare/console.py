@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from rlprobe.console import make_console, whole
 from rlprobe.errors import DumpReadError, ProbeError
 
 EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_UNREADABLE = 0, 1, 2, 3
@@ -17,7 +18,7 @@ def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: 
                 plot_every_param: bool = False, **options: Any) -> int:
     from rlprobe.compare.run import compare
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     progress_bar = None
     callback = None
     if not quiet:
@@ -33,11 +34,8 @@ def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: 
         progress_bar.start()
     try:
         summary = compare(run_a, run_b, out, progress=callback, **options)
-    except DumpReadError as e:
-        console.print(f"[red]error:[/] {e}")
-        return EXIT_UNREADABLE
-    except ProbeError as e:
-        console.print(f"[red]error:[/] {e}")
+    except (DumpReadError, ProbeError) as e:
+        console.print(f"[red]error:[/] {escape(str(e))}")
         return EXIT_UNREADABLE
     finally:
         if progress_bar is not None:
@@ -50,9 +48,9 @@ def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: 
             write_plots(out, every_param=plot_every_param)
         except OSError as e:  # the comparison's files are written already and stay
             plot_error = f"the plots cannot be written in {Path(out) / 'plots'}: {e}"
-    print_verdict(Console(), summary, out)
+    print_verdict(make_console(), summary, out)
     if plot_error:
-        console.print(f"[red]error:[/] {plot_error}")
+        console.print(f"[red]error:[/] {escape(plot_error)}")
         return EXIT_UNREADABLE
     from rlprobe.report.summary_text import differs
 
@@ -60,8 +58,8 @@ def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: 
 
 
 def print_verdict(console: Console, summary: dict[str, Any], out: str) -> None:
-    counts = ", ".join(f"{n} {status}" for status, n in sorted(summary["counts"].items())) or "no key data"
-    console.print(f"compared {summary['run_a']} (A) with {summary['run_b']} (B): {counts}")
+    counts = ", ".join(whole(f"{n} {status}") for status, n in sorted(summary["counts"].items())) or "no key data"
+    console.print(f"compared {whole(summary['run_a'])} (A) with {whole(summary['run_b'])} (B): {counts}")
     first = summary["first_divergence"]
     if first is None and (summary.get("module_first_divergence") or summary.get("grad_first_flagged")):
         from rlprobe.report.summary_text import verdict
@@ -72,14 +70,18 @@ def print_verdict(console: Console, summary: dict[str, Any], out: str) -> None:
     elif first is None:
         console.print("[green]no divergence[/]: every compared value agrees")
     else:
-        index = f" index {first['index']!r}" if first["index"] else ""
+        where = [whole(f"{field} {first[field]}") for field in ("step", "rank", "micro_step")]
+        if first["index"]:
+            where.append(whole(f"index {first['index']!r}"))
         errs = ""
         if first.get("max_abs_err") is not None:
-            errs = f" (max abs err {first['max_abs_err']:.3g}, max rel err {first['max_rel_err']:.3g})"
-        console.print(f"[bold red]first divergence[/]: {first['key']} at step {first['step']}, rank {first['rank']}, "
-                      f"micro_step {first['micro_step']}{index}: {first['status']}{errs}")
-        console.print(f"[bold]suspect[/]: {summary['suspect']}")
-        console.print(f"[bold]next[/]: {summary['advice']}")
+            abs_err, rel_err = f"max abs err {first['max_abs_err']:.3g}", f"max rel err {first['max_rel_err']:.3g}"
+            errs = f" ({whole(abs_err)}, {whole(rel_err)})"
+        console.print(f"[bold red]first divergence[/]: {whole(first['key'])} at {', '.join(where)}: "
+                      f"{escape(str(first['status']))}{errs}")
+        console.print(f"[bold]suspect[/]: {escape(str(summary['suspect']))}")
+        console.print(f"[bold]next[/]: {escape(str(summary['advice']))}")
     for err in summary.get("read_errors", []):
-        console.print(f"[yellow]warning[/]: {err}")
-    console.print(f"report: {out}/report.xlsx, {out}/summary.md, {out}/key_data.parquet")
+        console.print(f"[yellow]warning[/]: {escape(str(err))}")
+    reports = ", ".join(whole(f"{out}/{name}") for name in ("report.xlsx", "summary.md", "key_data.parquet"))
+    console.print(f"report: {reports}")
