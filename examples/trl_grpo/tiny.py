@@ -48,14 +48,14 @@ def build_model_dir(folder: str | Path, *, seed: int = 0, hidden: int = 32, laye
     return folder
 
 
-def prompt_dataset(n: int = 16, seed: int = 0):
-    """`n` prompts of three to five words, in a datasets.Dataset with a `prompt` column."""
+def prompt_dataset(count: int = 16, seed: int = 0):
+    """`count` prompts of three to five words, in a datasets.Dataset with a `prompt` column."""
     import random
 
     from datasets import Dataset
 
     rng = random.Random(seed)
-    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 5))) for _ in range(n)]
+    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 5))) for _ in range(count)]
     return Dataset.from_dict({"prompt": prompts})
 
 
