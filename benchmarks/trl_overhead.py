@@ -9,7 +9,7 @@ micro-batches of 4 completions of up to 8 tokens a step, beta 0.04 so the refere
 runs too), on the CPU. Each repetition trains twice in this process, plain and with
 `attach(trainer, cfg)`, in alternating order; `--level key_data` switches on key data,
 configs and TRL's metrics (rlprobe_config key_data_dump, configurations_dump, metrics_dump),
-`--level grads` adds grads_dump. A step's time is the interval between TRL's consecutive
+`--level grads` adds grads_dump; `--stats-only` keeps statistics without tensor files. A step's time is the interval between TRL's consecutive
 `on_step_begin` callbacks, so it holds generation, rewards, reference forward, both
 micro-batches' forward and backward, the optimizer step, TRL's logging and everything rlprobe
 does in them (its save calls, probe.step(), log_metrics). The first `--warmup` steps and the
@@ -72,7 +72,8 @@ def wait_idle(min_idle: float, timeout: float) -> float:
     return time.perf_counter() - t0
 
 
-def timed_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path | None, warmup: int) -> list[float]:
+def timed_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path | None, warmup: int,
+              stats_only: bool = False) -> list[float]:
     """Step times (s) of one training run; with `dump`, captured by rlprobe into it."""
     from transformers import TrainerCallback
 
@@ -88,7 +89,7 @@ def timed_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path | None, 
         trainer = ex.build_trainer(cfg, output_dir, model_dir)
         if dump is not None:
             run_cfg = dict(cfg, rlprobe_config={**cfg["rlprobe_config"], "dump_path": str(dump)})
-            attach(trainer, run_cfg, mode="overwrite")
+            attach(trainer, run_cfg, mode="overwrite", stats_only=stats_only)
         trainer.add_callback(StepClock())
         trainer.train()
     steps = [b - a for a, b in zip(begins, begins[1:])]  # the last step (ending in close()) is not timed
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=12, help="timed steps per run")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--stats-only", action="store_true", help="the probe keeps statistics, no tensor files")
     ap.add_argument("--min-idle", type=float, default=0.8)
     ap.add_argument("--idle-timeout", type=float, default=30.0)
     ap.add_argument("--smoke", action="store_true", help="1 repetition of 3 timed steps, no idle wait")
@@ -126,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             figures = {}
             for mode in order:
                 waited = wait_idle(args.min_idle, args.idle_timeout)
-                steps = timed_run(ex, cfg, model_dir, Path(tmp) / "dump" if mode == "rlprobe" else None, args.warmup)
+                steps = timed_run(ex, cfg, model_dir, Path(tmp) / "dump" if mode == "rlprobe" else None, args.warmup,
+                                  args.stats_only)
                 figures[mode] = statistics.median(steps)
                 figures[f"{mode}_waited_s"] = round(waited, 1)
             figures["ratio"] = figures["rlprobe"] / figures["plain"]
@@ -138,9 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     paired = statistics.median(r["ratio"] for r in runs)
     summary = {"level": args.level, "reps": args.reps, "steps": args.steps, "plain_step_ms": plain * 1e3,
                "rlprobe_step_ms": probed * 1e3, "overhead_pct": (probed / plain - 1) * 100,
-               "paired_overhead_pct": (paired - 1) * 100, "goal_pct": 5.0, "threads": args.threads}
-    print(f"\nTRL GRPO step, examples/trl_grpo configuration, level {args.level}, {args.reps} repetitions "
-          f"x {args.steps} steps, {args.threads} torch threads")
+               "paired_overhead_pct": (paired - 1) * 100, "goal_pct": 5.0, "threads": args.threads,
+               "stats_only": args.stats_only}
+    print(f"\nTRL GRPO step, examples/trl_grpo configuration, level {args.level}"
+          f"{' (statistics only)' if args.stats_only else ''}, {args.reps} repetitions x {args.steps} steps, "
+          f"{args.threads} torch threads")
     print(f"{'':<28}{'ms/step':>10}{'added':>10}")
     print(f"{'plain TRL':<28}{plain * 1e3:>10.1f}")
     print(f"{'with attach(trainer, cfg)':<28}{probed * 1e3:>10.1f}{summary['overhead_pct']:>+9.1f}%")
