@@ -9,7 +9,8 @@ micro-batches of 4 completions of up to 8 tokens a step, beta 0.04 so the refere
 runs too), on the CPU. Each repetition trains twice in this process, plain and with
 `attach(trainer, cfg)`, in alternating order; `--level key_data` switches on key data,
 configs and TRL's metrics (rlprobe_config key_data_dump, configurations_dump, metrics_dump),
-`--level grads` adds grads_dump; `--stats-only` keeps statistics without tensor files. A step's time is the interval between TRL's consecutive
+`--level grads` adds grads_dump; `--stats-only` keeps statistics without tensor files. A step's
+time is the interval between TRL's consecutive
 `on_step_begin` callbacks, so it holds generation, rewards, reference forward, both
 micro-batches' forward and backward, the optimizer step, TRL's logging and everything rlprobe
 does in them (its save calls, probe.step(), log_metrics). The first `--warmup` steps and the

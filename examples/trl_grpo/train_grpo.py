@@ -84,8 +84,10 @@ def build_trainer(cfg: dict[str, Any], output_dir: str | Path, model_dir: str | 
     else:
         raise SystemExit(f"trainer: {cfg['trainer']!r}; expected grpo or rloo")
     extra = {"rollout_func": cpu_rollout} if cfg.get("rollout_func") else {}
-    return Trainer(model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=[tiny.even_words, tiny.short_answer],
-                   args=Config(**kwargs), train_dataset=tiny.prompt_dataset(**cfg.get("prompts", {})), processing_class=tiny.build_tokenizer(), **extra)
+    return Trainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
+                   reward_funcs=[tiny.even_words, tiny.short_answer], args=Config(**kwargs),
+                   train_dataset=tiny.prompt_dataset(**cfg.get("prompts", {})),
+                   processing_class=tiny.build_tokenizer(), **extra)
 
 
 def train(cfg: dict[str, Any], out: str | Path | None = None, fault: str | None = None,

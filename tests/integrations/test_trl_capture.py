@@ -63,7 +63,8 @@ def test_rewards_are_the_reward_functions_of_the_saved_responses(trl_runs):
     tokenizer = ex.tiny.build_tokenizer()
     for step in range(3):
         responses, mask = tensor(dump, "responses", step), tensor(dump, "response_mask", step)
-        texts = [tokenizer.decode(r[m.astype(bool)].tolist(), skip_special_tokens=True) for r, m in zip(responses, mask)]
+        texts = [tokenizer.decode(r[m.astype(bool)].tolist(), skip_special_tokens=True)
+                 for r, m in zip(responses, mask)]
         even, short = ex.tiny.even_words(texts), ex.tiny.short_answer(texts)
         np.testing.assert_allclose(tensor(dump, "rewards/even_words", step), even, rtol=1e-6)
         np.testing.assert_allclose(tensor(dump, "rewards/short_answer", step), short, rtol=1e-6)
