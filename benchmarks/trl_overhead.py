@@ -1,0 +1,160 @@
+"""What rlprobe's TRL integration adds to a TRL step (issue 15: <= 5 % at key-data level).
+
+    python benchmarks/trl_overhead.py                     # key data, 9 repetitions (about 2 minutes)
+    python benchmarks/trl_overhead.py --level grads       # key data + gradient monitor (L1)
+    python benchmarks/trl_overhead.py --smoke             # one short repetition (the test suite runs it)
+
+Workload: examples/trl_grpo's configuration (GRPOTrainer, the tiny Qwen2 built in code, 2
+micro-batches of 4 completions of up to 8 tokens a step, beta 0.04 so the reference model
+runs too), on the CPU. Each repetition trains twice in this process, plain and with
+`attach(trainer, cfg)`, in alternating order; `--level key_data` switches on key data,
+configs and TRL's metrics (rlprobe_config key_data_dump, configurations_dump, metrics_dump),
+`--level grads` adds grads_dump; `--stats-only` keeps statistics without tensor files. A step's
+time is the interval between TRL's consecutive
+`on_step_begin` callbacks, so it holds generation, rewards, reference forward, both
+micro-batches' forward and backward, the optimizer step, TRL's logging and everything rlprobe
+does in them (its save calls, probe.step(), log_metrics). The first `--warmup` steps and the
+last one (which ends in close()) are not timed. Per run the median step; the table gives the
+medians over repetitions and the median of each repetition's probe/plain ratio (paired).
+Before each run it waits (up to --idle-timeout s) for the CPU to be --min-idle idle for 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+EXAMPLE = HERE.parent / "examples" / "trl_grpo" / "train_grpo.py"
+LEVELS = {
+    "key_data": {"key_data_dump": True, "configurations_dump": True, "metrics_dump": True},
+    "grads": {"key_data_dump": True, "configurations_dump": True, "metrics_dump": True, "grads_dump": True},
+}
+
+
+def load_example() -> Any:
+    spec = importlib.util.spec_from_file_location("trl_grpo_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cpu_idle_share(interval: float = 1.0) -> float:
+    """Share of CPU time idle over `interval` seconds, from /proc/stat (1.0 where unavailable)."""
+    def read() -> list[int] | None:
+        try:
+            return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except (OSError, ValueError):
+            return None
+
+    a = read()
+    time.sleep(interval)
+    b = read()
+    if a is None or b is None:
+        return 1.0
+    delta = [y - x for x, y in zip(a, b)]
+    return (delta[3] + delta[4]) / max(sum(delta), 1)
+
+
+def wait_idle(min_idle: float, timeout: float) -> float:
+    t0 = time.perf_counter()
+    while min_idle > 0:
+        share = cpu_idle_share()
+        if share >= min_idle or time.perf_counter() - t0 > timeout:
+            break
+    return time.perf_counter() - t0
+
+
+def timed_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path | None, warmup: int,
+              stats_only: bool = False) -> list[float]:
+    """Step times (s) of one training run; with `dump`, captured by rlprobe into it."""
+    from transformers import TrainerCallback
+
+    from rlprobe.integrations.trl import attach
+
+    begins: list[float] = []
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            begins.append(time.perf_counter())
+
+    with tempfile.TemporaryDirectory(prefix="trl_bench_") as output_dir:
+        trainer = ex.build_trainer(cfg, output_dir, model_dir)
+        if dump is not None:
+            run_cfg = dict(cfg, rlprobe_config={**cfg["rlprobe_config"], "dump_path": str(dump)})
+            attach(trainer, run_cfg, mode="overwrite", stats_only=stats_only)
+        trainer.add_callback(StepClock())
+        trainer.train()
+    steps = [b - a for a, b in zip(begins, begins[1:])]  # the last step (ending in close()) is not timed
+    return steps[warmup:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--level", choices=sorted(LEVELS), default="key_data")
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--steps", type=int, default=12, help="timed steps per run")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--stats-only", action="store_true", help="the probe keeps statistics, no tensor files")
+    ap.add_argument("--min-idle", type=float, default=0.8)
+    ap.add_argument("--idle-timeout", type=float, default=30.0)
+    ap.add_argument("--smoke", action="store_true", help="1 repetition of 3 timed steps, no idle wait")
+    ap.add_argument("--tmp", help="folder for the model and dumps (default: a temporary one)")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.reps, args.steps, args.warmup, args.min_idle = 1, 3, 1, 0.0
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    ex = load_example()
+    cfg = ex.load_config()
+    cfg["grpo"]["max_steps"] = args.warmup + args.steps + 1
+    cfg["rlprobe_config"] = {**LEVELS[args.level], "stages": []}
+    with tempfile.TemporaryDirectory(prefix="trl_overhead_", dir=args.tmp) as tmp:
+        model_dir = ex.tiny.build_model_dir(Path(tmp) / "model")
+        runs: list[dict[str, Any]] = []
+        for rep in range(args.reps):
+            order = ("plain", "rlprobe") if rep % 2 == 0 else ("rlprobe", "plain")
+            figures = {}
+            for mode in order:
+                waited = wait_idle(args.min_idle, args.idle_timeout)
+                steps = timed_run(ex, cfg, model_dir, Path(tmp) / "dump" if mode == "rlprobe" else None, args.warmup,
+                                  args.stats_only)
+                figures[mode] = statistics.median(steps)
+                figures[f"{mode}_waited_s"] = round(waited, 1)
+            figures["ratio"] = figures["rlprobe"] / figures["plain"]
+            runs.append(figures)
+            print(f"rep {rep}: plain {figures['plain'] * 1e3:.1f} ms, rlprobe {figures['rlprobe'] * 1e3:.1f} ms, "
+                  f"{(figures['ratio'] - 1) * 100:+.1f}%", flush=True)
+    plain = statistics.median(r["plain"] for r in runs)
+    probed = statistics.median(r["rlprobe"] for r in runs)
+    paired = statistics.median(r["ratio"] for r in runs)
+    summary = {"level": args.level, "reps": args.reps, "steps": args.steps, "plain_step_ms": plain * 1e3,
+               "rlprobe_step_ms": probed * 1e3, "overhead_pct": (probed / plain - 1) * 100,
+               "paired_overhead_pct": (paired - 1) * 100, "goal_pct": 5.0, "threads": args.threads,
+               "stats_only": args.stats_only}
+    print(f"\nTRL GRPO step, examples/trl_grpo configuration, level {args.level}"
+          f"{' (statistics only)' if args.stats_only else ''}, {args.reps} repetitions x {args.steps} steps, "
+          f"{args.threads} torch threads")
+    print(f"{'':<28}{'ms/step':>10}{'added':>10}")
+    print(f"{'plain TRL':<28}{plain * 1e3:>10.1f}")
+    print(f"{'with attach(trainer, cfg)':<28}{probed * 1e3:>10.1f}{summary['overhead_pct']:>+9.1f}%")
+    print(f"{'paired (median of ratios)':<28}{'':>10}{summary['paired_overhead_pct']:>+9.1f}%   (goal <= +5%)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"summary": summary, "runs": runs}, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Planted faults in a real TRL GRPO run (examples/trl_grpo) and what `rlprobe compare` says.
+
+Verdicts that need issue 14 (a config diff naming the changed setting, parameter fingerprints
+naming the update) are strict xfails: they pass, and so fail here, once it lands."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import rlprobe
+
+
+def compare(runs, a: str, b: str, tmp_path) -> dict:
+    return rlprobe.compare(runs.get(a), runs.get(b), tmp_path / "out")
+
+
+def first(summary: dict) -> tuple[str, int]:
+    fd = summary["first_divergence"]
+    return fd["key"], fd["step"]
+
+
+def test_two_seeded_runs_do_not_diverge(trl_runs, tmp_path):
+    trl_runs.get("base")
+    summary = compare(trl_runs, "base", "base_again", tmp_path)
+    assert summary["first_divergence"] is None
+    assert summary["counts"].get("mismatch", 0) == 0 and summary["counts"]["match"] > 50
+    # old_log_prob (TRL computes none with num_iterations=1) is absent in both, not a divergence
+    assert summary["counts"]["absent_in_both"] > 0
+
+
+def test_reference_in_bf16_names_ref_log_prob_and_then_the_embedding(trl_runs, tmp_path):
+    summary = compare(trl_runs, "base", "fault_ref_bf16", tmp_path)
+    assert first(summary) == ("ref_log_prob", 0)
+    assert "the reference model's forward" in summary["suspect"]
+    assert "prompts, responses identical" in summary["suspect"]
+    advised = summary["next_config"]["rlprobe_config"]
+    assert advised["stages"] == ["reference_compute_log_prob"] and advised["step_start"] == 0
+    # the advised dump, run on both, names the first module whose output differs
+    overrides = {"rlprobe_config": {**advised, "dump_path": "set-by-runs"}, "grpo.max_steps": advised["step_end"] + 1}
+    a = trl_runs.get("modules_base", **overrides)
+    b = trl_runs.get("modules_ref_bf16", fault="ref-bf16", **overrides)
+    modules = rlprobe.compare(a, b, tmp_path / "modules")["module_first_divergence"]
+    assert modules["stage"] == "reference_compute_log_prob" and modules["step"] == 0
+    assert modules["module"] == "model.embed_tokens" and modules["inputs_match"] is True
+    assert modules["status"] == "dtype_mismatch"
+
+
+def test_temperature_names_the_responses_and_rollout_sampling(trl_runs, tmp_path):
+    summary = compare(trl_runs, "base", "fault_temperature", tmp_path)
+    assert first(summary) == ("responses", 0)
+    assert summary["suspect"].endswith("rollout sampling: generation produced different tokens from the same prompts")
+    assert "temperature" in summary["advice"]
+
+
+def test_sampling_seed_names_the_responses_and_rollout_sampling(trl_runs, tmp_path):
+    summary = compare(trl_runs, "base", "fault_sampling_seed", tmp_path)
+    assert first(summary) == ("responses", 0)
+    assert "(prompts identical) -> rollout sampling" in summary["suspect"]
+    assert "sampling seed" in summary["advice"]
+
+
+def test_beta_names_the_loss(trl_runs, tmp_path):
+    summary = compare(trl_runs, "base", "fault_beta", tmp_path)
+    # step 1: at step 0 the policy equals the reference, so the KL term and its gradient are 0
+    assert first(summary) == ("loss", 1)
+    assert "the loss computation for 'loss'" in summary["suspect"]
+
+
+def test_learning_rate_names_the_update_after_step_0(trl_runs, tmp_path):
+    summary = compare(trl_runs, "base", "fault_lr", tmp_path)
+    assert first(summary) == ("responses", 1)
+    assert "the parameter update after step 0" in summary["suspect"]
+
+
+@pytest.mark.xfail(strict=True, reason="needs issue 14: a config diff naming the changed setting")
+@pytest.mark.parametrize("fault, setting", [("ref-bf16", "model_init_kwargs"), ("beta", "beta"),
+                                            ("temperature", "temperature"), ("lr", "learning_rate"),
+                                            ("sampling-seed", "seed")])
+def test_the_changed_setting_is_named(trl_runs, tmp_path, fault, setting):
+    summary = compare(trl_runs, "base", f"fault_{fault.replace('-', '_')}", tmp_path)
+    beyond_advice = json.dumps({k: v for k, v in summary.items() if k != "advice"})
+    assert f'"{setting}"' in beyond_advice or f"{setting}:" in beyond_advice or f"{setting} " in beyond_advice
+
+
+@pytest.mark.xfail(strict=True, reason="needs issue 14: parameter fingerprints naming the update that differs")
+def test_learning_rate_names_the_update_by_its_fingerprint(trl_runs, tmp_path):
+    summary = compare(trl_runs, "base", "fault_lr", tmp_path)
+    assert "the update of step 0 differs" in summary["suspect"]
