@@ -422,6 +422,8 @@ def write_extra_tables(work: Path, tables: dict[str, pa.Table]) -> dict[str, Any
     grad_steps.parquet and grads/.../similarities.csv. Returns the keyword arguments of
     write_report_xlsx that add their sheets (`rlprobe compare` and pipelines write the same)."""
     extra_sheets: dict[str, pa.Table] = {}
+    if "config_diff" in tables:  # every changed config path, the ignored ones marked (docs/compare.md)
+        pq.write_table(tables["config_diff"], work / "config_diff.parquet", compression="zstd")
     if "modules" in tables:
         from rlprobe.compare.modules import public_table
 

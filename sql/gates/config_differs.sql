@@ -4,4 +4,5 @@
 -- compare: {config: {ignore: [...]}}), with the family of settings it belongs to.
 SELECT path, value_a, value_b, family, ranks
 FROM config_diff
+WHERE NOT ignored
 ORDER BY path
