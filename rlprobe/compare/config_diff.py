@@ -128,8 +128,8 @@ def explain_config(summary: dict[str, Any], diff: pa.Table, canonical_key: str |
     summary["config_ignored"] = diff.num_rows - len(rows)
     warnings = summary.setdefault("warnings", [])
     missing = [side for side, has in zip("AB", saved) if not has]
-    if missing:
-        warnings.append(f"run {' and '.join(missing)} saved no config (save_config / configurations_dump): "
+    if len(missing) == 1:  # neither run saving one (a plain or msprobe dump) is common, and no news
+        warnings.append(f"run {missing[0]} saved no config (save_config / configurations_dump): "
                         "the config diff cannot name a changed setting")
     if key_warning:
         warnings.append(key_warning)

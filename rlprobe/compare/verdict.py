@@ -137,7 +137,8 @@ def explain(first: dict[str, Any] | None, diverged_at_step: dict[str, bool],
                                           "stages": [suspect.stage], "step_start": step, "step_end": step}}
         advice += f" (rlprobe_config below: stage {suspect.stage}, step {step})"
     shown = key if key == canon else f"{key} (as {canon})"
-    return {"suspect": f"{shown} diverges first at {where}{same} -> {what}", "advice": advice, "next_config": next_config}
+    return {"suspect": f"{shown} diverges first at {where}{same} -> {what}", "advice": advice,
+            "next_config": next_config}
 
 
 def explain_beyond_key_data(summary: dict[str, Any], grad_probe_step: int | None = None) -> None:

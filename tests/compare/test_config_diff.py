@@ -98,7 +98,8 @@ def test_output_paths_are_ignored_unless_asked_for(ppo_runs, tmp_path):
     assert done.returncode == 0, done.stderr
     assert 'config differs: rlprobe_config.dump_path: A="./rlprobe_dump", B="/somewhere/else"' in done.stdout
     done = subprocess.run([sys.executable, "-m", "rlprobe.cli", "compare", str(a), str(ppo_runs("note")), "-o",
-                           str(tmp_path / "d"), "--quiet", "--config-ignore", "comment"], capture_output=True, text=True)
+                           str(tmp_path / "d"), "--quiet", "--config-ignore", "comment"],
+                          capture_output=True, text=True)
     assert "config: the saved configs agree (1 ignored path(s) differ)" in done.stdout
 
 
@@ -128,7 +129,7 @@ def test_family_patterns_match_every_trainer_s_names(ppo_runs):
     con.register("configs_a", rows)
     con.register("configs_b", rows.set_column(2, "value", pa.array(["2"] * len(paths))))
     con.register("config_patterns", patterns_table())
-    found = {r[0]: (r[1], r[2]) for r in con.execute(f"SELECT path, family, ignored FROM ({sql_text('config_diff.sql')})")
-             .fetchall()}
+    query = f"SELECT path, family, ignored FROM ({sql_text('config_diff.sql')})"
+    found = {r[0]: (r[1], r[2]) for r in con.execute(query).fetchall()}
     assert {p: f for p, (f, _) in found.items()} == paths
     assert found["args.output_dir"][1] is True and found["args.adam_epsilon"][1] is False
