@@ -207,8 +207,14 @@ def _write_table(table: Any, fmt: str, output: str | None, max_rows: int) -> Non
               help="With the plots, one PNG per gradient parameter (OUT/plots/grad_params); implies --plots.")
 @click.option("--fail-on-diff", is_flag=True, help="Exit with code 1 when anything diverges.")
 @click.option("--quiet", is_flag=True, help="No progress bar, only the verdict.")
+@click.option("--key-map", "key_map", multiple=True, metavar="SAVED=CANONICAL",
+              help="Read saved key SAVED as the data-flow key CANONICAL, e.g. old_log_probs=old_log_prob (repeatable).")
+@click.option("--config-ignore", multiple=True, metavar="GLOB",
+              help="Leave config paths matching GLOB out of the config diff, e.g. trainer.project_name (repeatable).")
+@click.option("--no-default-config-ignore", is_flag=True,
+              help="Show the config paths the default ignore list leaves out (output paths, run names, ...).")
 def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, per_key_files, plots, plot_every_param,
-            fail_on_diff, quiet):
+            fail_on_diff, quiet, key_map, config_ignore, no_default_config_ignore):
     """Compare two runs (rlprobe or msprobe dumps) and say where they diverge first.
 
     \b
@@ -224,6 +230,12 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, pe
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     key_list = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
+    from rlprobe.compare.key_aliases import parse_key_map
+
+    try:
+        key_mapping = parse_key_map(key_map)
+    except ProbeError as e:
+        raise click.BadParameter(str(e), param_hint="--key-map") from None
     if "scipy" not in sys.modules:
         # numba loads scipy's BLAS bindings when present (0.15 s of start-up); the comparison
         # kernels never use them, and this process runs nothing else
@@ -232,7 +244,8 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, pe
 
     code = run_compare(run_a, run_b, out, keys=key_list, steps=step_list, ranks=rank_list, workers=workers,
                        stats_rtol=stats_rtol, lang=lang, per_key_files=per_key_files, plots=plots,
-                       plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet)
+                       plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet, key_map=key_mapping,
+                       config_ignore=list(config_ignore), config_ignore_defaults=not no_default_config_ignore)
     raise click.exceptions.Exit(code)
 
 

@@ -83,5 +83,9 @@ def print_verdict(console: Console, summary: dict[str, Any], out: str) -> None:
         console.print(f"[bold]next[/]: {escape(str(summary['advice']))}")
     for err in summary.get("read_errors", []):
         console.print(f"[yellow]warning[/]: {escape(str(err))}")
+    from rlprobe.report.config_diff_report import console_lines
+
+    for line in console_lines(summary):  # issue 14: the config diff and warnings
+        console.print(escape(line), highlight=False)
     reports = ", ".join(whole(f"{out}/{name}") for name in ("report.xlsx", "summary.md", "key_data.parquet"))
     console.print(f"report: {reports}")

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 DEFAULT_ORDER = (
-    "prompts", "responses", "rewards", "token_level_scores", "values", "old_log_prob", "ref_log_prob",
+    "prompts", "responses", "rollout_log_prob",  # the inference engine's log-probs, with the rollout
+    "rewards", "token_level_scores", "values", "old_log_prob", "ref_log_prob",
     "kl", "token_level_rewards", "advantages", "returns", "log_prob", "ratio", "pg_loss", "vf_loss", "kl_loss", "entropy", "loss",
 )
 # singular and misspelt forms seen in the wild (msprobe's docs use ref_log_probe / old_log_probe)

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlprobe._version import __version__
-from rlprobe.compare.dataflow import key_order_table
+from rlprobe.compare.key_aliases import key_order_table
 from rlprobe.compare.verdict import explain, explain_beyond_key_data
 from rlprobe.errors import ProbeError
 from rlprobe.lake.atomic import TMP_MARK, is_temporary
@@ -38,6 +38,7 @@ def compare(
     workers: int = 2, lang: str = "en", per_key_files: bool = False, per_key_dir: str = "per_key",
     stats_rtol: float = 0.0,
     order: list[str] | None = None, reports: bool = True, progress: Progress | None = None,
+    key_map: dict[str, str] | None = None, config_ignore: list[str] | None = None, config_ignore_defaults: bool = True,
 ) -> dict[str, Any]:
     """Compare dumps `a` and `b` (rlprobe or msprobe format); write results under `out`; return the summary."""
     started = time.perf_counter()
@@ -50,7 +51,8 @@ def compare(
     work = _work_dir(out)
     try:
         tables, summary = compare_dumps(dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
-                                        stats_rtol=stats_rtol, order=order, progress=progress)
+                                        stats_rtol=stats_rtol, order=order, progress=progress, key_map=key_map,
+                                        config_ignore=config_ignore, config_ignore_defaults=config_ignore_defaults)
         summary["elapsed_s"] = round(time.perf_counter() - started, 3)
         try:
             _write_outputs(work.path, tables, summary, lang=lang, per_key_files=per_key_files,
@@ -72,7 +74,9 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
                   order=None, progress: Progress | None = None,
                   executor: Callable[..., dict] | None = None, grads: dict[str, float] | None = None,
                   modules: dict[str, Any] | None = None,
-                  con: "duckdb.DuckDBPyConnection | None" = None) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+                  con: "duckdb.DuckDBPyConnection | None" = None, key_map: dict[str, str] | None = None,
+                  config_ignore: list[str] | None = None, config_ignore_defaults: bool = True,
+                  ) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     """The comparison itself, in memory: (tables by name, summary). `executor` runs the pair
     kernels, called like rlprobe.compare.executor.run_pairs(tasks, workers=, progress=) (default).
 
@@ -87,7 +91,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     read_errors: list[str] = []
     _load_stats(con, "stats_a", dump_a, read_errors, "A")
     _load_stats(con, "stats_b", dump_b, read_errors, "B")
-    con.register("key_order", key_order_table(order))
+    con.register("key_order", key_order_table(order, key_map))
     pairs_sql = _statement(sql_text("key_data_pairs.sql"))
     params = {"keys": keys, "steps": steps, "ranks": ranks}
 
@@ -186,6 +190,15 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
                                                                    steps=steps, ranks=ranks, **(grads or {}))
         tables.update(grad_tables)
     explain_beyond_key_data(summary, _grad_probe_step(tables.get("grads"), summary["grad_first_flagged"]))
+    from rlprobe.compare.config_diff import diff_configs, explain_config, saved_configs
+    from rlprobe.compare.key_aliases import flow_warning
+    from rlprobe.compare.verdict_modules import follow_up
+
+    follow_up(summary, tables.get("modules"))  # docs/modules.md: after the module dump; docs/compare.md: config diff
+    tables["config_diff"] = diff_configs(dump_a, dump_b, ignore=config_ignore, ignore_defaults=config_ignore_defaults,
+                                         read_errors=read_errors)
+    explain_config(summary, tables["config_diff"], first and first["canonical_key"], saved_configs(dump_a, dump_b),
+                   flow_warning([k["key"] for k in summary["keys"]], key_map, order))
     return tables, summary
 
 
@@ -409,6 +422,8 @@ def write_extra_tables(work: Path, tables: dict[str, pa.Table]) -> dict[str, Any
     grad_steps.parquet and grads/.../similarities.csv. Returns the keyword arguments of
     write_report_xlsx that add their sheets (`rlprobe compare` and pipelines write the same)."""
     extra_sheets: dict[str, pa.Table] = {}
+    if "config_diff" in tables:  # every changed config path, the ignored ones marked (docs/compare.md)
+        pq.write_table(tables["config_diff"], work / "config_diff.parquet", compression="zstd")
     if "modules" in tables:
         from rlprobe.compare.modules import public_table
 

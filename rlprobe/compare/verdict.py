@@ -19,13 +19,16 @@ class Suspect:
 
 UPSTREAM_OF = {
     "responses": ("prompts",),
+    "rollout_log_prob": ("prompts", "responses"),
     "rewards": ("prompts", "responses"),
     "token_level_scores": ("prompts", "responses"),
     "values": ("prompts", "responses"),
     "old_log_prob": ("prompts", "responses"),
     "ref_log_prob": ("prompts", "responses"),
     "kl": ("old_log_prob", "ref_log_prob"),
-    "advantages": ("rewards", "token_level_scores", "values", "old_log_prob", "ref_log_prob", "kl"),
+    "token_level_rewards": ("token_level_scores", "kl"),
+    "advantages": ("rewards", "token_level_scores", "values", "old_log_prob", "ref_log_prob", "kl",
+                   "token_level_rewards"),
     "returns": ("rewards", "token_level_scores", "values"),
     "log_prob": ("prompts", "responses"),
 }
@@ -49,6 +52,15 @@ RULES: dict[str, Suspect] = {
                             "dump the reference model's modules for this step"),
     "kl": Suspect("the KL computation (both log-probs it is made from match)", None,
                   "check the KL estimator and its coefficient in the config"),
+    "token_level_rewards": Suspect(
+        "the KL penalty's application (token_level_rewards = token_level_scores - KL coefficient * kl): "
+        "the scores and the KL it is made from match", None,
+        "check the KL coefficient (kl_coef, beta, init_kl_coef), its controller (fixed or adaptive) and the KL "
+        "estimator the penalty uses (kl_penalty) in the config"),
+    "rollout_log_prob": Suspect(
+        "the inference engine's log-probs (vLLM, SGLang or the rollout model): its precision, its kernels or its "
+        "weights (a missed weight sync)", None,
+        "compare the rollout engine's dtype and settings and the weight sync after each update"),
     "advantages": Suspect(
         "the advantage computation (GAE or group normalisation), not a model: its inputs match", None,
         "check gamma, lambda, whitening and the advantage estimator in the config (configs table)"),
@@ -92,6 +104,13 @@ def explain(first: dict[str, Any] | None, diverged_at_step: dict[str, bool],
                 "advice": "check micro-batch size, sequence lengths and padding in both configs", "next_config": None}
 
     upstream_ok = [k for k in UPSTREAM_OF.get(canon, ()) if diverged_at_step.get(k) is False]
+    if canon == "token_level_rewards" and len(upstream_ok) < 2:  # the penalty's inputs were not both captured
+        missing = [k for k in UPSTREAM_OF[canon] if k not in upstream_ok]
+        rule = Suspect("the code that produces 'token_level_rewards' (the scores minus the KL penalty)", None,
+                       f"capture {' and '.join(missing)} as key data too: with both identical the KL penalty's "
+                       "application is the suspect")
+    else:
+        rule = RULES.get(canon)
     same = f" ({', '.join(upstream_ok)} identical)" if upstream_ok else ""
     if canon == "responses" and step > 0 and diverged_at_step.get("prompts") is not True:
         suspect = Suspect(
@@ -99,8 +118,8 @@ def explain(first: dict[str, Any] | None, diverged_at_step: dict[str, bool],
             f"yet new rollouts differ", None,
             f"compare the optimizer settings (learning rate, schedule, clipping) and the weight sync to the rollout "
             f"engine; monitor gradients (monitor_grads) around step {step - 1}")
-    elif canon in RULES:
-        suspect = RULES[canon]
+    elif rule is not None:
+        suspect = rule
     elif canon in LOSSES:
         suspect = Suspect(f"the loss computation for {key!r}: the data it is computed from matches", "actor_update",
                           "check the loss settings (clip ratio, coefficients, aggregation) in the config")
@@ -117,7 +136,9 @@ def explain(first: dict[str, Any] | None, diverged_at_step: dict[str, bool],
         next_config = {"rlprobe_config": {"dump_path": "./rlprobe_dump_modules", "key_data_dump": True,
                                           "stages": [suspect.stage], "step_start": step, "step_end": step}}
         advice += f" (rlprobe_config below: stage {suspect.stage}, step {step})"
-    return {"suspect": f"{key} diverges first at {where}{same} -> {what}", "advice": advice, "next_config": next_config}
+    shown = key if key == canon else f"{key} (as {canon})"
+    return {"suspect": f"{shown} diverges first at {where}{same} -> {what}", "advice": advice,
+            "next_config": next_config}
 
 
 def explain_beyond_key_data(summary: dict[str, Any], grad_probe_step: int | None = None) -> None:

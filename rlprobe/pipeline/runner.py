@@ -18,6 +18,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlprobe.compare.config_diff import DIFF_SCHEMA
 from rlprobe.errors import DumpReadError, ProbeError
 from rlprobe.lake.schema import SCALAR, with_rank
 from rlprobe.pipeline.history import HistoryError, append_history, check_history_writable, history_rows, read_history
@@ -42,6 +43,7 @@ EMPTY_TABLES = {
     "modules": pa.schema([("stage", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("module", pa.string()),
                           ("call", pa.int64()), ("direction", pa.string()), ("io", pa.string()), ("index", pa.string()),
                           ("status", pa.string()), ("max_abs_err", pa.float64()), ("max_rel_err", pa.float64())]),
+    "config_diff": DIFF_SCHEMA,
 }
 
 
@@ -94,7 +96,8 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
                 ranks=spec.select.rank_list(), workers=spec.executor.workers,
                 stats_rtol=spec.compare.key_data.stats_rtol, order=spec.compare.key_data.order, progress=progress,
                 executor=_executor(spec.executor), grads=_grad_thresholds(spec.compare.grads),
-                modules=_module_options(spec.compare.modules), con=con)
+                modules=_module_options(spec.compare.modules), con=con, key_map=spec.key_map,
+                config_ignore=spec.compare.config.ignore, config_ignore_defaults=spec.compare.config.ignore_defaults)
         except DumpReadError as e:
             raise PipelineError(str(e), EXIT_UNREADABLE) from None
         timings["compare_s"] = time.perf_counter() - t

@@ -25,7 +25,7 @@ from rlprobe.selection import parse_int_set
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # tables the runner creates; a query or gate may not take one of these names
 BUILTIN_TABLES = ("key_data", "key_rollup", "step_rollup", "grads", "grad_steps", "modules", "scalars",
-                  "stats_a", "stats_b", "history", "params")
+                  "stats_a", "stats_b", "history", "params", "config_diff")
 EXIT_SPEC, EXIT_UNREADABLE = 2, 3
 
 
@@ -88,8 +88,15 @@ class ModulesCompare(_Strict):
     stage: str | None = None
 
 
+class ConfigCompare(_Strict):
+    """The config diff (docs/compare.md): `ignore` globs add to the default ignore list."""
+    ignore: list[str] = []
+    ignore_defaults: bool = True
+
+
 class Compare(_Strict):
     key_data: KeyDataCompare = KeyDataCompare()
+    config: ConfigCompare = ConfigCompare()
     grads: GradsCompare | None = None
     modules: ModulesCompare | None = None
 
@@ -131,6 +138,17 @@ class PipelineSpec(_Strict):
     params: dict[str, Scalar] = {}
     report: Report = Report()
     history: str | None = None
+    key_map: dict[str, str] = {}  # saved key -> canonical key (docs/compare.md, "Key names")
+
+    @field_validator("key_map")
+    @classmethod
+    def _key_map(cls, key_map: dict[str, str]) -> dict[str, str]:
+        from rlprobe.compare.key_aliases import parse_key_map
+
+        try:
+            return parse_key_map(key_map, "key_map:")
+        except ProbeError as e:
+            raise ValueError(str(e)) from None
 
     @field_validator("runs")
     @classmethod

@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rlprobe.report.config_diff_report import markdown_lines
 from rlprobe.report.headers import header
 from rlprobe.report.output_file import write_report_file
 from rlprobe.report.summary_text import (MATCHING_STATUSES, cell_text, differs, format_number, list_text,
@@ -47,6 +48,7 @@ def render_summary_md(summary: Mapping[str, Any], key_data: pa.Table) -> str:
                       f"rank {grad.get('rank')}: {escape_md(str(grad.get('reason')))}", ""]
     if summary.get("next_config"):
         lines += ["Next capture config:", "", "```yaml", *yaml_lines(summary["next_config"]), "```", ""]
+    lines += markdown_lines(summary, escape_md)  # issue 14: config diff and warnings
     errors = summary.get("read_errors") or []
     if errors:
         lines += [f"**Read errors ({len(errors)}):**", ""] + [f"- {escape_md(str(e))}" for e in errors] + [""]
