@@ -1,0 +1,24 @@
+"""`rlprobe check`: what is wrong inside ONE run, no baseline needed (docs/check.md).
+
+    result = rlprobe.check("./dump")            # CheckResult: exit_code, results, rows, tables
+    rlprobe.check("./dump", out="./check")      # also check.parquet, summary.json/md, report.xlsx, plots/
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def check(dump: Any, out: str | Path | None = None, params: dict[str, Any] | None = None, *, plots: bool = True,
+          **more_params: Any) -> Any:
+    """Run every check on one dump; with `out`, publish the reports there. Parameters (thresholds,
+    eps, group_size...) as in docs/check.md, given as `params` or keywords."""
+    from rlprobe.check.run import check_dump
+
+    result = check_dump(dump, {**(params or {}), **more_params})
+    if out is not None:
+        from rlprobe.report.check_report import publish_check
+
+        publish_check(result, Path(out), plots=plots)
+    return result
