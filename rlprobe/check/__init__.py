@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -22,3 +24,14 @@ def check(dump: Any, out: str | Path | None = None, params: dict[str, Any] | Non
 
         publish_check(result, Path(out), plots=plots)
     return result
+
+
+class _CallableModule(types.ModuleType):
+    """`rlprobe.check(dump, ...)` works also after `import rlprobe.check` binds the package there."""
+
+    def __call__(self, dump: Any, out: str | Path | None = None, params: dict[str, Any] | None = None, *,
+                 plots: bool = True, **more_params: Any) -> Any:
+        return check(dump, out, params, plots=plots, **more_params)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -5,7 +5,9 @@ Pairs (a: the trainer's recomputation, b: the other side, Δ = b − a), matched
 micro_step, index) and equal shapes only, masked by the response mask saved in the same call:
 - `rollout_vs_old`: rollout_log_prob vs old_log_prob;
 - `rollout_vs_log_prob`: rollout_log_prob vs log_prob, at micro-step 0 where no old_log_prob is
-  saved (the checks keep its on-policy steps);
+  saved (the checks keep its on-policy steps), and only in steps without `sample_ids`: those
+  trainers (TRL) save the rollout and the shuffled update micro-batches in different calls, whose
+  rows are other samples until pairs are aligned by sample id (issue 14);
 - `on_policy`: log_prob vs old_log_prob at micro-step 0.
 """
 
@@ -21,7 +23,7 @@ from rlprobe.check.token_kernel import (N_POSITIONS, N_PROBABILITY, HALF, PairFi
                                         bin_upper_edges, position_bounds, reduce_pairs)
 from rlprobe.lake.reader import Dump
 
-_WANTED = ("log_prob", "old_log_prob", "rollout_log_prob", "response_mask", "advantages", "group_ids")
+_WANTED = ("log_prob", "old_log_prob", "rollout_log_prob", "response_mask", "advantages", "group_ids", "sample_ids")
 QUANTILES = (("p50_abs", 0.5), ("p95_abs", 0.95), ("p99_abs", 0.99))
 
 
@@ -41,7 +43,7 @@ def pairs(rows: dict[tuple, dict[str, Any]]) -> list[tuple[str, dict, dict, dict
         if name == "rollout_log_prob":
             a = rows.get(("old_log_prob", step, rank, micro, index))
             pair = "rollout_vs_old"
-            if a is None and micro == 0:
+            if a is None and micro == 0 and not _has_sample_ids(rows, step, rank):
                 a, pair = rows.get(("log_prob", step, rank, micro, index)), "rollout_vs_log_prob"
         elif name == "log_prob" and micro == 0:
             a, pair = rows.get(("old_log_prob", step, rank, micro, index)), "on_policy"
@@ -49,7 +51,8 @@ def pairs(rows: dict[tuple, dict[str, Any]]) -> list[tuple[str, dict, dict, dict
             continue
         if a is None or a["shape"] != b["shape"] or not _is_float(a) or not _is_float(b):
             continue
-        mask = rows.get(("response_mask", step, rank, micro, index)) or rows.get(("response_mask", step, rank, micro, ""))
+        mask = (rows.get(("response_mask", step, rank, micro, index))
+                or rows.get(("response_mask", step, rank, micro, "")))
         if mask is not None and int(np.prod(mask["shape"] or [1])) != int(np.prod(a["shape"] or [1])):
             mask = None
         found.append((pair, a, b, mask))
@@ -171,6 +174,10 @@ def group_advantages(dump: Dump, stats: pa.Table, group_size: int | None) -> pa.
                         "sequences": c, "advantage_sum": s, "advantage_mean": s / c, "advantage_abs_mean": a / c,
                         "group_source": source})
     return pa.Table.from_pylist(out, schema=GROUPS)
+
+
+def _has_sample_ids(rows: dict[tuple, dict[str, Any]], step: int, rank: int) -> bool:
+    return any(k[0] == "sample_ids" and k[1] == step and k[2] == rank for k in rows)
 
 
 def _is_float(row: dict[str, Any]) -> bool:

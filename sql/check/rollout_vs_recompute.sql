@@ -1,7 +1,9 @@
 -- Check rollout_vs_recompute (fails): the rollout engine's log-probs of the sampled tokens
 -- (rollout_log_prob; verl rollout_log_probs, TRL sampling_per_token_logps) agree with the trainer's
 -- recomputation of the same tokens: old_log_prob, or log_prob at an on-policy micro-batch (micro-step
--- 0 of a generating step, see on_policy.sql) where no old_log_prob is saved. One row per step and rank
+-- 0 of a generating step, see on_policy.sql) where no old_log_prob is saved and the step saves no
+-- sample_ids (such trainers, TRL, save rollout and shuffled update micro-batches in different calls,
+-- whose rows are other samples until pairs are aligned by sample id). One row per step and rank
 -- that exceeds a threshold. Token level (token_steps: masked by the response mask where saved; Δ =
 -- rollout - trainer): mean |Δ|, the share of tokens whose ratio exp(Δ) is outside [1-eps, 1+eps]
 -- (eps: the run's clip range from its config, else 0.2; `--param eps=...`), max |Δ|. Statistics
@@ -31,6 +33,8 @@ stat_pairs AS (
     AND r.shape IS NOT DISTINCT FROM o.shape
     AND (o.canonical = 'old_log_prob'
          OR (o.canonical = 'log_prob' AND r.micro_step = 0 AND (r.step - info.first_step) % info.generation_every = 0
+             AND NOT EXISTS (SELECT 1 FROM stats AS i
+                             WHERE i.key = 'sample_ids' AND i.step = r.step AND i.rank = r.rank)
              AND NOT EXISTS (SELECT 1 FROM stats AS x WHERE x.canonical = 'old_log_prob' AND x.step = r.step
                              AND x.rank = r.rank AND x.micro_step = r.micro_step AND NOT coalesce(x.absent, false))))
     AND NOT EXISTS (SELECT 1 FROM token_steps AS t WHERE t.step = r.step AND t.rank = r.rank
