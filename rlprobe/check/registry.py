@@ -72,6 +72,16 @@ def _signs(facts: Facts) -> str | None:
     return None if facts["sign_steps"] > 0 else "no gradient sign maps of consecutive steps (monitor level L1/L2)"
 
 
+def _rollout(facts: Facts) -> str | None:
+    missing = _keys("rollout_log_prob", ("old_log_prob", "log_prob"))(facts)
+    if missing:
+        return missing
+    if not facts["rollout_pairs"]:
+        return ("no rollout_log_prob saved in the same call as old_log_prob/log_prob with the same shape (a dump "
+                "with sample_ids, such as TRL's, needs pairs aligned by sample id)")
+    return None
+
+
 def _entropy(facts: Facts) -> str | None:
     return None if "entropy" in facts["keys"] or facts["entropy_scalars"] else "no entropy saved or logged"
 
@@ -82,7 +92,7 @@ CHECKS: tuple[Check, ...] = (
     Check("on_policy", "log_prob == old_log_prob where the run is on-policy", "fail",
           _keys("log_prob", "old_log_prob"), token_level=True),
     Check("rollout_vs_recompute", "the rollout engine's log-probs match the trainer's", "fail",
-          _keys("rollout_log_prob", ("old_log_prob", "log_prob")), token_level=True),
+          _rollout, token_level=True),
     Check("kl_first_step", "KL == 0 at the first step when the reference starts as the actor", "fail", _kl),
     Check("grpo_advantages", "GRPO advantages sum to about 0 per group", "fail", _groups, token_level=True),
     Check("grad_norm_spike", "no gradient-norm spike", "fail", _grads),

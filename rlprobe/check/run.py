@@ -115,9 +115,12 @@ def _facts(con, stats: pa.Table, scalars: pa.Table, info: dict[str, Any], grad_s
     names = set(pc.unique(scalars["name"]).to_pylist()) if scalars.num_rows else set()
     loss_names = {k for k in set(pc.unique(present["key"]).to_pylist()) | names if k.endswith("loss")}
     ref = run(con, "ref_starts_as_actor.sql").to_pylist()[0]
+    pairable = run(con, "rollout_vs_recompute.sql", max_mean_abs_delta=-1.0, max_outside_share=-1.0,
+                   max_abs_delta=-1.0)  # every pair the rule compares is an offending row at thresholds < 0
     return {"keys": keys, "scalars": names, "loss_names": loss_names, "kl_applies": bool(ref["applies"]),
             "ref_declared": bool(ref["declared"]), "group_size": info["group_size"], "has_tensors": info["has_tensors"],
             "entropy_scalars": any("entropy" in n for n in names), "grad_steps": grad_steps.num_rows,
+            "rollout_pairs": pairable.num_rows,
             "sign_steps": int(pc.sum(pc.is_valid(grad_steps["sign_agreement"])).as_py() or 0)}
 
 

@@ -5,9 +5,10 @@ Pairs (a: the trainer's recomputation, b: the other side, Δ = b − a), matched
 micro_step, index) and equal shapes only, masked by the response mask saved in the same call:
 - `rollout_vs_old`: rollout_log_prob vs old_log_prob;
 - `rollout_vs_log_prob`: rollout_log_prob vs log_prob, at micro-step 0 where no old_log_prob is
-  saved (the checks keep its on-policy steps), and only in steps without `sample_ids`: those
-  trainers (TRL) save the rollout and the shuffled update micro-batches in different calls, whose
-  rows are other samples until pairs are aligned by sample id (issue 14);
+  saved (the checks keep its on-policy steps);
+both only in steps without `sample_ids`: trainers that save them (TRL) save the rollout and the
+shuffled update micro-batches in different calls, whose rows are other samples until pairs are
+aligned by sample id (issue 14);
 - `on_policy`: log_prob vs old_log_prob at micro-step 0.
 """
 
@@ -41,9 +42,11 @@ def pairs(rows: dict[tuple, dict[str, Any]]) -> list[tuple[str, dict, dict, dict
     found = []
     for (name, step, rank, micro, index), b in rows.items():
         if name == "rollout_log_prob":
+            if _has_sample_ids(rows, step, rank):
+                continue
             a = rows.get(("old_log_prob", step, rank, micro, index))
             pair = "rollout_vs_old"
-            if a is None and micro == 0 and not _has_sample_ids(rows, step, rank):
+            if a is None and micro == 0:
                 a, pair = rows.get(("log_prob", step, rank, micro, index)), "rollout_vs_log_prob"
         elif name == "log_prob" and micro == 0:
             a, pair = rows.get(("old_log_prob", step, rank, micro, index)), "on_policy"

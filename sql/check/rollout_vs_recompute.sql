@@ -1,8 +1,8 @@
 -- Check rollout_vs_recompute (fails): the rollout engine's log-probs of the sampled tokens
 -- (rollout_log_prob; verl rollout_log_probs, TRL sampling_per_token_logps) agree with the trainer's
 -- recomputation of the same tokens: old_log_prob, or log_prob at an on-policy micro-batch (micro-step
--- 0 of a generating step, see on_policy.sql) where no old_log_prob is saved and the step saves no
--- sample_ids (such trainers, TRL, save rollout and shuffled update micro-batches in different calls,
+-- 0 of a generating step, see on_policy.sql) where no old_log_prob is saved; only in steps that save
+-- no sample_ids (such trainers, TRL, save rollout and shuffled update micro-batches in different calls,
 -- whose rows are other samples until pairs are aligned by sample id). One row per step and rank
 -- that exceeds a threshold. Token level (token_steps: masked by the response mask where saved; Δ =
 -- rollout - trainer): mean |Δ|, the share of tokens whose ratio exp(Δ) is outside [1-eps, 1+eps]
