@@ -63,6 +63,11 @@ def stats_dump(cache: Path, steps: int, ranks: int, micro: int, jobs: int) -> Pa
     if marker.exists() and json.loads(marker.read_text()) == shape:
         return dump
     shutil.rmtree(dump, ignore_errors=True)
+    if jobs == 1:  # in this process (the smoke test): no start-up of worker processes
+        for r in range(ranks):
+            write_rank(str(dump), r, ranks, steps, micro)
+        marker.write_text(json.dumps(shape))
+        return dump
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
         pool.submit(write_rank, str(dump), 0, ranks, steps, micro).result()  # rank 0 writes the run manifest
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.steps, args.ranks, args.pairs, args.rows, args.cols, args.repeat = 4, 2, 2, 4, 64, 1
+        args.steps, args.ranks, args.pairs, args.rows, args.cols, args.repeat, args.jobs = 4, 2, 2, 4, 64, 1, 1
     from rlprobe.check.run import check_dump
 
     args.cache.mkdir(parents=True, exist_ok=True)

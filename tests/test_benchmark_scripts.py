@@ -116,7 +116,8 @@ def test_check_speed_script_runs(tmp_path, monkeypatch, capsys):
     out = tmp_path / "r.json"
     assert check_speed.main(["--smoke", "--cache", str(tmp_path / "cache"), "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
-    assert figures["nonfinite"]["status"] == "fail" and "name=advantages, step=2, rank=1" in figures["nonfinite"]["first"]
+    nan = figures["nonfinite"]
+    assert nan["status"] == "fail" and "name=advantages, step=2, rank=1, micro_step=1" in nan["first"]
     assert figures["sql_s"] > 0 and figures["token_s"] > 0
     assert "token phase" in capsys.readouterr().out
     sys.modules.pop("check_speed", None)
