@@ -12,6 +12,13 @@ from pathlib import Path
 from typing import Any
 
 
+def check_dump(dump: Any, params: dict[str, Any] | None = None, only: tuple[str, ...] | None = None) -> Any:
+    """The checks as tables, no reports (see rlprobe.check.run.check_dump)."""
+    from rlprobe.check.run import check_dump as run_checks
+
+    return run_checks(dump, params, only)
+
+
 def check(dump: Any, out: str | Path | None = None, params: dict[str, Any] | None = None, *, plots: bool = True,
           **more_params: Any) -> Any:
     """Run every check on one dump; with `out`, publish the reports there. Parameters (thresholds,

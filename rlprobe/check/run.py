@@ -58,13 +58,18 @@ def all_params() -> dict[str, Any]:
     return found
 
 
-def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None) -> CheckResult:
-    """Run every check on one dump (a path or an open Dump). Raises DumpReadError when it cannot be
-    read and ValueError for an unknown parameter."""
+def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tuple[str, ...] | None = None
+               ) -> CheckResult:
+    """Run every check (or those named in `only`) on one dump (a path or an open Dump). Raises
+    DumpReadError when it cannot be read and ValueError for an unknown parameter or check.
+    The two-run verdict reads the same rules: check_dump(dump, only=("on_policy", "rollout_vs_recompute")).rows"""
     import duckdb
 
     params = dict(params or {})
     unknown = sorted(set(params) - set(all_params()))
+    names = {c.name for c in CHECKS}
+    if only is not None and not set(only) <= names:
+        raise ValueError(f"unknown check(s) {sorted(set(only) - names)}; expected some of {sorted(names)}")
     if unknown:
         raise ValueError(f"unknown check parameter(s) {unknown}; expected one of {sorted(all_params())}")
     timings: dict[str, float] = {}
@@ -101,6 +106,8 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None) -> CheckR
     facts = _facts(con, stats, scalars, info, grad_steps)
     results, rows = [], {}
     for check in CHECKS:
+        if only is not None and check.name not in only:
+            continue
         results.append(_run_check(con, check, facts, params, info, dump, rows))
     timings["sql"] = time.perf_counter() - t
     table = pa.Table.from_pylist(results, schema=RESULTS)
