@@ -77,14 +77,15 @@ class PairFigures:
     def abs_hist(self) -> np.ndarray:
         return self.hist[:HALF] + self.hist[HALF:]
 
-    def quantile(self, q: float) -> float | None:
-        """The upper edge of the |Δ| bin holding quantile q, at most max |Δ| (None without tokens)."""
+    def quantile(self, q: float, upper: np.ndarray | None = None) -> float | None:
+        """The upper edge of the |Δ| bin holding quantile q, at most max |Δ| (None without tokens);
+        `upper`: bin_upper_edges(), when the caller has it already."""
         counts = self.abs_hist()
         total = int(counts.sum())
         if total == 0:
             return None
         index = int(np.searchsorted(np.cumsum(counts), max(1, math.ceil(q * total))))
-        return float(min(bin_upper_edges()[index], self.max_abs))
+        return float(min((bin_upper_edges() if upper is None else upper)[index], self.max_abs))
 
 
 @numba.njit(cache=True, nogil=True)

@@ -108,10 +108,13 @@ BUCKETS = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.in
 
 def _step_tables(merged: dict[tuple[str, int, int], tuple[PairFigures, dict]], eps: float) -> dict[str, pa.Table]:
     steps: list[dict] = []
-    hist: list[dict] = []
-    positions: list[dict] = []
-    probability: list[dict] = []
+    hist: dict[str, list[np.ndarray]] = {n: [] for n in HIST.names}
+    buckets: dict[str, dict[str, list[np.ndarray]]] = {t: {n: [] for n in BUCKETS.names} for t in ("pos", "prob")}
     lower, upper = bin_lower_edges(), bin_upper_edges()
+    pos_lo = np.array([position_bounds(p)[0] for p in range(N_POSITIONS)], np.float64)
+    pos_hi = np.array([position_bounds(p)[1] for p in range(N_POSITIONS)], np.float64)
+    pos_hi[-1] = np.inf
+    prob_lo = np.arange(N_PROBABILITY) / N_PROBABILITY
     for (pair, step, rank), (f, meta) in sorted(merged.items()):
         n = f.tokens
         mean = f.sum_delta / n if n else None
@@ -120,26 +123,37 @@ def _step_tables(merged: dict[tuple[str, int, int], tuple[PairFigures, dict]], e
                "masked": meta["masked"], "tokens": n, "nonfinite": f.nonfinite, "mean_delta": mean, "sd_delta": sd,
                "mean_abs": f.sum_abs / n if n else None, "max_abs": f.max_abs if n else None, "eps": eps,
                "outside_share": f.outside / n if n else None}
-        row.update({name: f.quantile(q) for name, q in QUANTILES})
+        row.update({name: f.quantile(q, upper) for name, q in QUANTILES})
         steps.append(row)
-        base = {"pair": pair, "step": step, "rank": rank}
-        for k in np.flatnonzero(f.hist[:HALF]):  # Δ >= 0
-            hist.append({**base, "lo": lower[k], "hi": upper[k], "tokens": int(f.hist[k])})
-        for k in np.flatnonzero(f.hist[HALF:]):  # Δ < 0: the same magnitudes, negated
-            hist.append({**base, "lo": -upper[k], "hi": -lower[k], "tokens": int(f.hist[HALF + k])})
-        for p in np.flatnonzero(f.pos_count):
-            lo, hi = position_bounds(int(p))
-            positions.append({**base, "lo": lo, "hi": float("inf") if p == N_POSITIONS - 1 else hi,
-                              "tokens": int(f.pos_count[p]), "mean_abs": f.pos_sum[p] / f.pos_count[p],
-                              "max_abs": f.pos_max[p]})
-        for q in np.flatnonzero(f.prob_count):
-            probability.append({**base, "lo": q / N_PROBABILITY, "hi": (q + 1) / N_PROBABILITY,
-                                "tokens": int(f.prob_count[q]), "mean_abs": f.prob_sum[q] / f.prob_count[q],
-                                "max_abs": None})
+        pos, neg = np.flatnonzero(f.hist[:HALF]), np.flatnonzero(f.hist[HALF:])  # Δ >= 0; Δ < 0 negated
+        _extend(hist, pair, step, rank, lo=np.concatenate([lower[pos], -upper[neg]]),
+                hi=np.concatenate([upper[pos], -lower[neg]]),
+                tokens=np.concatenate([f.hist[pos], f.hist[HALF + neg]]))
+        p = np.flatnonzero(f.pos_count)
+        _extend(buckets["pos"], pair, step, rank, lo=pos_lo[p], hi=pos_hi[p], tokens=f.pos_count[p],
+                mean_abs=f.pos_sum[p] / f.pos_count[p], max_abs=f.pos_max[p])
+        q = np.flatnonzero(f.prob_count)
+        _extend(buckets["prob"], pair, step, rank, lo=prob_lo[q], hi=prob_lo[q] + 1 / N_PROBABILITY,
+                tokens=f.prob_count[q], mean_abs=f.prob_sum[q] / f.prob_count[q], max_abs=np.full(q.size, np.nan))
     return {"token_steps": pa.Table.from_pylist(steps, schema=STEPS),
-            "token_hist": pa.Table.from_pylist(hist, schema=HIST),
-            "token_positions": pa.Table.from_pylist(positions, schema=BUCKETS),
-            "token_probability": pa.Table.from_pylist(probability, schema=BUCKETS)}
+            "token_hist": _table(hist, HIST), "token_positions": _table(buckets["pos"], BUCKETS),
+            "token_probability": _table(buckets["prob"], BUCKETS)}
+
+
+def _extend(columns: dict[str, list[np.ndarray]], pair: str, step: int, rank: int, **values: np.ndarray) -> None:
+    size = len(values["lo"])
+    columns["pair"].append(np.full(size, pair, dtype=object))
+    columns["step"].append(np.full(size, step, np.int64))
+    columns["rank"].append(np.full(size, rank, np.int64))
+    for name, array in values.items():
+        columns[name].append(np.asarray(array))
+
+
+def _table(columns: dict[str, list[np.ndarray]], schema: pa.Schema) -> pa.Table:
+    if not columns["pair"]:
+        return schema.empty_table()
+    return pa.table({n: pa.array(np.concatenate(columns[n]), schema.field(n).type) for n in schema.names},
+                    schema=schema)
 
 
 GROUPS = pa.schema([("step", pa.int64()), ("rank", pa.int64()), ("micro_step", pa.int64()), ("index", pa.string()),

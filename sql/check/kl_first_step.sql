@@ -7,15 +7,15 @@
 -- exceeds kl_first_step_tol. Reads: stats, run_info (ref_starts_as_actor, first_step).
 -- param kl_first_step_tol = 1e-06 : the largest |KL| allowed at the first step
 WITH info AS (SELECT * FROM run_info),
+first_step AS (SELECT * FROM stats WHERE step = (SELECT first_step FROM run_info) AND NOT coalesce(absent, false)),
+first_ref AS (SELECT * FROM first_step WHERE canonical = 'ref_log_prob'),
+first_actor AS (SELECT * FROM first_step WHERE canonical IN ('old_log_prob', 'log_prob')),
 first_pairs AS (
   SELECT r.rank, r.micro_step, r."index",
          bool_or(CASE WHEN r.hash IS NOT NULL AND a.hash IS NOT NULL THEN r.hash = a.hash
                       ELSE r.max = a.max AND r.min = a.min AND r.mean = a.mean END) AS equal
-  FROM stats AS r
-  JOIN stats AS a ON a.step = r.step AND a.rank = r.rank AND a.micro_step = r.micro_step AND a."index" = r."index"
-  CROSS JOIN info
-  WHERE r.canonical = 'ref_log_prob' AND a.canonical IN ('old_log_prob', 'log_prob') AND r.step = info.first_step
-    AND NOT coalesce(r.absent, false) AND NOT coalesce(a.absent, false)
+  FROM first_ref AS r
+  JOIN first_actor AS a ON a.rank = r.rank AND a.micro_step = r.micro_step AND a."index" = r."index"
   GROUP BY r.rank, r.micro_step, r."index"
 ),
 applies AS (

@@ -11,20 +11,20 @@
 -- Reads: stats, run_info, token_steps. Aliases: per_token_logps, old_per_token_logps, ...
 -- param on_policy_ulps = 16 : how many machine epsilons (of the value's magnitude) on-policy pairs may differ
 WITH info AS (SELECT * FROM run_info),
+n AS (SELECT * FROM stats WHERE canonical = 'log_prob' AND micro_step = 0 AND NOT coalesce(absent, false)),
+o AS (SELECT * FROM stats WHERE canonical = 'old_log_prob' AND micro_step = 0 AND NOT coalesce(absent, false)),
+later_epochs AS (SELECT DISTINCT step, rank FROM stats
+                 WHERE canonical = 'epoch' AND micro_step = 0 AND coalesce(max, 0) <> 0),
 pairs AS (
   SELECT n.step, n.rank, n."index", n.dtype AS dtype_a, o.dtype AS dtype_b, n.shape,
          greatest(1.0, abs(n.min), abs(n.max), abs(o.min), abs(o.max)) AS magnitude,
          greatest(abs(n.max - o.max), abs(n.min - o.min), abs(n.mean - o.mean)) AS stats_diff,
          n.hash IS NOT NULL AND n.hash = o.hash AS bitwise_equal
-  FROM stats AS n
-  JOIN stats AS o ON o.step = n.step AND o.rank = n.rank AND o.micro_step = n.micro_step AND o."index" = n."index"
+  FROM n
+  JOIN o ON o.step = n.step AND o.rank = n.rank AND o."index" = n."index"
   CROSS JOIN info
-  WHERE n.canonical = 'log_prob' AND o.canonical = 'old_log_prob' AND n.micro_step = 0
-    AND NOT coalesce(n.absent, false) AND NOT coalesce(o.absent, false)
-    AND n.shape IS NOT DISTINCT FROM o.shape
-    AND (n.step - info.first_step) % info.generation_every = 0
-    AND NOT EXISTS (SELECT 1 FROM stats AS e WHERE e.canonical = 'epoch' AND e.step = n.step AND e.rank = n.rank
-                    AND e.micro_step = 0 AND coalesce(e.max, 0) <> 0)
+  ANTI JOIN later_epochs AS e ON e.step = n.step AND e.rank = n.rank
+  WHERE n.shape IS NOT DISTINCT FROM o.shape AND (n.step - info.first_step) % info.generation_every = 0
 ),
 judged AS (
   SELECT p.*, t.max_abs AS token_max_abs, t.tokens,

@@ -21,24 +21,30 @@ tokens AS (
   WHERE t.pair = 'rollout_vs_old'
      OR (t.pair = 'rollout_vs_log_prob' AND (t.step - info.first_step) % info.generation_every = 0)
 ),
+rollout AS (
+  SELECT * FROM stats WHERE canonical = 'rollout_log_prob' AND NOT coalesce(absent, false)
+),
+trainer AS (
+  SELECT * FROM stats WHERE canonical IN ('old_log_prob', 'log_prob') AND NOT coalesce(absent, false)
+),
+with_ids AS (SELECT DISTINCT step, rank FROM stats WHERE key = 'sample_ids'),
+with_old AS (SELECT DISTINCT step, rank, micro_step FROM trainer WHERE canonical = 'old_log_prob'),
+with_tokens AS (SELECT DISTINCT step, rank FROM token_steps WHERE pair IN ('rollout_vs_old', 'rollout_vs_log_prob')),
 stat_pairs AS (
   SELECT CASE WHEN o.canonical = 'old_log_prob' THEN 'rollout_vs_old' ELSE 'rollout_vs_log_prob' END AS pair,
          r.step, r.rank, 'statistics' AS level, o.dtype AS trainer_dtype, r.dtype AS rollout_dtype,
          r.numel AS tokens, r.mean - o.mean AS mean_delta, abs(r.mean - o.mean) AS mean_abs_lower_bound,
          o.canonical AS trainer_key
-  FROM stats AS r
-  JOIN stats AS o ON o.step = r.step AND o.rank = r.rank AND o.micro_step = r.micro_step AND o."index" = r."index"
+  FROM rollout AS r
+  JOIN trainer AS o ON o.step = r.step AND o.rank = r.rank AND o.micro_step = r.micro_step AND o."index" = r."index"
   CROSS JOIN info
-  WHERE r.canonical = 'rollout_log_prob' AND NOT coalesce(r.absent, false) AND NOT coalesce(o.absent, false)
-    AND r.shape IS NOT DISTINCT FROM o.shape
+  ANTI JOIN with_ids AS i ON i.step = r.step AND i.rank = r.rank
+  ANTI JOIN with_tokens AS w ON w.step = r.step AND w.rank = r.rank
+  LEFT JOIN with_old AS x ON x.step = r.step AND x.rank = r.rank AND x.micro_step = r.micro_step
+  WHERE r.shape IS NOT DISTINCT FROM o.shape
     AND (o.canonical = 'old_log_prob'
-         OR (o.canonical = 'log_prob' AND r.micro_step = 0 AND (r.step - info.first_step) % info.generation_every = 0
-             AND NOT EXISTS (SELECT 1 FROM stats AS i
-                             WHERE i.key = 'sample_ids' AND i.step = r.step AND i.rank = r.rank)
-             AND NOT EXISTS (SELECT 1 FROM stats AS x WHERE x.canonical = 'old_log_prob' AND x.step = r.step
-                             AND x.rank = r.rank AND x.micro_step = r.micro_step AND NOT coalesce(x.absent, false))))
-    AND NOT EXISTS (SELECT 1 FROM token_steps AS t WHERE t.step = r.step AND t.rank = r.rank
-                    AND t.pair IN ('rollout_vs_old', 'rollout_vs_log_prob'))
+         OR (o.canonical = 'log_prob' AND x.step IS NULL AND r.micro_step = 0
+             AND (r.step - info.first_step) % info.generation_every = 0))
 ),
 stats_level AS (
   SELECT pair, step, rank, level, any_value(trainer_dtype) AS trainer_dtype, any_value(rollout_dtype) AS rollout_dtype,
