@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from rlprobe.capture.probe import Probe
     from rlprobe.lake.reader import Dump
 
-__all__ = ["Probe", "ProbeError", "DumpReadError", "Dump", "open", "compare", "from_config", "__version__"]
+__all__ = ["Probe", "ProbeError", "DumpReadError", "Dump", "open", "compare", "check", "from_config", "__version__"]
 
 
 def open(path: Any, include_uncommitted: bool = False) -> "Dump":  # noqa: A001 - mirrors io.open: rlprobe.open(dump)
@@ -42,6 +42,10 @@ def __getattr__(name: str) -> Any:
         import rlprobe.compare as compare
 
         return compare
+    if name == "check":  # the subpackage is callable: rlprobe.check(dump, out=None, **params) -> CheckResult
+        import rlprobe.check as check
+
+        return check
     if name == "Dump":
         from rlprobe.lake.reader import Dump
 

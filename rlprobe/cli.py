@@ -303,6 +303,15 @@ def demo(fault: str, out: str, steps: int | None) -> None:
         raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
 
 
+def _register_check() -> None:
+    from rlprobe.check.cli import check_command
+
+    main.add_command(check_command)
+
+
+_register_check()
+
+
 @main.command("import-msprobe")
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
 @click.argument("dst", type=click.Path())

@@ -18,6 +18,11 @@ Faults that `--fault` plants (what rlprobe should conclude):
   advantage-bug     GAE uses the wrong lambda                       -> advantages, not a model
   sampling-seed     the rollout samples with another seed           -> responses, rollout sampling
   lr                the actor's learning rate differs               -> responses from step 1, the update
+  rollout-bf16      the rollout engine computes in bfloat16         -> rollout_log_prob vs old_log_prob (check)
+  stale-rollout-weights  the rollout engine is never re-synced      -> rollout_log_prob vs old_log_prob from step 1
+
+The rollout engine's own log-probs of the sampled tokens, computed at generation time, are saved as
+`rollout_log_prob`; `rlprobe check DUMP` compares them with the trainer's `old_log_prob`.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ import yaml
 import rlprobe
 from rlprobe.capture.config import apply_overrides
 
-FAULTS = ("ref-bf16", "nondeterministic", "advantage-bug", "sampling-seed", "lr")
+FAULTS = ("ref-bf16", "nondeterministic", "advantage-bug", "sampling-seed", "lr", "rollout-bf16",
+          "stale-rollout-weights")
 
 
 # -- models --------------------------------------------------------------------------------
@@ -166,13 +172,16 @@ def whiten(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sample(model: nn.Module, prompts: torch.Tensor, length: int, gen: torch.Generator, temperature: float) -> torch.Tensor:
-    seq = prompts
+def sample(model: nn.Module, prompts: torch.Tensor, length: int, gen: torch.Generator,
+           temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompts + sampled responses, the engine's log-probs of the sampled tokens), as vLLM returns them."""
+    seq, log_probs = prompts, []
     for _ in range(length):
         logits = model(seq)[:, -1].float() / temperature
         nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
+        log_probs.append(torch.log_softmax(logits, -1).gather(-1, nxt))
         seq = torch.cat([seq, nxt], dim=1)
-    return seq
+    return seq, torch.cat(log_probs, dim=1)
 
 
 # -- the trainer ---------------------------------------------------------------------------
@@ -206,6 +215,8 @@ def train(cfg: dict[str, Any], out: str | None = None, fault: str | None = None,
     reference.requires_grad_(False)
     if fault == "ref-bf16":
         reference.to(torch.bfloat16)
+    if fault == "rollout-bf16":
+        rollout.to(torch.bfloat16)  # weight syncs keep its dtype: load_state_dict copies into bf16
     reward_model = train_reward_model(cfg, torch.Generator().manual_seed(cfg["seed"] + 1))
     lr = p["actor_lr"] * (3.0 if fault == "lr" else 1.0)
     actor_opt = torch.optim.AdamW(actor.parameters(), lr=lr)
@@ -221,7 +232,7 @@ def train(cfg: dict[str, Any], out: str | None = None, fault: str | None = None,
         t_all = time.perf_counter()
         prompts = make_prompts(data_gen, batch, m["prompt_len"], m["vocab"])
         t0 = time.perf_counter()
-        seq = sample(rollout, prompts, m["response_len"], sample_gen, p["temperature"])
+        seq, rollout_log_prob = sample(rollout, prompts, m["response_len"], sample_gen, p["temperature"])
         timing = {"timing/rollout": time.perf_counter() - t0}
         responses = seq[:, m["prompt_len"]:]
 
@@ -252,7 +263,8 @@ def train(cfg: dict[str, Any], out: str | None = None, fault: str | None = None,
             s = slice(i * mb, (i + 1) * mb)
             probe.save({"prompts": prompts[s], "responses": responses[s], "rewards": scores[s],
                         "token_level_scores": token_level_scores[s], "values": values[s],
-                        "old_log_prob": old_log_prob[s], "ref_log_prob": ref_log_prob[s], "kl": kl[s],
+                        "rollout_log_prob": rollout_log_prob[s], "old_log_prob": old_log_prob[s],
+                        "ref_log_prob": ref_log_prob[s], "kl": kl[s],
                         "token_level_rewards": token_level_rewards[s], "advantages": advantages[s],
                         "returns": returns[s]})
 
@@ -282,7 +294,8 @@ def train(cfg: dict[str, Any], out: str | None = None, fault: str | None = None,
             actor_opt.step()
             critic_opt.step()
         timing["timing/update"] = time.perf_counter() - t0
-        rollout.load_state_dict(actor.state_dict())  # weight sync to the inference engine
+        if fault != "stale-rollout-weights":
+            rollout.load_state_dict(actor.state_dict())  # weight sync to the inference engine
         timing["timing/all"] = time.perf_counter() - t_all
         tokens = batch * max_len / world
         probe.log_metrics({**timing, "e2e_tps": tokens / timing["timing/all"],

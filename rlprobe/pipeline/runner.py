@@ -70,6 +70,10 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
     from rlprobe.lake.reader import open_dump
 
     spec = pipeline.spec
+    if len(pipeline.runs) == 1:  # a check only (rlprobe/check/pipeline_stage.py)
+        from rlprobe.check.pipeline_stage import run_check_only
+
+        return run_check_only(pipeline)
     started = time.perf_counter()
     timings: dict[str, float] = {}
     (name_a, path_a), (name_b, path_b) = pipeline.runs.items()
@@ -114,6 +118,10 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
         grad_steps = _arrow(con.sql("SELECT * FROM grad_steps"))
 
         t = time.perf_counter()
+        if spec.check is not None:  # each run checked on its own, into check/<run>/
+            from rlprobe.check.pipeline_stage import write_checks
+
+            summary["check"] = write_checks(work.path, pipeline)
         summary["elapsed_s"] = round(time.perf_counter() - started, 3)
         try:
             _write_outputs(work.path, pipeline, tables, summary, query_tables, gates, scalars)
@@ -135,7 +143,8 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
         except HistoryError as e:
             raise PipelineError(f"{e}; the output {pipeline.output} is complete, but this run is not in the history",
                                 EXIT_UNREADABLE) from None
-    code = EXIT_GATE_FAILED if any(not g.passed for g in gates) else EXIT_OK
+    checks_failed = any(c["exit_code"] == EXIT_GATE_FAILED for c in summary.get("check", {}).values())
+    code = EXIT_GATE_FAILED if any(not g.passed for g in gates) or checks_failed else EXIT_OK
     return PipelineResult(code, pipeline.output, summary, gates, timings)
 
 

@@ -125,9 +125,17 @@ class Report(_Strict):
 Scalar = Union[bool, int, float, str]
 
 
+class CheckStage(_Strict):
+    """`check:`: rlprobe check on each run (docs/check.md); params as `rlprobe check --param`."""
+
+    params: dict[str, Scalar] = {}
+    plots: bool = True
+
+
 class PipelineSpec(_Strict):
     version: Literal[1]
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    check: CheckStage | None = None  # before runs: their validator reads it
     runs: dict[str, str]
     output: str
     select: Select = Select()
@@ -152,10 +160,10 @@ class PipelineSpec(_Strict):
 
     @field_validator("runs")
     @classmethod
-    def _two_runs(cls, runs: dict[str, str]) -> dict[str, str]:
-        if len(runs) != 2:
+    def _two_runs(cls, runs: dict[str, str], info) -> dict[str, str]:
+        if len(runs) != 2 and not (len(runs) == 1 and info.data.get("check") is not None):
             raise ValueError(f"give exactly two runs, the baseline (A) first, e.g. {{baseline: ./a, candidate: ./b}}; "
-                             f"got {len(runs)}")
+                             f"got {len(runs)} (one run is for a check only: add `check: {{}}`)")
         for name in runs:
             if not re.match(IDENTIFIER, name):
                 raise ValueError(f"run name {name!r} must be a SQL identifier (letters, digits, _)")
