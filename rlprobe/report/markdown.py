@@ -47,6 +47,8 @@ def render_summary_md(summary: Mapping[str, Any], key_data: pa.Table) -> str:
                       f"rank {grad.get('rank')}: {escape_md(str(grad.get('reason')))}", ""]
     if summary.get("next_config"):
         lines += ["Next capture config:", "", "```yaml", *yaml_lines(summary["next_config"]), "```", ""]
+    if (summary.get("layout") or {}).get("note"):  # runs with different layouts: docs/compare.md
+        lines += [f"**Layout:** {escape_md(str(summary['layout']['note']))}", ""]
     errors = summary.get("read_errors") or []
     if errors:
         lines += [f"**Read errors ({len(errors)}):**", ""] + [f"- {escape_md(str(e))}" for e in errors] + [""]
