@@ -188,11 +188,11 @@ def sample_table(identity: CallIdentity, leaves: Sequence[Any], step: int, count
         if width:
             as_float = values.astype(np.float64, copy=False)
             stats = [as_float.sum(axis=1), as_float.min(axis=1), as_float.max(axis=1)]
-        for name, value in (("key", [job.key] * n), ("index", [job.index] * n), ("step", np.full(n, step)),
+        for name, value in (("key", _repeat(job.key, n)), ("index", _repeat(job.index, n)), ("step", np.full(n, step)),
                             ("micro_step", np.full(n, job.micro_step)), ("row", np.arange(n)),
-                            ("sample", ids.view(np.int64)), ("sample_id", text or [None] * n),
+                            ("sample", ids.view(np.int64)), ("sample_id", text or _repeat(None, n)),
                             ("occurrence", counter.occurrences(step, (job.key, job.index), ids)),
-                            ("group_id", identity.groups or [None] * n), ("dtype", [leaf.dtype] * n),
+                            ("group_id", identity.groups or _repeat(None, n)), ("dtype", _repeat(leaf.dtype, n)),
                             ("row_numel", np.full(n, width)), ("row_hash", row_hashes(leaf.raw).view(np.int64)),
                             ("row_sum", stats[0]), ("row_min", stats[1]), ("row_max", stats[2])):
             columns[name].append(pa.array(value, SAMPLE.field(name).type))
@@ -200,6 +200,10 @@ def sample_table(identity: CallIdentity, leaves: Sequence[Any], step: int, count
         return SAMPLE.empty_table()
     return pa.table({name: pa.chunked_array(chunks, SAMPLE.field(name).type) for name, chunks in columns.items()},
                     schema=SAMPLE)
+
+
+def _repeat(value: str | None, n: int) -> pa.Array:
+    return pa.repeat(pa.scalar(value, pa.string()), n)
 
 
 SAMPLE = pa.schema([
