@@ -150,7 +150,7 @@ class DisabledProbe:
     enabled = False
     current_step = 0
 
-    def save(self, data: Any) -> None:
+    def save(self, data: Any, sample_ids: Any = None, group_ids: Any = None) -> None:
         return None
 
     def save_config(self, config: Any) -> None:
@@ -204,8 +204,8 @@ class ConfiguredProbe:
     def current_step(self) -> int:
         return self.probe.current_step
 
-    def save(self, data: Any) -> None:
-        self.probe.save(data)
+    def save(self, data: Any, sample_ids: Any = None, group_ids: Any = None) -> None:
+        self.probe.save(data, sample_ids, group_ids)
 
     def save_config(self, config: Any) -> None:
         self.probe.save_config(config)

@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rlprobe._version import __version__
 from rlprobe.capture.flatten import flatten
-from rlprobe.capture.writer import BackgroundWriter, LeafJob, write_key_data
+from rlprobe.capture.writer import BackgroundWriter, LeafJob, write_key_data, write_samples_and_key_data
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks import FRAMEWORKS, detect_rank_and_world, prepare_staging
 from rlprobe.lake.atomic import atomic_write_json
 from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout, check_text
+from rlprobe.lake.samples import call_identity
 
 if TYPE_CHECKING:
     from rlprobe.capture.grads import GradMonitor
@@ -239,14 +240,20 @@ class Probe:
         })
 
     # -- capture -------------------------------------------------------------------------
-    def save(self, data: dict[str, Any]) -> None:
+    def save(self, data: dict[str, Any], sample_ids: Any = None, group_ids: Any = None) -> None:
         """Save key data: each value a tensor, array, scalar, or a nested list/tuple/dict of them.
-        None (a value the trainer did not compute) is recorded as a row marked absent."""
+        None (a value the trainer did not compute) is recorded as a row marked absent.
+
+        `sample_ids` (one int or string per row of the batch tensors; default: derived from the
+        prompt ids saved in the call) and `group_ids` (GRPO groups) let runs with different
+        layouts be compared per sample: docs/dump-format.md, "Samples"."""
         where = f"rank {self.rank} step {self.current_step}"
         if not self._usable(where):
             return
         try:
             leaves = flatten(data, where)
+            identity = call_identity([(k, i, _shape_of(leaf)) for k, i, leaf, _ in leaves], sample_ids,
+                                     group_ids, where)
         except ProbeError as e:
             self._fail(str(e))
             return
@@ -259,7 +266,8 @@ class Probe:
         for name, idx in by_adapter.items():
             adapter = leaves[idx[0]][3]
             try:
-                out = adapter.stage([leaves[i][2] for i in idx], keep_raw=not self.stats_only)
+                # statistics-only: batch tensors still come to the host for their per-row statistics
+                out = adapter.stage([leaves[i][2] for i in idx], keep_raw=not self.stats_only or identity is not None)
             except ProbeError as e:
                 self._fail(f"{where}: {e}")
                 return
@@ -274,7 +282,11 @@ class Probe:
                 for (key, index, _, adapter), leaf in zip(leaves, staged)]
         step, layout, save_tensors = self.current_step, self.layout, not self.stats_only
         nbytes = sum(j.leaf.nbytes for j in jobs if j.leaf is not None)
-        self._writer.submit(lambda: write_key_data(self._writer, layout, step, jobs, save_tensors), nbytes, step)
+        if identity is not None:
+            job = partial(write_samples_and_key_data, self._writer, layout, step, jobs, save_tensors, identity)
+        else:
+            job = partial(write_key_data, self._writer, layout, step, jobs, save_tensors)
+        self._writer.submit(job, nbytes, step)
         self._step_has_data = True
         self._raise_background_errors()
 
@@ -443,6 +455,11 @@ def _is_int(value: Any) -> bool:
     except TypeError:
         return False
     return True
+
+
+def _shape_of(leaf: Any) -> tuple[int, ...] | None:
+    """A leaf's shape before staging (None for an absent value, () for a Python scalar)."""
+    return None if leaf is None else tuple(getattr(leaf, "shape", ()))
 
 
 def _whole(name: str, value: Any, detected: bool) -> int:

@@ -60,6 +60,8 @@ def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: 
 def print_verdict(console: Console, summary: dict[str, Any], out: str) -> None:
     counts = ", ".join(whole(f"{n} {status}") for status, n in sorted(summary["counts"].items())) or "no key data"
     console.print(f"compared {whole(summary['run_a'])} (A) with {whole(summary['run_b'])} (B): {counts}")
+    if (summary.get("layout") or {}).get("note"):  # runs with different layouts: docs/compare.md
+        console.print(f"[yellow]note[/]: {escape(str(summary['layout']['note']))}")
     first = summary["first_divergence"]
     if first is None and (summary.get("module_first_divergence") or summary.get("grad_first_flagged")):
         from rlprobe.report.summary_text import verdict

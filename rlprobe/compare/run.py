@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from rlprobe._version import __version__
 from rlprobe.compare.key_aliases import key_order_table
+from rlprobe.compare.sample_alignment import layout, sample_key_data
 from rlprobe.compare.verdict import explain, explain_beyond_key_data
 from rlprobe.errors import ProbeError
 from rlprobe.lake.atomic import TMP_MARK, is_temporary
@@ -92,13 +93,14 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     _load_stats(con, "stats_a", dump_a, read_errors, "A")
     _load_stats(con, "stats_b", dump_b, read_errors, "B")
     con.register("key_order", key_order_table(order, key_map))
+    run_layout = layout(con, dump_a, dump_b, read_errors)  # different layouts: compared per sample
     pairs_sql = _statement(sql_text("key_data_pairs.sql"))
     params = {"keys": keys, "steps": steps, "ranks": ranks}
 
     # only rows with a tensor file on both sides (and equal shapes) are compared element-wise;
     # a statistics-only dump has none, so its pairs are never looked at twice
     files = []
-    if _has_tensor_files(con, "stats_a") and _has_tensor_files(con, "stats_b"):
+    if not run_layout["per_sample"] and _has_tensor_files(con, "stats_a") and _has_tensor_files(con, "stats_b"):
         files = con.execute(f"SELECT DISTINCT file_a, file_b FROM ({pairs_sql}) WHERE in_a AND in_b "
                             "AND file_a <> '' AND file_b <> '' AND shape_a IS NOT DISTINCT FROM shape_b "
                             "ORDER BY file_a, file_b", params).fetchall()
@@ -119,8 +121,12 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
         "file_b", pa.array([files[i][1] for i in pair_results["pair_id"].to_pylist()], pa.string())))
 
     unknown_position = con.execute("SELECT coalesce(max(position) + 1, 0) FROM key_order").fetchall()[0][0]
-    key_data = _arrow(con, _with_pairs(sql_text("key_data.sql"), pairs_sql),
-                      {**params, "stats_rtol": stats_rtol, "unknown_position": unknown_position})
+    gathered = 0
+    if run_layout["per_sample"]:
+        key_data, gathered = sample_key_data(con, dump_a, dump_b, params, unknown_position)
+    else:
+        key_data = _arrow(con, _with_pairs(sql_text("key_data.sql"), pairs_sql),
+                          {**params, "stats_rtol": stats_rtol, "unknown_position": unknown_position})
     key_data = _prepend_read_errors(key_data, read_errors)
     con.register("key_data", key_data)
     first = _records(con.execute(sql_text("first_divergence.sql")))
@@ -164,7 +170,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
         "keys": key_rollup.to_pylist(),
         "steps": step_rollup.to_pylist(),
         "read_errors": read_errors,
-        "pairs_compared": len(tasks),
+        "pairs_compared": len(tasks) + gathered,
+        "layout": run_layout,
     }
     tables = {"key_data": key_data, "key_rollup": key_rollup, "step_rollup": step_rollup}
     if keep_stats:

@@ -48,6 +48,8 @@ def render_summary_md(summary: Mapping[str, Any], key_data: pa.Table) -> str:
                       f"rank {grad.get('rank')}: {escape_md(str(grad.get('reason')))}", ""]
     if summary.get("next_config"):
         lines += ["Next capture config:", "", "```yaml", *yaml_lines(summary["next_config"]), "```", ""]
+    if (summary.get("layout") or {}).get("note"):  # runs with different layouts: docs/compare.md
+        lines += [f"**Layout:** {escape_md(str(summary['layout']['note']))}", ""]
     lines += markdown_lines(summary, escape_md)  # issue 14: config diff and warnings
     errors = summary.get("read_errors") or []
     if errors:
