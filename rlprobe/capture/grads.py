@@ -12,7 +12,7 @@ import fnmatch
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from rlprobe.capture.grad_stats import GradBatch, GradSpec, check_bounds, check_level, grad_rows
+from rlprobe.lake.grad_stats import GradBatch, GradSpec, check_bounds, check_level, grad_rows
 from rlprobe.errors import ProbeError
 from rlprobe.lake.layout import check_text
 from rlprobe.selection import parse_int_set

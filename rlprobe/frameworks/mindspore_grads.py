@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import mindspore as ms
 
-from rlprobe.capture.grad_stats import GradSpec, host_batch
+from rlprobe.lake.grad_stats import GradSpec, host_batch
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks import get_adapter
 
