@@ -21,7 +21,7 @@ from rlprobe._version import __version__
 from rlprobe.capture.flatten import flatten
 from rlprobe.capture.writer import BackgroundWriter, LeafJob, write_key_data
 from rlprobe.errors import ProbeError
-from rlprobe.frameworks import FRAMEWORKS, detect_rank_and_world, prepare_staging
+from rlprobe.frameworks import broadcast_from_rank0, detect_rank_and_world, framework_names, prepare
 from rlprobe.lake.atomic import atomic_write_json
 from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout, check_text
 
@@ -61,8 +61,9 @@ class Probe:
         max_inflight_bytes: int = 1 << 30,
         flush_interval: float = 1.0,
     ):
-        if framework is not None and framework not in FRAMEWORKS:
-            raise ProbeError(f"framework={framework!r}: expected one of {', '.join(FRAMEWORKS)} or None (detect)")
+        if framework is not None and framework not in framework_names():
+            raise ProbeError(f"framework={framework!r}: expected one of {', '.join(framework_names())} or None "
+                             "(detect)")
         if mode not in ("new", "overwrite", "append"):
             raise ProbeError(f"mode={mode!r}: expected 'new', 'overwrite' or 'append'")
         if on_error not in ("raise", "warn"):
@@ -76,9 +77,9 @@ class Probe:
                              "(it is created if missing)")
         if start_step is not None and (not _is_int(start_step) or start_step < 0):
             raise ProbeError(f"start_step={start_step!r}: expected a whole number >= 0, or None (continue the run)")
-        # the host staging ring's first pages are faulted in by a thread of its own from now on,
-        # while the rest of the set-up runs
-        prepare_staging(framework)
+        # e.g. the host staging ring's first pages are faulted in by a thread of its own from now
+        # on, while the rest of the set-up runs
+        prepare(framework)
         self.path = Path(path)
         self.layout = DumpLayout(self.path)
         self.framework = framework
@@ -214,16 +215,7 @@ class Probe:
     def _agree_run_id(self, previous: str | None) -> str:
         """Rank 0's run id for every rank (its earlier one when appending), else a new one."""
         run_id = previous or os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
-        if self.world_size > 1:
-            from rlprobe.frameworks.torch_adapter import torch_rank_and_world
-
-            if torch_rank_and_world():
-                import torch.distributed as dist
-
-                box = [run_id]
-                dist.broadcast_object_list(box, src=0)
-                run_id = box[0]
-        return run_id
+        return broadcast_from_rank0(run_id) if self.world_size > 1 else run_id
 
     def _write_run_manifest(self, tags: dict[str, Any]) -> None:
         atomic_write_json(self.layout.run_manifest, {
