@@ -18,7 +18,7 @@ from rlprobe.frameworks.base import Adapter, StagedLeaf
 
 __all__ = ["ADAPTERS", "Adapter", "StagedLeaf", "adapter_for", "adapter_for_module", "adapter_for_optimizer",
            "broadcast_from_rank0", "detect_rank_and_world", "framework_names", "get_adapter", "module_kinds",
-           "optimizer_kinds", "prepare", "register"]
+           "optimizer_kinds", "prepare", "register", "unregister"]
 
 ADAPTERS: dict[str, tuple[str, str]] = {
     "torch": ("torch", "rlprobe.frameworks.torch_adapter:TorchAdapter"),
@@ -33,6 +33,15 @@ _by_package = {package: name for name, (package, _) in ADAPTERS.items() if name 
 def register(name: str, package: str, target: str) -> None:
     """Add (or replace) a framework at run time, as one line of ADAPTERS does (a plug-in, a test)."""
     ADAPTERS[name] = (package, target)
+    _reindex(name)
+
+
+def unregister(name: str) -> None:
+    ADAPTERS.pop(name, None)
+    _reindex(name)
+
+
+def _reindex(name: str) -> None:
     _loaded.pop(name, None)
     _by_package.clear()
     _by_package.update({p: n for n, (p, _) in ADAPTERS.items() if n != FALLBACK})
