@@ -102,7 +102,8 @@ class GradMonitor:
         """Hand one captured step to the probe's background writer."""
         probe = self.probe
         writer, layout, rank = probe._writer, probe.layout, probe.rank
-        monitor, level, bounds, framework, probe_step = self.name, self.level, self.bounds, self.framework, probe.current_step
+        monitor, level, bounds, framework = self.name, self.level, self.bounds, self.framework
+        probe_step = probe.current_step
 
         def job() -> None:
             sink = writer.sink

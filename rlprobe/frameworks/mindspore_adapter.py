@@ -43,7 +43,8 @@ class MindSporeAdapter(Adapter):
             dtype = _dtype_name(t)
             if dtype == "bfloat16":
                 # numpy has no bfloat16: widen exactly, then keep the top 16 bits as the raw bytes
-                wide = np.asarray(t.astype(ms.float32).asnumpy(), order="C")  # keeps 0-d (ascontiguousarray makes it 1-d)
+                # asarray keeps 0-d (ascontiguousarray makes it 1-d)
+                wide = np.asarray(t.astype(ms.float32).asnumpy(), order="C")
                 raw = (wide.view(np.uint32) >> 16).astype(np.uint16)
             else:
                 raw = np.array(t.asnumpy(), copy=True, order="C")
