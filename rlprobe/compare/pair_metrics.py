@@ -53,34 +53,14 @@ from __future__ import annotations
 
 import math
 import mmap as _mmap_mod
-import os
-import sys
 import threading
 from typing import Any, Iterable, NamedTuple, Protocol
 
 import numpy as np
 
+from rlprobe.numba_cache import use_user_cache_dir
 
-def _default_numba_cache_dir() -> None:
-    """Point numba's on-disk cache at a user cache dir unless the user chose one.
-
-    ``cache=True`` would otherwise try to write next to the installed package, which fails
-    for read-only installs. Only done when numba has not been imported yet (it reads the
-    variable at import) and the directory can be created.
-    """
-    if os.environ.get("NUMBA_CACHE_DIR") or "numba" in sys.modules:
-        return
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "rlprobe", "numba")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError:
-        return
-    if os.access(path, os.W_OK | os.X_OK):
-        os.environ["NUMBA_CACHE_DIR"] = path
-
-
-_default_numba_cache_dir()
+use_user_cache_dir()
 
 import numba  # noqa: E402  (after the cache dir is set)
 from numba import types as _nt  # noqa: E402
