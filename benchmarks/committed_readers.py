@@ -30,7 +30,7 @@ def _readers(path: Path):
     import duckdb
 
     import rlprobe
-    from rlprobe.compare.run import _load_stats
+    from rlprobe.compare.key_data import load_stats
     from rlprobe.lake.summary import dump_summary
 
     def polars_key_data(include: bool) -> int:
@@ -45,7 +45,7 @@ def _readers(path: Path):
 
     def compare_stats(include: bool) -> int:
         con = duckdb.connect()
-        _load_stats(con, "stats_a", rlprobe.open(path, include_uncommitted=include), [], "A")
+        load_stats(con, "stats_a", rlprobe.open(path, include_uncommitted=include), [], "A")
         return con.execute("SELECT count(*) FROM stats_a").fetchone()[0]
 
     def info(include: bool) -> int:

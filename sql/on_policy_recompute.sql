@@ -1,10 +1,11 @@
 -- Within one run: log_prob and old_log_prob of the first micro-batch of a step are computed
 -- by the same weights on the same data (on-policy), so they should be bitwise equal. Rows here
--- mean the actor's recomputation is not deterministic. Table: stats (one run's key_data stats).
+-- mean the actor's recomputation is not deterministic. Parameter: $stats, the name of one run's
+-- key_data statistics table (stats_a or stats_b).
 SELECT n.step, n.rank, n."index", n.hash AS log_prob_hash, o.hash AS old_log_prob_hash,
        n.max AS log_prob_max, o.max AS old_log_prob_max
-FROM stats AS n
-JOIN stats AS o
+FROM query_table($stats) AS n
+JOIN query_table($stats) AS o
   ON o.step = n.step AND o.rank = n.rank AND o."index" = n."index" AND o.micro_step = n.micro_step
 WHERE n.key IN ('log_prob', 'log_probs', 'log_probe') AND o.key IN ('old_log_prob', 'old_log_probs', 'old_log_probe')
   AND n.micro_step = 0

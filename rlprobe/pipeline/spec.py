@@ -20,13 +20,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rlprobe.errors import ProbeError
+from rlprobe.exit_codes import EXIT_SPEC, EXIT_UNREADABLE
 from rlprobe.selection import parse_int_set
 
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # tables the runner creates; a query or gate may not take one of these names
 BUILTIN_TABLES = ("key_data", "key_rollup", "step_rollup", "grads", "grad_steps", "modules", "scalars",
                   "stats_a", "stats_b", "history", "params")
-EXIT_SPEC, EXIT_UNREADABLE = 2, 3
 
 
 class SpecError(ProbeError):

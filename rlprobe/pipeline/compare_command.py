@@ -1,23 +1,71 @@
-"""The console side of `rlprobe compare`: progress bar, verdict, exit codes."""
+"""`rlprobe compare A B -o OUT` (and `rlprobe.compare(a, b, out)`): compare two runs, write every
+output file into a work folder beside OUT and swap it in (rlprobe.report.output_folder), then
+print the verdict. Exit codes: 0, or 1 on a divergence with --fail-on-diff; 3 a run that cannot
+be read or an output that cannot be written."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.markup import escape
 
 from rlprobe.console import make_console, whole
 from rlprobe.errors import DumpReadError, ProbeError
+from rlprobe.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_UNREADABLE
 
-EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_UNREADABLE = 0, 1, 2, 3
+Progress = Callable[[int, int], None]
+
+
+def compare(
+    a: Any, b: Any, out: Any, *,
+    keys: list[str] | None = None, steps: list[int] | None = None, ranks: list[int] | None = None,
+    workers: int = 2, lang: str = "en", per_key_files: bool = False, per_key_dir: str = "per_key",
+    stats_rtol: float = 0.0, order: list[str] | None = None, reports: bool = True,
+    plots: bool = False, plot_every_param: bool = False, progress: Progress | None = None,
+    extra_files: Callable[[Path], None] | None = None,
+) -> dict[str, Any]:
+    """Compare dumps `a` and `b` (rlprobe or msprobe format); publish the results as the folder
+    `out`; return the summary. Raises ProbeError when a run cannot be read or `out` cannot be
+    written (or holds files rlprobe did not write); `out` then keeps its earlier files.
+    `extra_files(folder)` adds files to the folder before it is published (msprobe's layout)."""
+    from rlprobe.compare.run import compare_dumps, warm_up_kernels
+    from rlprobe.lake.reader import open_dump
+    from rlprobe.report.comparison_files import ReportOptions, write_reports, write_summary_json, write_tables
+    from rlprobe.report.output_folder import prepare_output, publish_output
+
+    started = time.perf_counter()
+    out = Path(out)
+    prepare_output(out, "output directory")  # before the work: a folder of other files is refused at once
+    dump_a, dump_b = open_dump(a), open_dump(b)
+    if dump_a.may_hold_tensors and dump_b.may_hold_tensors:
+        # load numba and the compiled kernels while the runs' statistics are read and matched
+        # (not at all for statistics-only or gradient-only dumps: ~0.3 s saved)
+        threading.Thread(target=warm_up_kernels, name="rlprobe-warm-up", daemon=True).start()
+    tables, summary = compare_dumps(dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
+                                    stats_rtol=stats_rtol, order=order, progress=progress)
+    summary["elapsed_s"] = round(time.perf_counter() - started, 3)
+    options = ReportOptions(lang=lang, per_key_dir=per_key_dir if per_key_files else None, plots=plots,
+                            plot_every_param=plot_every_param)
+
+    def write(folder: Path) -> None:
+        xlsx_extras = write_tables(folder, tables)
+        write_summary_json(folder, summary)
+        if reports:
+            write_reports(folder, tables, summary, xlsx_extras, options)
+        if extra_files is not None:
+            extra_files(folder)
+
+    publish_output(out, write, label="output directory")
+    return summary
 
 
 def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: bool, plots: bool,
                 plot_every_param: bool = False, **options: Any) -> int:
-    from rlprobe.compare.run import compare
-
+    """The command: progress bar, comparison, verdict; returns the exit code."""
     console = make_console(stderr=True)
     progress_bar = None
     callback = None
@@ -33,25 +81,15 @@ def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: 
 
         progress_bar.start()
     try:
-        summary = compare(run_a, run_b, out, progress=callback, **options)
+        summary = compare(run_a, run_b, out, progress=callback, plots=plots, plot_every_param=plot_every_param,
+                          **options)
     except (DumpReadError, ProbeError) as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         return EXIT_UNREADABLE
     finally:
         if progress_bar is not None:
             progress_bar.stop()
-    plot_error = None
-    if plots or plot_every_param:
-        from rlprobe.report.plots import write_plots
-
-        try:
-            write_plots(out, every_param=plot_every_param)
-        except OSError as e:  # the comparison's files are written already and stay
-            plot_error = f"the plots cannot be written in {Path(out) / 'plots'}: {e}"
     print_verdict(make_console(), summary, out)
-    if plot_error:
-        console.print(f"[red]error:[/] {escape(plot_error)}")
-        return EXIT_UNREADABLE
     from rlprobe.report.summary_text import differs
 
     return EXIT_DIVERGED if differs(summary) and fail_on_diff else EXIT_OK

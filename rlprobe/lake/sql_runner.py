@@ -1,0 +1,94 @@
+"""The one way rlprobe runs SQL: `run(con, "name.sql", **params)` loads a bundled file of sql/,
+binds the parameters (never pastes them into the text) and returns an Arrow table.
+
+Every layer (lake, compare, pipeline, the CLI) runs its queries through here, so the DuckDB
+to Arrow conversion, statement clean-up and row records exist once."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pyarrow as pa
+
+from rlprobe.resources import sql_text
+
+# a gate's header line naming its parameters and their defaults, e.g.
+# -- defaults: {tps_metric: e2e_tps, tps_max_drop: 0.05}
+_DEFAULTS = re.compile(r"^--\s*defaults:\s*(\{.*\})\s*$", re.MULTILINE)
+
+
+def statement(sql: str) -> str:
+    """`sql` without surrounding blanks and a trailing semicolon (to nest it in another statement)."""
+    return sql.strip().rstrip(";").strip()
+
+
+def to_arrow(relation: Any) -> pa.Table:
+    """A DuckDB relation as an Arrow table (DuckDB 1.x and 2.x spell it differently); an empty
+    table for a statement that returns no relation."""
+    if relation is None:
+        return pa.table({})
+    to_table = getattr(relation, "to_arrow_table", None) or getattr(relation, "arrow")
+    table = to_table()
+    return table.read_all() if hasattr(table, "read_all") else table
+
+
+def query(con: Any, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
+    """The result of the SQL text `sql` (one statement) as an Arrow table."""
+    return to_arrow(con.sql(statement(sql), params=params or None))
+
+
+def run(con: Any, name: str, **params: Any) -> pa.Table:
+    """The result of the bundled sql/`name` as an Arrow table, with `params` bound to its $names."""
+    return query(con, sql_text(name), params)
+
+
+def records(con: Any, name: str, **params: Any) -> list[dict[str, Any]]:
+    """The rows of the bundled sql/`name` as dicts (for the few rows a verdict reads)."""
+    cursor = con.execute(statement(sql_text(name)), params or None)
+    columns = [d[0] for d in cursor.description]
+    return [dict(zip(columns, row)) for row in cursor.fetchall()]
+
+
+def execute(con: Any, name: str, **params: Any) -> None:
+    """Run the bundled sql/`name` for its effect (CREATE MACRO / VIEW statements; several allowed)."""
+    con.execute(sql_text(name), params or None)
+
+
+def create_table(con: Any, table: str, name: str, **params: Any) -> None:
+    """The result of the bundled sql/`name` as the temporary DuckDB table `table`."""
+    con.execute(f'CREATE OR REPLACE TEMP TABLE "{table}" AS {statement(sql_text(name))}', params or None)
+
+
+def sql_defaults(sql: str) -> dict[str, Any]:
+    """The parameter defaults a query states in its header (`-- defaults: {name: value, ...}`)."""
+    import yaml
+
+    found: dict[str, Any] = {}
+    for m in _DEFAULTS.finditer(sql):
+        values = yaml.safe_load(m.group(1))
+        if not isinstance(values, dict):
+            raise ValueError(f"a '-- defaults:' line must hold a mapping, got {m.group(1)!r}")
+        found.update(values)
+    return found
+
+
+def create_table_as(con: Any, table: str, sql: str) -> None:
+    """The result of the SQL text `sql` (a user's query) as the temporary DuckDB table `table`."""
+    con.execute(f'CREATE TEMP TABLE "{table}" AS {statement(sql)}')
+
+
+def store(con: Any, table: str, data: pa.Table) -> None:
+    """The Arrow table `data` copied into DuckDB as the temporary table `table`."""
+    helper = f"_{table}_arrow"
+    con.register(helper, data)
+    try:
+        con.execute(f'CREATE OR REPLACE TEMP TABLE "{table}" AS SELECT * FROM "{helper}"')
+    finally:
+        con.unregister(helper)
+
+
+def set_variables(con: Any, values: dict[str, Any]) -> None:
+    """Each value as a DuckDB variable that SQL reads with getvariable('name') (bound, never pasted)."""
+    for name, value in values.items():
+        con.execute(f'SET VARIABLE "{name}" = ?', [value])
