@@ -225,15 +225,20 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, pe
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     key_list = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
-    if "scipy" not in sys.modules:
+    hide_scipy = "scipy" not in sys.modules
+    if hide_scipy:
         # numba loads scipy's BLAS bindings when present (0.15 s of start-up); the comparison
-        # kernels never use them, and this process runs nothing else
+        # kernels never use them (put back after: a caller in the same process may need scipy)
         sys.modules["scipy"] = None  # type: ignore[assignment]
     from rlprobe.pipeline.compare_command import run_compare
 
-    code = run_compare(run_a, run_b, out, keys=key_list, steps=step_list, ranks=rank_list, workers=workers,
-                       stats_rtol=stats_rtol, lang=lang, per_key_files=per_key_files, plots=plots,
-                       plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet)
+    try:
+        code = run_compare(run_a, run_b, out, keys=key_list, steps=step_list, ranks=rank_list, workers=workers,
+                           stats_rtol=stats_rtol, lang=lang, per_key_files=per_key_files, plots=plots,
+                           plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet)
+    finally:
+        if hide_scipy and sys.modules.get("scipy", 0) is None:
+            del sys.modules["scipy"]
     raise click.exceptions.Exit(code)
 
 
