@@ -9,7 +9,7 @@ from __future__ import annotations
 import types
 from typing import TYPE_CHECKING, Any
 
-from rlprobe import compare  # light (no heavy imports); made callable below
+from rlprobe import check, compare  # light (no heavy imports); made callable below
 from rlprobe._version import __version__
 from rlprobe.errors import DumpReadError, ProbeError
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from rlprobe.capture.probe import Probe
     from rlprobe.lake.reader import Dump
 
-__all__ = ["Probe", "ProbeError", "DumpReadError", "Dump", "open", "compare", "from_config", "__version__"]
+__all__ = ["Probe", "ProbeError", "DumpReadError", "Dump", "open", "compare", "check", "from_config", "__version__"]
 
 
 def open(path: Any, include_uncommitted: bool = False) -> "Dump":  # noqa: A001 - mirrors io.open: rlprobe.open(dump)
@@ -44,7 +44,18 @@ class _CallableCompare(types.ModuleType):
         return compare(a, b, out, **options)
 
 
+class _CallableCheck(types.ModuleType):
+    """rlprobe.check as a function: rlprobe.check(dump, out=None, params=None, **params) -> CheckResult."""
+
+    def __call__(self, dump: Any, out: Any = None, params: dict[str, Any] | None = None, *, plots: bool = True,
+                 **more_params: Any) -> Any:
+        from rlprobe.pipeline.check_command import check as run_check
+
+        return run_check(dump, out, params, plots=plots, **more_params)
+
+
 compare.__class__ = _CallableCompare
+check.__class__ = _CallableCheck
 
 
 def __getattr__(name: str) -> Any:

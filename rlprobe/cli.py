@@ -42,11 +42,11 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
 def info(dump: str, as_json: bool) -> None:
     """What DUMP holds: keys, steps, ranks, micro steps, dtypes, bytes, whether complete."""
-    from rlprobe.lake.summary import dump_summary
+    from rlprobe.lake.dump_info import dump_info
 
     d = _open(dump)
     try:
-        summary = dump_summary(d)
+        summary = dump_info(d)
     except DumpReadError as e:
         raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
     if as_json:
@@ -208,8 +208,14 @@ def _write_table(table: Any, fmt: str, output: str | None, max_rows: int) -> Non
               help="With the plots, one PNG per gradient parameter (OUT/plots/grad_params); implies --plots.")
 @click.option("--fail-on-diff", is_flag=True, help="Exit with code 1 when anything diverges.")
 @click.option("--quiet", is_flag=True, help="No progress bar, only the verdict.")
+@click.option("--key-map", "key_map", multiple=True, metavar="SAVED=CANONICAL",
+              help="Read saved key SAVED as the data-flow key CANONICAL, e.g. old_log_probs=old_log_prob (repeatable).")
+@click.option("--config-ignore", multiple=True, metavar="GLOB",
+              help="Leave config paths matching GLOB out of the config diff, e.g. trainer.project_name (repeatable).")
+@click.option("--no-default-config-ignore", is_flag=True,
+              help="Show the config paths the default ignore list leaves out (output paths, run names, ...).")
 def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, per_key_files, plots, plot_every_param,
-            fail_on_diff, quiet):
+            fail_on_diff, quiet, key_map, config_ignore, no_default_config_ignore):
     """Compare two runs (rlprobe or msprobe dumps) and say where they diverge first.
 
     \b
@@ -225,6 +231,12 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, pe
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     key_list = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
+    from rlprobe.compare.key_aliases import parse_key_map
+
+    try:
+        key_mapping = parse_key_map(key_map)
+    except ProbeError as e:
+        raise click.BadParameter(str(e), param_hint="--key-map") from None
     hide_scipy = "scipy" not in sys.modules
     if hide_scipy:
         # numba loads scipy's BLAS bindings when present (0.15 s of start-up); the comparison
@@ -235,7 +247,9 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, pe
     try:
         code = run_compare(run_a, run_b, out, keys=key_list, steps=step_list, ranks=rank_list, workers=workers,
                            stats_rtol=stats_rtol, lang=lang, per_key_files=per_key_files, plots=plots,
-                           plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet)
+                           plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet,
+                           key_map=key_mapping, config_ignore=list(config_ignore),
+                           config_ignore_defaults=not no_default_config_ignore)
     finally:
         if hide_scipy and sys.modules.get("scipy", 0) is None:
             del sys.modules["scipy"]
@@ -294,6 +308,15 @@ def demo(fault: str, out: str, steps: int | None) -> None:
             run_demo(name, target, steps=steps, say=click.echo)
     except ProbeError as e:
         raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
+
+
+def _register_check() -> None:
+    from rlprobe.pipeline.check_command import check_command
+
+    main.add_command(check_command)
+
+
+_register_check()
 
 
 @main.command("import-msprobe")

@@ -106,3 +106,18 @@ def test_cold_save_run_of_the_save_benchmark(tmp_path):
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["tool"] == "rlprobe" and got["save_blocking_s"] > 0 and got["init_s"] > 0
     assert got["bytes_on_disk"] > 8 * 6 * 64 * 4096 * 4  # every float32 tensor of the 8 calls is on disk
+
+
+def test_check_speed_script_runs(tmp_path, monkeypatch, capsys):
+    """benchmarks/check_speed.py --smoke: both phases run and the planted NaN is named."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import check_speed
+
+    out = tmp_path / "r.json"
+    assert check_speed.main(["--smoke", "--cache", str(tmp_path / "cache"), "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    nan = figures["nonfinite"]
+    assert nan["status"] == "fail" and "name=advantages, step=2, rank=1, micro_step=1" in nan["first"]
+    assert figures["sql_s"] > 0 and figures["token_s"] > 0
+    assert "token phase" in capsys.readouterr().out
+    sys.modules.pop("check_speed", None)

@@ -18,6 +18,11 @@ Faults that `--fault` plants (what rlprobe should conclude):
   advantage-bug     GAE uses the wrong lambda                       -> advantages, not a model
   sampling-seed     the rollout samples with another seed           -> responses, rollout sampling
   lr                the actor's learning rate differs               -> responses from step 1, the update
+  rollout-bf16      the rollout engine computes in bfloat16         -> rollout_log_prob vs old_log_prob (check)
+  stale-rollout-weights  the rollout engine is never re-synced      -> rollout_log_prob vs old_log_prob from step 1
+
+The rollout engine's own log-probs of the sampled tokens, computed at generation time, are saved as
+`rollout_log_prob`; `rlprobe check DUMP` compares them with the trainer's `old_log_prob`.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ import yaml
 import rlprobe
 from rlprobe.capture.config import apply_overrides
 
-FAULTS = ("ref-bf16", "nondeterministic", "advantage-bug", "sampling-seed", "lr")
+FAULTS = ("ref-bf16", "nondeterministic", "advantage-bug", "sampling-seed", "lr", "rollout-bf16",
+          "stale-rollout-weights")
 
 
 # -- models --------------------------------------------------------------------------------
@@ -166,13 +172,46 @@ def whiten(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sample(model: nn.Module, prompts: torch.Tensor, length: int, gen: torch.Generator, temperature: float) -> torch.Tensor:
-    seq = prompts
-    for _ in range(length):
+def sample(model: nn.Module, prompts: torch.Tensor, length: int, uniforms: torch.Tensor,
+           temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompts + sampled responses, the engine's log-probs of the sampled tokens), as vLLM returns them.
+    Inverse-CDF sampling with one row of uniforms per sample (see sample_uniforms)."""
+    seq, log_probs = prompts, []
+    for t in range(length):
         logits = model(seq)[:, -1].float() / temperature
-        nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
+        probs = torch.softmax(logits, -1)
+        nxt = (probs.cumsum(-1) < uniforms[:, t:t + 1]).sum(-1, keepdim=True).clamp(max=probs.shape[-1] - 1)
+        log_probs.append(torch.log_softmax(logits, -1).gather(-1, nxt))
         seq = torch.cat([seq, nxt], dim=1)
-    return seq
+    return seq, torch.cat(log_probs, dim=1)
+
+
+def sample_uniforms(seed: int, step: int, samples: range, length: int) -> torch.Tensor:
+    """The sampling randomness of each sample, seeded by its global index in the step's batch: the
+    same samples get the same draws whatever the layout (ranks, micro-batches)."""
+    seeds = (seed * 1_000_003 + step * 10_007 + i for i in samples)
+    return torch.stack([torch.rand(length, generator=torch.Generator().manual_seed(s)) for s in seeds])
+
+
+def data_parallel(world: int, *models: nn.Module) -> list[nn.Module]:
+    """The trained models as this rank trains them: wrapped in DistributedDataParallel (gloo) when
+    there are several ranks, so every rank steps one model with all-reduced gradients."""
+    if world == 1:
+        return list(models)
+    from torch.nn.parallel import DistributedDataParallel
+
+    return [DistributedDataParallel(m) for m in models]
+
+
+def whiten_global(x: torch.Tensor, world: int) -> torch.Tensor:
+    """whiten() over the global batch: the ranks' shares gathered, whitened together, sliced back."""
+    if world == 1:
+        return whiten(x)
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x.contiguous())
+    return whiten(torch.cat(parts))[dist.get_rank() * x.shape[0]:(dist.get_rank() + 1) * x.shape[0]]
 
 
 # -- the trainer ---------------------------------------------------------------------------
@@ -193,8 +232,8 @@ def train(cfg: dict[str, Any], out: str | None = None, fault: str | None = None,
     probe = rlprobe.from_config(probe_cfg, mode=mode)
 
     torch.manual_seed(cfg["seed"])
-    data_gen = torch.Generator().manual_seed(cfg["seed"] + 1000 * rank)
-    sample_gen = torch.Generator().manual_seed(cfg["sampling_seed"] + (7 if fault == "sampling-seed" else 0) + 1000 * rank)
+    data_gen = torch.Generator().manual_seed(cfg["seed"])  # the global batch: each rank takes its share
+    sampling_seed = cfg["sampling_seed"] + (7 if fault == "sampling-seed" else 0)
     faulty_layer = m["layers"] - 1 if fault == "nondeterministic" else -1
     max_len = m["prompt_len"] + m["response_len"]
     actor = TinyLM(m["vocab"], m["d_model"], m["layers"], m["heads"], max_len, m["vocab"], faulty_layer)
@@ -206,6 +245,8 @@ def train(cfg: dict[str, Any], out: str | None = None, fault: str | None = None,
     reference.requires_grad_(False)
     if fault == "ref-bf16":
         reference.to(torch.bfloat16)
+    if fault == "rollout-bf16":
+        rollout.to(torch.bfloat16)  # weight syncs keep its dtype: load_state_dict copies into bf16
     reward_model = train_reward_model(cfg, torch.Generator().manual_seed(cfg["seed"] + 1))
     lr = p["actor_lr"] * (3.0 if fault == "lr" else 1.0)
     actor_opt = torch.optim.AdamW(actor.parameters(), lr=lr)
@@ -215,13 +256,19 @@ def train(cfg: dict[str, Any], out: str | None = None, fault: str | None = None,
     probe.monitor_grads(actor, optimizer=actor_opt, name="actor", level="L1")
     probe.monitor_grads(critic, optimizer=critic_opt, name="critic", level="L0")
 
-    batch, micro = p["batch_size"], p["micro_batches"]
+    global_batch, micro = p["batch_size"], p["micro_batches"]
+    if global_batch % (world * micro):
+        raise SystemExit(f"ppo.batch_size {global_batch} must divide into {world} rank(s) x {micro} micro-batches")
+    batch = global_batch // world  # this rank's share
     mb = batch // micro
+    mine = range(rank * batch, (rank + 1) * batch)  # the global indices of this rank's samples
+    train_actor, train_critic = data_parallel(world, actor, critic)
     for step in range(p["steps"]):
         t_all = time.perf_counter()
-        prompts = make_prompts(data_gen, batch, m["prompt_len"], m["vocab"])
+        prompts = make_prompts(data_gen, global_batch, m["prompt_len"], m["vocab"])[mine.start:mine.stop]
         t0 = time.perf_counter()
-        seq = sample(rollout, prompts, m["response_len"], sample_gen, p["temperature"])
+        uniforms = sample_uniforms(sampling_seed, step, mine, m["response_len"])
+        seq, rollout_log_prob = sample(rollout, prompts, m["response_len"], uniforms, p["temperature"])
         timing = {"timing/rollout": time.perf_counter() - t0}
         responses = seq[:, m["prompt_len"]:]
 
@@ -247,12 +294,13 @@ def train(cfg: dict[str, Any], out: str | None = None, fault: str | None = None,
         token_level_scores[:, -1] = scores  # the sequence reward sits on the last token
         token_level_rewards = token_level_scores - p["kl_coef"] * kl  # per-token KL penalty
         advantages, returns = gae(token_level_rewards, values, p["gamma"], lam)
-        advantages = whiten(advantages)
+        advantages = whiten_global(advantages, world)
         for i in range(micro):
             s = slice(i * mb, (i + 1) * mb)
             probe.save({"prompts": prompts[s], "responses": responses[s], "rewards": scores[s],
                         "token_level_scores": token_level_scores[s], "values": values[s],
-                        "old_log_prob": old_log_prob[s], "ref_log_prob": ref_log_prob[s], "kl": kl[s],
+                        "rollout_log_prob": rollout_log_prob[s], "old_log_prob": old_log_prob[s],
+                        "ref_log_prob": ref_log_prob[s], "kl": kl[s],
                         "token_level_rewards": token_level_rewards[s], "advantages": advantages[s],
                         "returns": returns[s]})
 
@@ -262,27 +310,30 @@ def train(cfg: dict[str, Any], out: str | None = None, fault: str | None = None,
             critic_opt.zero_grad()
             for i in range(micro):
                 s = slice(i * mb, (i + 1) * mb)
+                # backward inside the update stages, so module dumps hold its gradients (docs/modules.md)
                 with probe.stage("actor_update", model=actor, steps=_steps(cfg)):
-                    log_prob = token_log_probs(actor, seq[s], m["prompt_len"])
-                ratio = torch.exp(log_prob - old_log_prob[s])
-                pg_loss = torch.max(-advantages[s] * ratio,
-                                    -advantages[s] * ratio.clamp(1 - p["clip"], 1 + p["clip"])).mean()
-                kl_loss = (log_prob - ref_log_prob[s]).mean()
-                entropy = -log_prob.mean()
-                loss = pg_loss + p["kl_coef"] * kl_loss
-                (loss / micro).backward()
+                    log_prob = token_log_probs(train_actor, seq[s], m["prompt_len"])
+                    ratio = torch.exp(log_prob - old_log_prob[s])
+                    pg_loss = torch.max(-advantages[s] * ratio,
+                                        -advantages[s] * ratio.clamp(1 - p["clip"], 1 + p["clip"])).mean()
+                    kl_loss = (log_prob - ref_log_prob[s]).mean()
+                    entropy = -log_prob.mean()
+                    loss = pg_loss + p["kl_coef"] * kl_loss
+                    (loss / micro).backward()
                 with probe.stage("critic_update", model=critic, steps=_steps(cfg)):
-                    v = critic(seq[s, :-1])[:, m["prompt_len"] - 1:, 0]
-                v_clipped = values[s] + (v - values[s]).clamp(-p["clip"], p["clip"])
-                vf_loss = 0.5 * torch.max((v - returns[s]) ** 2, (v_clipped - returns[s]) ** 2).mean()
-                (vf_loss / micro).backward()
+                    v = train_critic(seq[s, :-1])[:, m["prompt_len"] - 1:, 0]
+                    v_clipped = values[s] + (v - values[s]).clamp(-p["clip"], p["clip"])
+                    vf_loss = 0.5 * torch.max((v - returns[s]) ** 2, (v_clipped - returns[s]) ** 2).mean()
+                    (vf_loss / micro).backward()
                 probe.save({"log_prob": log_prob, "ratio": ratio, "pg_loss": pg_loss, "vf_loss": vf_loss,
-                            "kl_loss": kl_loss, "entropy": entropy, "loss": loss})
+                            "kl_loss": kl_loss, "entropy": entropy, "loss": loss},
+                           sample_ids=list(mine[s]))  # the samples' global indices
             torch.nn.utils.clip_grad_norm_(actor.parameters(), 1.0)
             actor_opt.step()
             critic_opt.step()
         timing["timing/update"] = time.perf_counter() - t0
-        rollout.load_state_dict(actor.state_dict())  # weight sync to the inference engine
+        if fault != "stale-rollout-weights":
+            rollout.load_state_dict(actor.state_dict())  # weight sync to the inference engine
         timing["timing/all"] = time.perf_counter() - t_all
         tokens = batch * max_len / world
         probe.log_metrics({**timing, "e2e_tps": tokens / timing["timing/all"],

@@ -51,7 +51,8 @@ class ProbeConfig:
 
 
 def parse_config(cfg: Any) -> ProbeConfig:
-    """A ProbeConfig from a dict, an object with attributes (OmegaConf, dataclass, namespace), YAML text or a YAML file."""
+    """A ProbeConfig from a dict, an object with attributes (OmegaConf, dataclass, namespace), YAML text
+    or a YAML file."""
     section, name = _section(cfg)
     values = _as_mapping(section, name)
     unknown = sorted(set(values) - set(KEYS))
@@ -69,7 +70,8 @@ def parse_config(cfg: Any) -> ProbeConfig:
     # an rlprobe_config section is on unless it says otherwise; MindSpeed-RL's msprobe switch defaults to off
     enabled = bool(values.get("enable", values.get("msprobe", not msprobe)))
     if "enable" in values and "msprobe" in values and values["enable"] != values["msprobe"]:
-        raise ProbeError(f"{name}: enable={values['enable']} and msprobe={values['msprobe']} disagree; give one of them")
+        raise ProbeError(f"{name}: enable={values['enable']} and msprobe={values['msprobe']} disagree; "
+                         "give one of them")
     stages = set()
     for s in values.get("stages") or []:
         if not isinstance(s, str) or not s:
@@ -150,7 +152,7 @@ class DisabledProbe:
     enabled = False
     current_step = 0
 
-    def save(self, data: Any) -> None:
+    def save(self, data: Any, sample_ids: Any = None, group_ids: Any = None) -> None:
         return None
 
     def save_config(self, config: Any) -> None:
@@ -204,8 +206,8 @@ class ConfiguredProbe:
     def current_step(self) -> int:
         return self.probe.current_step
 
-    def save(self, data: Any) -> None:
-        self.probe.save(data)
+    def save(self, data: Any, sample_ids: Any = None, group_ids: Any = None) -> None:
+        self.probe.save(data, sample_ids, group_ids)
 
     def save_config(self, config: Any) -> None:
         self.probe.save_config(config)

@@ -2,18 +2,19 @@
 
 The step is the count of the hooked optimizer's own `step()` calls, so a critic optimizer in
 the same process never advances an actor's count, and a step a grad scaler skips (it does not
-call `optimizer.step()`) is not counted. Device work is queued on the training thread; the
-host copy is awaited and the files written by the probe's background writer.
+call `optimizer.step()`) is not counted. The framework's adapter hooks the optimizer and queues
+the device work on the training thread; the host copy is awaited and the files written by the
+probe's background writer.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import sys
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from rlprobe.capture.grad_stats import GradBatch, GradSpec, check_bounds, check_level, grad_rows
 from rlprobe.errors import ProbeError
+from rlprobe.frameworks import adapter_for_optimizer, optimizer_kinds
+from rlprobe.frameworks.base import OptimizerStep, ParamFilter
+from rlprobe.lake.grad_stats import GradBatch, GradSpec, check_bounds, check_level, grad_rows
 from rlprobe.lake.layout import check_text
 from rlprobe.selection import parse_int_set
 
@@ -42,99 +43,46 @@ class GradMonitor:
             raise ProbeError(f"{where}: {e}") from None
         if isinstance(params, str):
             params = [params]
-        self.patterns = list(params or [])
+        self._filter = ParamFilter(list(params or []))
+        self.patterns = self._filter.patterns
         self.probe = probe
         self.name = name
         self.count = 0  # this optimizer's step() calls seen so far
-        self.optimizer: Any = None
-        self._handles: list[Any] = []
         self._removed = False
-        self._kernels: dict[str, Any] = {}  # device kernels' buffers, reused every step (torch_grads.launch)
+        self._kernels: dict[str, Any] = {}  # device kernels' buffers, reused every step (Adapter.grad_stats)
         if model is None and optimizer is None:
             raise ProbeError(f"{where}: give a model, an optimizer or both "
                              "(monitor_grads(model, optimizer=opt) or, for MindSpore, monitor_grads(optimizer=opt))")
-        if _is_mindspore(optimizer) or (optimizer is None and _is_mindspore(model)):
-            from rlprobe.frameworks.mindspore_grads import attach
+        adapter = adapter_for_optimizer(model, optimizer)
+        if adapter is None:
+            raise ProbeError(f"{where}: expected {optimizer_kinds()}; "
+                             f"got model={type(model).__name__}, optimizer={type(optimizer).__name__}")
+        self.adapter = adapter
+        self.framework = adapter.name
+        self._hooks = adapter.hook_optimizer(model, optimizer, self._filter, where, self._before_step)
 
-            self.framework = "mindspore"
-            self.optimizer = optimizer if optimizer is not None else model
-            self._handles.append(attach(self, self.optimizer))
-            return
-        if not (_is_torch(model) or _is_torch(optimizer)):
-            raise ProbeError(f"{where}: expected a torch.nn.Module and/or torch.optim.Optimizer, or a MindSpore "
-                             f"optimizer; got model={type(model).__name__}, optimizer={type(optimizer).__name__}")
-        self.framework = "torch"
-        self._named = self._torch_params(model, optimizer, where)
-        if optimizer is not None:
-            self._attach_torch(optimizer)
-        else:
-            from torch.optim.optimizer import register_optimizer_step_pre_hook
+    @property
+    def optimizer(self) -> Any:
+        """The hooked optimizer; None while a model's optimizer has not stepped yet."""
+        return self._hooks.optimizer
 
-            self._global = register_optimizer_step_pre_hook(self._discover)
-            self._handles.append(self._global)
-
-    # -- selection -----------------------------------------------------------------------
     def selects(self, param: str) -> bool:
-        return not self.patterns or any(fnmatch.fnmatchcase(param, p) for p in self.patterns)
-
-    def _torch_params(self, model: Any, optimizer: Any, where: str) -> list[tuple[str, Any]]:
-        if model is not None:
-            named = list(model.named_parameters())
-        else:
-            named = []
-            for g, group in enumerate(optimizer.param_groups):
-                names = group.get("param_names") or [f"param_groups.{g}.{i}" for i in range(len(group["params"]))]
-                named.extend(zip(names, group["params"]))
-        chosen = [(n, p) for n, p in named if p.requires_grad and self.selects(n)]
-        if not chosen:
-            raise ProbeError(f"{where}: no trainable parameter matches params={self.patterns!r}; "
-                             f"names look like {[n for n, _ in named[:3]]!r}")
-        return chosen
+        return self._filter(param)
 
     # -- hooks ---------------------------------------------------------------------------
-    def _discover(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Global pre-step hook, only until the optimizer that steps these parameters is found."""
-        if self.optimizer is not None or self._removed:
-            return
-        ours = {id(p) for _, p in self._named}
-        if any(id(p) in ours for group in optimizer.param_groups for p in group["params"]):
-            # its own hooks run after the global ones, so the hook added now counts this very step
-            self._attach_torch(optimizer)
-
-    def _attach_torch(self, optimizer: Any) -> None:
-        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        named = [(n, p) for n, p in self._named if id(p) in stepped]
-        if not named:
-            raise ProbeError(f"monitor_grads(name={self.name!r}): the optimizer steps none of the monitored "
-                             "parameters; pass the optimizer of this model")
-        self._named = named
-        self.optimizer = optimizer
-        self._handles.append(optimizer.register_step_pre_hook(self._torch_step))
-
-    def _torch_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        glob = getattr(self, "_global", None)
-        if glob is not None:  # safe now: the global hooks have finished running
-            glob.remove()
-            self._global = None
-        grads, specs = [], []
+    def _before_step(self, at: OptimizerStep) -> None:
+        """The hooked optimizer is about to step: count it, and capture its gradients if wanted."""
         step = self._next_step()
         if step is None:
             return
-        from rlprobe.frameworks import get_adapter
-
-        adapter = get_adapter("torch")
-        for name, p in self._named:
-            g = getattr(p, "main_grad", None)
-            g = p.grad if g is None else g
-            if g is None:  # no gradient this step (unused in the forward): no row
-                continue
-            grads.append(g)
-            specs.append(GradSpec(name, adapter.dtype_name(g), tuple(g.shape)))
-        if not grads:
+        try:
+            named = at.grads()
+        except ProbeError as e:
+            raise ProbeError(f"monitor_grads(name={self.name!r}) step {step}: {e}") from None
+        if not named:
             return
-        from rlprobe.frameworks.torch_grads import launch
-
-        finish, nbytes = launch(grads, self.level, self.bounds, self._kernels)
+        specs = [GradSpec(name, self.adapter.dtype_name(g), tuple(g.shape)) for name, g in named]
+        finish, nbytes = self.adapter.grad_stats([g for _, g in named], self.level, self.bounds, self._kernels)
         self.submit(step, specs, finish, nbytes)
 
     def _next_step(self) -> int | None:
@@ -154,7 +102,8 @@ class GradMonitor:
         """Hand one captured step to the probe's background writer."""
         probe = self.probe
         writer, layout, rank = probe._writer, probe.layout, probe.rank
-        monitor, level, bounds, framework, probe_step = self.name, self.level, self.bounds, self.framework, probe.current_step
+        monitor, level, bounds, framework = self.name, self.level, self.bounds, self.framework
+        probe_step = probe.current_step
 
         def job() -> None:
             sink = writer.sink
@@ -191,9 +140,7 @@ class GradMonitor:
     def remove(self) -> None:
         """Remove every hook this monitor installed (also done by `Probe.close()`)."""
         self._removed = True
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        self._hooks.remove()
 
     def __enter__(self) -> "GradMonitor":
         return self
@@ -204,18 +151,3 @@ class GradMonitor:
     def __repr__(self) -> str:
         return f"GradMonitor({self.name!r}, level={self.level}, {self.framework}, step {self.count})"
 
-
-def _is_torch(obj: Any) -> bool:
-    if obj is None or "torch" not in sys.modules:
-        return False
-    import torch
-
-    return isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))
-
-
-def _is_mindspore(obj: Any) -> bool:
-    if obj is None or "mindspore" not in sys.modules:
-        return False
-    import mindspore.nn as msnn
-
-    return isinstance(obj, msnn.Optimizer)

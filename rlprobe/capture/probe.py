@@ -7,7 +7,6 @@ import json
 import math
 import operator
 import os
-import shutil
 import socket
 import time
 import uuid
@@ -19,11 +18,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rlprobe._version import __version__
 from rlprobe.capture.flatten import flatten
-from rlprobe.capture.writer import BackgroundWriter, LeafJob, write_key_data
+from rlprobe.capture.rank_claim import RankClaim, read_json
+from rlprobe.capture.user_values import as_number, is_whole_number, jsonable, whole
+from rlprobe.capture.writer import BackgroundWriter, LeafJob, write_key_data, write_samples_and_key_data
 from rlprobe.errors import ProbeError
-from rlprobe.frameworks import FRAMEWORKS, detect_rank_and_world, prepare_staging
+from rlprobe.frameworks import broadcast_from_rank0, detect_rank_and_world, framework_names, prepare
 from rlprobe.lake.atomic import atomic_write_json
 from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout, check_text
+from rlprobe.lake.samples import call_identity
 
 if TYPE_CHECKING:
     from rlprobe.capture.grads import GradMonitor
@@ -61,8 +63,9 @@ class Probe:
         max_inflight_bytes: int = 1 << 30,
         flush_interval: float = 1.0,
     ):
-        if framework is not None and framework not in FRAMEWORKS:
-            raise ProbeError(f"framework={framework!r}: expected one of {', '.join(FRAMEWORKS)} or None (detect)")
+        if framework is not None and framework not in framework_names():
+            raise ProbeError(f"framework={framework!r}: expected one of {', '.join(framework_names())} or None "
+                             "(detect)")
         if mode not in ("new", "overwrite", "append"):
             raise ProbeError(f"mode={mode!r}: expected 'new', 'overwrite' or 'append'")
         if on_error not in ("raise", "warn"):
@@ -74,11 +77,11 @@ class Probe:
         if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str) or not os.fspath(path):
             raise ProbeError(f"path={path!r}: expected the dump directory as a non-empty str or os.PathLike "
                              "(it is created if missing)")
-        if start_step is not None and (not _is_int(start_step) or start_step < 0):
+        if start_step is not None and (not is_whole_number(start_step) or start_step < 0):
             raise ProbeError(f"start_step={start_step!r}: expected a whole number >= 0, or None (continue the run)")
-        # the host staging ring's first pages are faulted in by a thread of its own from now on,
-        # while the rest of the set-up runs
-        prepare_staging(framework)
+        # e.g. the host staging ring's first pages are faulted in by a thread of its own from now
+        # on, while the rest of the set-up runs
+        prepare(framework)
         self.path = Path(path)
         self.layout = DumpLayout(self.path)
         self.framework = framework
@@ -86,28 +89,29 @@ class Probe:
         self.on_error = on_error
         self._closed = True  # until fully constructed
         detected = detect_rank_and_world() if rank is None or world_size is None else (rank, world_size)
-        self.rank = _whole("rank", detected[0] if rank is None else rank, rank is None)
-        self.world_size = _whole("world_size", detected[1] if world_size is None else world_size, world_size is None)
+        self.rank = whole("rank", detected[0] if rank is None else rank, rank is None)
+        self.world_size = whole("world_size", detected[1] if world_size is None else world_size, world_size is None)
 
         # agree on the run id before anything can fail on one rank only: a rank that raised
         # before the broadcast would leave the others waiting in it for ever
         chosen = run_id or os.environ.get("RLPROBE_RUN_ID")
         if chosen is None:
-            old = (_read_json(self.layout.rank_manifest(self.rank)) or {}) if mode == "append" else {}
+            old = (read_json(self.layout.rank_manifest(self.rank)) or {}) if mode == "append" else {}
             chosen = self._agree_run_id(old.get("run_id"))
         self.run_id = chosen
         if not 0 <= self.rank < self.world_size:
             source = " (from the environment: RANK, WORLD_SIZE)" if rank is None or world_size is None else ""
             raise ProbeError(f"rank={self.rank}, world_size={self.world_size}{source}: expected world_size >= 1 and "
                              "0 <= rank < world_size")
-        self._prepare_directory()
+        claim = RankClaim(self.layout, self.rank, self.world_size)
+        claim.prepare_directory()
         from rlprobe.lake.rank_lock import RankLock
 
         # held until close(): no other process (a second Probe, `rlprobe compact`) touches this
         # rank's files meanwhile; the kernel drops it if this process dies
         self._lock = RankLock.acquire(self.path, self.rank, "rlprobe.Probe")
         try:
-            previous = self._claim(mode)
+            previous = claim.claim(mode)
             if start_step is None:
                 done = (previous or {}).get("committed_steps") or []
                 start_step = max(done) + 1 if done else 0
@@ -139,91 +143,11 @@ class Probe:
         atexit.register(self._atexit)
 
     # -- setup ---------------------------------------------------------------------------
-    def _prepare_directory(self) -> None:
-        if self.path.exists() and not self.path.is_dir():
-            raise ProbeError(f"dump path {self.path} is a file; give a directory (it is created if missing)")
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            probe_file = self.path / f".rlprobe-write-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-            probe_file.write_bytes(b"")
-            probe_file.unlink()
-        except OSError as e:
-            raise ProbeError(f"dump directory {self.path} is not writable: {e.strerror or e}") from None
-
-    def _claim(self, mode: Mode) -> dict[str, Any] | None:
-        """Check for an earlier run of this rank in this directory (its manifest, or its stats
-        and tensors without one); returns this rank's old manifest for append."""
-        mine = self.layout.rank_manifest(self.rank)
-        old = _read_json(mine)
-        data = [] if mine.exists() else self._rank_data(self.rank)
-        holds_run = mine.exists() or bool(data) or (self.rank == 0 and self.layout.run_manifest.exists())
-        if not holds_run:
-            return None
-        if mode == "append":
-            if old is not None:
-                return old
-            if not mine.exists() and not data:  # rank 0 of a run whose rank manifest was never written
-                return None
-            why = f"{mine} cannot be read" if mine.exists() else \
-                f"its data ({', '.join(data)}) is there but {mine.name} is missing"
-            raise ProbeError(f"cannot append to rank {self.rank} of {self.path}: {why}, so which steps were "
-                             "committed is unknown; restore it, or pass mode='overwrite' to delete this rank's data")
-        if mode == "new":
-            if old is None and data:
-                raise ProbeError(
-                    f"{self.path} already holds data of rank {self.rank} ({', '.join(data)}) but no {mine.name} "
-                    "(deleted?); pass mode='overwrite' to delete that data, or choose another directory")
-            state = "a finished run" if old and old.get("closed") else "an unfinished run (killed or still running)"
-            steps = (old or {}).get("committed_steps") or []
-            span = f", steps {min(steps)}-{max(steps)}" if steps else ""
-            raise ProbeError(
-                f"{self.path} already holds {state} (rank {self.rank}, run_id {(old or {}).get('run_id', '?')}{span}); "
-                "pass mode='overwrite' to replace it, mode='append' to add steps to it, or choose another directory"
-            )
-        self._remove_rank_files(self.rank)
-        if self.rank == 0:
-            self.layout.run_manifest.unlink(missing_ok=True)
-            for r in _ranks_in(self.path) | self.layout.ranks_with_stats():
-                if r >= self.world_size:
-                    self._remove_rank_files(r)
-        return None
-
-    def _rank_data(self, rank: int) -> list[str]:
-        """Where rank `rank` has stats parts or tensors (relative paths, the first few), without
-        walking more of the tensor tree than it must."""
-        found = [f"stats/{kind}/rank={rank}" for kind in self.layout.rank_dirs_for(rank)
-                 if any(self.layout.stats_dir(kind, rank).iterdir())]
-        tensor = self.layout.first_tensor_dir(rank)
-        if tensor is not None:
-            found.append(tensor.relative_to(self.path).as_posix())
-        return found
-
-    def _remove_rank_files(self, rank: int) -> None:
-        """Delete exactly what rank `rank` of an earlier run wrote, and nothing else."""
-        self.layout.rank_manifest(rank).unlink(missing_ok=True)
-        self.layout.config_file(rank).unlink(missing_ok=True)
-        stats = self.path / "stats"
-        if stats.is_dir():
-            for kind in stats.iterdir():
-                shutil.rmtree(kind / f"rank={rank}", ignore_errors=True)
-        tensors = self.path / "tensors"
-        if tensors.is_dir():
-            for d in list(tensors.rglob(f"rank={rank}")):
-                shutil.rmtree(d, ignore_errors=True)
-
     def _agree_run_id(self, previous: str | None) -> str:
         """Rank 0's run id for every rank (its earlier one when appending), else a new one."""
-        run_id = previous or os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
-        if self.world_size > 1:
-            from rlprobe.frameworks.torch_adapter import torch_rank_and_world
-
-            if torch_rank_and_world():
-                import torch.distributed as dist
-
-                box = [run_id]
-                dist.broadcast_object_list(box, src=0)
-                run_id = box[0]
-        return run_id
+        run_id = previous or os.environ.get("TORCHELASTIC_RUN_ID") \
+            or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
+        return broadcast_from_rank0(run_id) if self.world_size > 1 else run_id
 
     def _write_run_manifest(self, tags: dict[str, Any]) -> None:
         atomic_write_json(self.layout.run_manifest, {
@@ -239,14 +163,20 @@ class Probe:
         })
 
     # -- capture -------------------------------------------------------------------------
-    def save(self, data: dict[str, Any]) -> None:
+    def save(self, data: dict[str, Any], sample_ids: Any = None, group_ids: Any = None) -> None:
         """Save key data: each value a tensor, array, scalar, or a nested list/tuple/dict of them.
-        None (a value the trainer did not compute) is recorded as a row marked absent."""
+        None (a value the trainer did not compute) is recorded as a row marked absent.
+
+        `sample_ids` (one int or string per row of the batch tensors; default: derived from the
+        prompt ids saved in the call) and `group_ids` (GRPO groups) let runs with different
+        layouts be compared per sample: docs/dump-format.md, "Samples"."""
         where = f"rank {self.rank} step {self.current_step}"
         if not self._usable(where):
             return
         try:
             leaves = flatten(data, where)
+            identity = call_identity([(k, i, _shape_of(leaf)) for k, i, leaf, _ in leaves], sample_ids,
+                                     group_ids, where)
         except ProbeError as e:
             self._fail(str(e))
             return
@@ -259,7 +189,8 @@ class Probe:
         for name, idx in by_adapter.items():
             adapter = leaves[idx[0]][3]
             try:
-                out = adapter.stage([leaves[i][2] for i in idx], keep_raw=not self.stats_only)
+                # statistics-only: batch tensors still come to the host for their per-row statistics
+                out = adapter.stage([leaves[i][2] for i in idx], keep_raw=not self.stats_only or identity is not None)
             except ProbeError as e:
                 self._fail(f"{where}: {e}")
                 return
@@ -274,7 +205,11 @@ class Probe:
                 for (key, index, _, adapter), leaf in zip(leaves, staged)]
         step, layout, save_tensors = self.current_step, self.layout, not self.stats_only
         nbytes = sum(j.leaf.nbytes for j in jobs if j.leaf is not None)
-        self._writer.submit(lambda: write_key_data(self._writer, layout, step, jobs, save_tensors), nbytes, step)
+        if identity is not None:
+            job = partial(write_samples_and_key_data, self._writer, layout, step, jobs, save_tensors, identity)
+        else:
+            job = partial(write_key_data, self._writer, layout, step, jobs, save_tensors)
+        self._writer.submit(job, nbytes, step)
         self._step_has_data = True
         self._raise_background_errors()
 
@@ -285,7 +220,7 @@ class Probe:
         where = f"rank {self.rank} step {self.current_step if step is None else step}"
         if not self._usable(where):
             return
-        if step is not None and (not _is_int(step) or step < 0):
+        if step is not None and (not is_whole_number(step) or step < 0):
             self._fail(f"rank {self.rank}: log_metrics(step={step!r}): expected a whole number >= 0, "
                        "or None for the current step")
             return
@@ -302,7 +237,7 @@ class Probe:
                 self._fail(f"{e} (metric names must be non-empty strings)")
                 return
             try:
-                number = _as_number(value)
+                number = as_number(value)
             except ProbeError as e:
                 self._fail(f"{where}, metric {name!r}: {e}")
                 return
@@ -326,7 +261,7 @@ class Probe:
             self._fail(f"{where}: save_config() takes a dict, got {type(config).__name__}")
             return
         try:
-            text = json.dumps(config, default=_jsonable, indent=2)
+            text = json.dumps(config, default=jsonable, indent=2)
         except (TypeError, ValueError) as e:
             self._fail(f"{where}: save_config(): configuration is not JSON-serialisable: {e}")
             return
@@ -424,7 +359,8 @@ class Probe:
     def _raise_background_errors(self) -> None:
         errors = self._writer.take_errors()
         if errors:
-            more = f" (and {len(errors) - 1} more; see {self.layout.rank_manifest(self.rank)})" if len(errors) > 1 else ""
+            manifest = self.layout.rank_manifest(self.rank)
+            more = f" (and {len(errors) - 1} more; see {manifest})" if len(errors) > 1 else ""
             self._fail(errors[0] + more)
 
     def _fail(self, message: str) -> None:
@@ -434,68 +370,6 @@ class Probe:
             raise ProbeError(message)
 
 
-def _is_int(value: Any) -> bool:
-    """An int (numpy integers too), not a bool or a float."""
-    if isinstance(value, bool):
-        return False
-    try:
-        operator.index(value)
-    except TypeError:
-        return False
-    return True
-
-
-def _whole(name: str, value: Any, detected: bool) -> int:
-    if not _is_int(value):
-        source = " (detected)" if detected else ""
-        raise ProbeError(f"{name}={value!r}{source}: expected a whole number")
-    return operator.index(value)
-
-
-def _as_number(value: Any) -> float | None:
-    """`value` as a float64; None when it is no number; ProbeError when it is one float64 cannot hold."""
-    if isinstance(value, (bool, int, float)):
-        try:
-            return float(value)
-        except OverflowError:
-            raise ProbeError(f"the int ({value.bit_length()} bits) is too large for a float64 "
-                             "(about 1.8e308 at most)") from None
-    item = getattr(value, "item", None)
-    shape = getattr(value, "shape", None)
-    if callable(item) and (shape is None or len(shape) == 0 or math.prod(shape) == 1):
-        try:
-            return _as_number(item())
-        except ProbeError:
-            raise
-        except Exception as e:  # a meta tensor, a value on a lost device: its own words
-            raise ProbeError(f"cannot read the {type(value).__name__}'s value ({type(e).__name__}: {e})") from None
-    return None
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if hasattr(value, "__dataclass_fields__"):
-        import dataclasses
-
-        return dataclasses.asdict(value)
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=str)
-    return str(value)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def _ranks_in(root: Path) -> set[int]:
-    ranks = set()
-    for f in root.glob("rank*.json"):
-        try:
-            ranks.add(int(f.stem[4:]))
-        except ValueError:
-            continue
-    return ranks
+def _shape_of(leaf: Any) -> tuple[int, ...] | None:
+    """A leaf's shape before staging (None for an absent value, () for a Python scalar)."""
+    return None if leaf is None else tuple(getattr(leaf, "shape", ()))

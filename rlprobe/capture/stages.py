@@ -14,16 +14,14 @@ differs in seq order is then the innermost module whose output first changed.
 from __future__ import annotations
 
 import contextlib
-import sys
-import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Iterator, Mapping
 
 from rlprobe.capture.writer import TensorRow, write_tensor_rows
 from rlprobe.errors import ProbeError
-from rlprobe.frameworks import get_adapter
-from rlprobe.frameworks.base import StagedLeaf
+from rlprobe.frameworks import adapter_for_module, module_kinds
+from rlprobe.frameworks.base import Adapter, StagedLeaf
 from rlprobe.lake.layout import check_name
 from rlprobe.selection import parse_int_set
 
@@ -77,73 +75,12 @@ def _roots(model: Any, where: str) -> list[tuple[str, Any]]:
     return [("", model)]
 
 
-# -- frameworks ----------------------------------------------------------------------------------
-class _TorchHooks:
-    framework = "torch"
-
-    @staticmethod
-    def owns(module: Any) -> bool:
-        torch = sys.modules.get("torch")
-        return torch is not None and isinstance(module, torch.nn.Module)
-
-    @staticmethod
-    def named(module: Any) -> Iterator[tuple[str, Any]]:
-        return module.named_modules()
-
-    @staticmethod
-    def install(module, pre, post, backward) -> list[Any]:
-        handles = [module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post)]
-        if backward is not None:
-            handles.append(module.register_full_backward_hook(backward))
-        return handles
-
-    @staticmethod
-    def check(backward: bool) -> None:
-        if backward:  # an embedding's grad_input is None by design; torch warns about it on every backward
-            warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
-                                    "respect to module outputs", category=UserWarning)
-
-
-class _MindSporeHooks:
-    framework = "mindspore"
-
-    @staticmethod
-    def owns(module: Any) -> bool:
-        ms = sys.modules.get("mindspore")
-        return ms is not None and isinstance(module, ms.nn.Cell)
-
-    @staticmethod
-    def named(module: Any) -> Iterator[tuple[str, Any]]:
-        return module.cells_and_names()
-
-    @staticmethod
-    def install(module, pre, post, backward) -> list[Any]:
-        handles = [module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post)]
-        if backward is not None:
-            handles.append(module.register_backward_hook(backward))
-        return handles
-
-    @staticmethod
-    def check(backward: bool) -> None:
-        import mindspore as ms
-
-        if ms.get_context("mode") != ms.PYNATIVE_MODE:
-            raise ProbeError("module dumps of MindSpore Cells need PyNative mode (hooks do not run in graph mode); "
-                             "call mindspore.set_context(mode=mindspore.PYNATIVE_MODE) or dump key data instead")
-        if not hasattr(ms.nn.Cell, "register_forward_pre_hook"):
-            raise ProbeError(f"this MindSpore ({ms.__version__}) has no Cell.register_forward_pre_hook; "
-                             "module dumps need MindSpore 2.3 or newer")
-
-
-_HOOKS = (_TorchHooks, _MindSporeHooks)
-
-
-def _hooks_for(module: Any, where: str):
-    for h in _HOOKS:
-        if h.owns(module):
-            return h
-    raise ProbeError(f"{where}: cannot hook a {type(module).__module__}.{type(module).__name__}: module dumps take "
-                     "torch.nn.Module or mindspore.nn.Cell models (or a list/dict of them)")
+def _adapter_for(module: Any, where: str) -> Adapter:
+    adapter = adapter_for_module(module)
+    if adapter is None:
+        raise ProbeError(f"{where}: cannot hook a {type(module).__module__}.{type(module).__name__}: module dumps "
+                         f"take {module_kinds()} models (or a list/dict of them)")
+    return adapter
 
 
 # -- per-step counters ----------------------------------------------------------------------------
@@ -182,25 +119,22 @@ class StageCapture:
         self.handles: list[Any] = []
         self.active = False
         self._pending: dict[str, list[tuple[list[tuple[str, str]], list[StagedLeaf]]]] = {}
-        self._full_backward_flags: list[tuple[Any, Any]] = []
 
     def __enter__(self) -> "StageCapture":
         where = f"rank {self.probe.rank} step {self.probe.current_step}, stage {self.stage!r}"
         seen: set[int] = set()
         try:
             for prefix, root in self.roots:
-                hooks = _hooks_for(root, where)
-                hooks.check(self.backward)
-                for name, module in hooks.named(root):
+                adapter = _adapter_for(root, where)
+                adapter.check_module_hooks(self.backward)
+                for name, module in adapter.submodules(root):
                     if id(module) in seen:
                         continue
                     seen.add(id(module))
                     path = f"{prefix}.{name}" if prefix and name else (prefix or name)
-                    if hooks is _TorchHooks and self.backward:
-                        self._full_backward_flags.append((module, module.__dict__.get("_is_full_backward_hook")))
-                    self.handles.extend(hooks.install(
-                        module, self._pre_hook(path, hooks.framework), self._post_hook(path, hooks.framework),
-                        self._backward_hook(path, hooks.framework) if self.backward else None))
+                    self.handles.extend(adapter.hook_module(
+                        module, self._pre_hook(path, adapter), self._post_hook(path, adapter),
+                        self._backward_hook(path, adapter) if self.backward else None))
         except BaseException:
             self._remove()
             raise
@@ -217,54 +151,51 @@ class StageCapture:
         for h in self.handles:
             h.remove()
         self.handles.clear()
-        for module, flag in self._full_backward_flags:  # torch marks a module for good once hooked
-            module.__dict__["_is_full_backward_hook"] = flag
-        self._full_backward_flags.clear()
         self._pending.clear()
 
     # hooks ---------------------------------------------------------------------------------------
-    def _pre_hook(self, path: str, framework: str) -> Callable:
+    def _pre_hook(self, path: str, adapter: Adapter) -> Callable:
         def pre(module, args, kwargs):
             if self.active:
-                leaves = list(_tensor_leaves(args, "", framework)) + list(_tensor_leaves(kwargs, "", framework))
+                leaves = list(_tensor_leaves(args, "", adapter)) + list(_tensor_leaves(kwargs, "", adapter))
                 self._pending.setdefault(path, []).append(([("input", i) for i, _ in leaves],
-                                                           self._stage_values([t for _, t in leaves], framework)))
+                                                           self._stage_values([t for _, t in leaves], adapter)))
             return None
 
         return pre
 
-    def _post_hook(self, path: str, framework: str) -> Callable:
+    def _post_hook(self, path: str, adapter: Adapter) -> Callable:
         def post(module, args, output):
             if not self.active:
                 return None
             stack = self._pending.get(path)
             names, staged = stack.pop() if stack else ([], [])
-            out = list(_tensor_leaves(output, "", framework))
+            out = list(_tensor_leaves(output, "", adapter))
             names = names + [("output", i) for i, _ in out]
-            staged = staged + self._stage_values([t for _, t in out], framework)
-            self._submit(path, "forward", names, staged, framework)
+            staged = staged + self._stage_values([t for _, t in out], adapter)
+            self._submit(path, "forward", names, staged, adapter.name)
             return None
 
         return post
 
-    def _backward_hook(self, path: str, framework: str) -> Callable:
+    def _backward_hook(self, path: str, adapter: Adapter) -> Callable:
         def backward(module, grad_input, grad_output):
             if not self.active:  # torch keeps the hooks of a forward that ran inside the block
                 return None
-            gout = list(_tensor_leaves(grad_output, "", framework))
-            gin = list(_tensor_leaves(grad_input, "", framework))
+            gout = list(_tensor_leaves(grad_output, "", adapter))
+            gin = list(_tensor_leaves(grad_input, "", adapter))
             names = [("grad_output", i) for i, _ in gout] + [("grad_input", i) for i, _ in gin]
-            staged = self._stage_values([t for _, t in gout + gin], framework)
-            self._submit(path, "backward", names, staged, framework)
+            staged = self._stage_values([t for _, t in gout + gin], adapter)
+            self._submit(path, "backward", names, staged, adapter.name)
             return None
 
         return backward
 
-    def _stage_values(self, values: list[Any], framework: str) -> list[StagedLeaf]:
+    def _stage_values(self, values: list[Any], adapter: Adapter) -> list[StagedLeaf]:
         if not values:
             return []
         try:
-            return get_adapter(framework).stage(values, keep_raw=self.tensors)
+            return adapter.stage(values, keep_raw=self.tensors)
         except ProbeError as e:
             self.probe._fail(f"rank {self.probe.rank} step {self.probe.current_step}, stage {self.stage!r}: {e}")
             return []
@@ -290,18 +221,18 @@ class StageCapture:
         probe._step_has_data = True
 
 
-def _tensor_leaves(value: Any, prefix: str, framework: str, depth: int = 0) -> Iterator[tuple[str, Any]]:
+def _tensor_leaves(value: Any, prefix: str, adapter: Adapter, depth: int = 0) -> Iterator[tuple[str, Any]]:
     """(index, tensor) of every tensor in nested tuples/lists/dicts; other values (None, ints, strings) are skipped."""
     if depth > _MAX_DEPTH:
         return
-    if get_adapter(framework).is_tensor(value):
+    if adapter.is_tensor(value):
         yield prefix, value
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            yield from _tensor_leaves(item, f"{prefix}.{i}" if prefix else str(i), framework, depth + 1)
+            yield from _tensor_leaves(item, f"{prefix}.{i}" if prefix else str(i), adapter, depth + 1)
     elif isinstance(value, Mapping):
         for name, item in value.items():
-            yield from _tensor_leaves(item, f"{prefix}.{name}" if prefix else str(name), framework, depth + 1)
+            yield from _tensor_leaves(item, f"{prefix}.{name}" if prefix else str(name), adapter, depth + 1)
 
 
 # -- writer thread ------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from rlprobe.frameworks.base import StagedLeaf
 from rlprobe.lake.encoding import narrow_integers, widen
 from rlprobe.lake.layout import DumpLayout
 from rlprobe.lake.rank_writer import RankWriter
+from rlprobe.lake.samples import CallIdentity, OccurrenceCounter, sample_table
 from rlprobe.lake.statistics import STATISTICS, bitwise_hash, host_statistics
 
 
@@ -50,6 +51,7 @@ class BackgroundWriter:
         import pyarrow.compute  # noqa: F401
 
         self.sink = sink
+        self.samples = OccurrenceCounter()  # the sample rows' occurrence counts (writer thread only)
         self.max_inflight = max_inflight_bytes
         self.flush_interval = flush_interval
         self._retry_at = 0.0  # after a failed commit: not before this time
@@ -189,6 +191,22 @@ def write_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs
             f"key {job.key!r} step {step} micro_step {job.micro_step}" + (f" index {job.index!r}" if job.index else ""),
             layout.key_data_tensor(job.key, step, rank, job.micro_step, job.index) if save_tensors else None))
     write_tensor_rows(writer, "key_data", items)
+
+
+def write_samples_and_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob],
+                               save_tensors: bool, identity: CallIdentity) -> None:
+    """write_key_data, after the call's `sample` rows (lake/samples.py) while the host copies exist."""
+    for job in jobs:
+        if job.leaf is not None and job.leaf.finish is not None:
+            job.leaf.finish()
+            job.leaf.finish = None
+    try:
+        writer.sink.add_row("sample", sample_table(identity, jobs, step, writer.samples))
+    except Exception as e:  # the key data is still written; the step is marked incomplete
+        message = f"step {step}: sample rows not written: {type(e).__name__}: {e}"
+        writer.sink.record_error(message, {"step": step, "what": "sample rows"}, incomplete_step=step)
+        writer.report([message])
+    write_key_data(writer, layout, step, jobs, save_tensors)
 
 
 def _tensor_row(item: TensorRow, kind: str, sink: RankWriter, errors: list[str]) -> dict[str, Any] | None:

@@ -8,8 +8,9 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from rlprobe.compare.dataflow import key_order_table
+from rlprobe.compare.key_aliases import key_order_table
 from rlprobe.compare.pair_results import pair_results_table
+from rlprobe.compare.sample_alignment import layout, sample_key_data
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import KEY_DATA, with_rank
 from rlprobe.lake.sql_runner import create_table, execute, records, run, store
@@ -22,24 +23,29 @@ PRIVATE_COLUMNS = ("file_a", "file_b", "canonical_key", "flow_position")
 @dataclass
 class KeyDataComparison:
     """key_data (one row per pair, `is_first_divergence` marked), its first divergence (None:
-    none), the parts that could not be read (as messages) and how many tensor pairs were compared."""
+    none), the parts that could not be read (as messages), how many tensor pairs (or sample pairs)
+    were compared element-wise, and both runs' layouts (summary.json's `layout`)."""
 
     table: pa.Table
     first: dict[str, Any] | None
     read_errors: list[str]
     pairs_compared: int
+    layout: dict[str, Any]
 
 
 def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | None = None,
                      steps: list[int] | None = None, ranks: list[int] | None = None, workers: int = 2,
                      stats_rtol: float = 0.0, order: list[str] | None = None, progress: Progress | None = None,
-                     executor: Callable[..., dict] | None = None) -> KeyDataComparison:
+                     executor: Callable[..., dict] | None = None,
+                     key_map: dict[str, str] | None = None) -> KeyDataComparison:
     """Compare the key data of `dump_a` and `dump_b` in `con`, which keeps the tables stats_a,
-    stats_b, key_order and key_data (and the macros of pair_macros.sql) for the queries after it."""
+    stats_b, key_order and key_data (and the macros of pair_macros.sql) for the queries after it.
+    Runs with different layouts (micro-batches, ranks) are compared per sample (sample_alignment.py)."""
     read_errors: list[str] = []
     load_stats(con, "stats_a", dump_a, read_errors, "A")
     load_stats(con, "stats_b", dump_b, read_errors, "B")
-    con.register("key_order", key_order_table(order))
+    con.register("key_order", key_order_table(order, key_map))
+    run_layout = layout(con, dump_a, dump_b, read_errors)
     execute(con, "pair_macros.sql")
     execute(con, "key_data_pairs.sql")
     selection = {"keys": keys, "steps": steps, "ranks": ranks}
@@ -47,7 +53,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     # only rows with a tensor file on both sides (and equal shapes) are compared element-wise;
     # a statistics-only dump has none, so its pairs are never looked at twice
     files: list[tuple[str, str]] = []
-    if records(con, "has_tensor_files.sql")[0]["both_have_files"]:
+    if not run_layout["per_sample"] and records(con, "has_tensor_files.sql")[0]["both_have_files"]:
         files = [(r["file_a"], r["file_b"]) for r in run(con, "tensor_pairs.sql", **selection).to_pylist()]
     results: dict[int, dict[str, Any]] = {}
     if files:  # the executor (and numba under it) is imported only when there is a pair to compare
@@ -58,11 +64,15 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
         results = (executor or run_pairs)(tasks, workers=workers, progress=progress)
     elif progress is not None:
         progress(0, 0)
-    con.register("pair_results", pair_results_table(results, files))
-    try:
-        key_data = run(con, "key_data.sql", **selection, stats_rtol=stats_rtol)
-    finally:
-        con.unregister("pair_results")
+    gathered = 0
+    if run_layout["per_sample"]:
+        key_data, gathered = sample_key_data(con, dump_a, dump_b, selection)
+    else:
+        con.register("pair_results", pair_results_table(results, files))
+        try:
+            key_data = run(con, "key_data.sql", **selection, stats_rtol=stats_rtol)
+        finally:
+            con.unregister("pair_results")
     key_data = _prepend_read_errors(key_data, read_errors)
     con.register("key_data", key_data)
     first = records(con, "first_divergence.sql")
@@ -73,7 +83,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
         first["canonical_key"] = canonical[0]["canonical"] if canonical else first["key"]
     key_data = _mark_first(key_data, first)
     con.register("key_data", key_data)
-    return KeyDataComparison(key_data, first, read_errors, len(files))
+    return KeyDataComparison(key_data, first, read_errors, len(files) + gathered, run_layout)
 
 
 def load_stats(con: Any, name: str, dump: Dump, read_errors: list[str], side: str) -> None:

@@ -1,8 +1,8 @@
 """The compiled loops of the element-wise comparison (numba): partial aggregates of two flat
 arrays over a range of indices, for (float32, float32), (float64, float64) and (int64, int64).
 
-The element semantics are in rlprobe.compare.pair_metrics, the public face of these kernels:
-import them through it, so numba's on-disk cache points at a writable folder before numba loads.
+The element semantics are in rlprobe.compare.pair_metrics, the public face of these kernels.
+numba's on-disk cache is pointed at a writable folder (rlprobe.numba_cache) before numba loads.
 A new metric is one more partial aggregate here and in rlprobe.compare.partials.
 """
 
@@ -11,9 +11,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import numba
 import numpy as np
-from numba import types as _nt
+
+from rlprobe.numba_cache import use_user_cache_dir
+
+use_user_cache_dir()
+
+import numba  # noqa: E402  (after the cache dir is set)
+from numba import types as _nt  # noqa: E402
 
 __all__ = ["kernel_for", "warm_up"]
 

@@ -52,40 +52,13 @@ results, whatever the number of workers.
 from __future__ import annotations
 
 import math
-import os
-import sys
 from typing import Any
 
 import numpy as np
 
-
-def _default_numba_cache_dir() -> None:
-    """Point numba's on-disk cache at a user cache dir unless the user chose one.
-
-    ``cache=True`` would otherwise try to write next to the installed package, which fails
-    for read-only installs. Only done when numba has not been imported yet (it reads the
-    variable at import) and the directory can be created.
-    """
-    if os.environ.get("NUMBA_CACHE_DIR") or "numba" in sys.modules:
-        return
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "rlprobe", "numba")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError:
-        return
-    if os.access(path, os.W_OK | os.X_OK):
-        os.environ["NUMBA_CACHE_DIR"] = path
-
-
-_default_numba_cache_dir()
-
-
-_default_numba_cache_dir()
-
-from rlprobe.compare.flat_sources import ArraySource, FlatSource, MappedPages, chunk_bounds  # noqa: E402
-from rlprobe.compare.pair_kernels import kernel_for, warm_up  # noqa: E402  (after the cache dir is set)
-from rlprobe.compare.partials import METRIC_KEYS, Partial, combine, partial_from  # noqa: E402
+from rlprobe.compare.flat_sources import ArraySource, FlatSource, MappedPages, chunk_bounds
+from rlprobe.compare.pair_kernels import kernel_for, warm_up
+from rlprobe.compare.partials import METRIC_KEYS, Partial, combine, partial_from
 
 __all__ = [
     "DEFAULT_CHUNK",

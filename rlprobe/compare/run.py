@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from rlprobe._version import __version__
 from rlprobe.compare.key_data import compare_key_data
+from rlprobe.compare.single_run import single_run_findings
 from rlprobe.compare.verdict import explain, explain_beyond_key_data
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.sql_runner import records, run, to_arrow
@@ -26,29 +27,32 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
                   order=None, progress: Progress | None = None,
                   executor: Callable[..., dict] | None = None, grads: dict[str, float] | None = None,
                   modules: dict[str, Any] | None = None,
-                  con: "duckdb.DuckDBPyConnection | None" = None) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+                  con: "duckdb.DuckDBPyConnection | None" = None, key_map: dict[str, str] | None = None,
+                  config_ignore: list[str] | None = None, config_ignore_defaults: bool = True,
+                  ) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     """The comparison itself, in memory: (tables by name, summary). `executor` runs the pair
     kernels, called like rlprobe.compare.executor.run_pairs(tasks, workers=, progress=) (default).
 
     `grads`: thresholds for compare_grads (first_step_min, max_drop, norm_rtol); `modules`:
     keyword arguments for compare_modules (e.g. stages=[...]). With `con`, both runs' statistics
     are left in it as the tables stats_a and stats_b (and key_data, key_rollup, step_rollup are
-    registered there) instead of being returned as Arrow tables."""
+    registered there) instead of being returned as Arrow tables. `key_map`: a trainer's key names
+    (key_aliases.py); `config_ignore`: config paths the config diff leaves out (config_diff.py)."""
     import duckdb
 
     keep_stats = con is None
     con = con or duckdb.connect()
     compared = compare_key_data(con, dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
-                                stats_rtol=stats_rtol, order=order, progress=progress, executor=executor)
+                                stats_rtol=stats_rtol, order=order, progress=progress, executor=executor,
+                                key_map=key_map)
     first, read_errors = compared.first, compared.read_errors
 
     diverged_at_step = {}
     if first is not None:
         for r in records(con, "key_status_at_step.sql", step=first["step"]):
             diverged_at_step[r["canonical_key"]] = bool(r["diverged"])
-    on_policy = {name: records(con, "on_policy_recompute.sql", stats=table)
-                 for name, table in (("A", "stats_a"), ("B", "stats_b"))}
-    verdict = explain(first, diverged_at_step, on_policy)
+    within = single_run_findings({"A": dump_a, "B": dump_b})  # each run against itself (rlprobe check)
+    verdict = explain(first, diverged_at_step, within)
     if first is not None:
         earliest = records(con, "earliest_in_step.sql", step=first["step"])
         if earliest and earliest[0]["micro_step"] < first["micro_step"]:
@@ -70,13 +74,15 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
         "module_first_divergence": None,
         "grad_first_flagged": None,
         **verdict,
-        "on_policy_recompute": {name: rows for name, rows in on_policy.items() if rows},
+        "on_policy_recompute": within.on_policy,
+        "rollout_vs_trainer": within.rollout,
         "gates": [],
         "counts": counts,
         "keys": key_rollup.to_pylist(),
         "steps": step_rollup.to_pylist(),
         "read_errors": read_errors,
         "pairs_compared": compared.pairs_compared,
+        "layout": compared.layout,
     }
     tables = {"key_data": compared.table, "key_rollup": key_rollup, "step_rollup": step_rollup}
     if keep_stats:
@@ -100,6 +106,15 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
                                                                    steps=steps, ranks=ranks, **(grads or {}))
         tables.update(grad_tables)
     explain_beyond_key_data(summary, _grad_probe_step(tables.get("grads"), summary["grad_first_flagged"]))
+    from rlprobe.compare.config_diff import diff_configs, explain_config, saved_configs
+    from rlprobe.compare.key_aliases import flow_warning
+    from rlprobe.compare.verdict_modules import follow_up
+
+    follow_up(summary, tables.get("modules"))  # docs/modules.md: after the module dump; docs/compare.md: config diff
+    tables["config_diff"] = diff_configs(dump_a, dump_b, ignore=config_ignore, ignore_defaults=config_ignore_defaults,
+                                         read_errors=read_errors)
+    explain_config(summary, tables["config_diff"], first and first["canonical_key"], saved_configs(dump_a, dump_b),
+                   flow_warning([k["key"] for k in summary["keys"]], key_map, order))
     return tables, summary
 
 

@@ -141,10 +141,7 @@ class PrecisionDebugger:
     def monitor(self, model: Any, optimizer: Any = None, name: str = "default") -> Any:
         if self.probe is None or self.probe.closed:
             self.probe = Probe(self.dump_path, **self.probe_options)
-        from rlprobe.capture.grads import _is_mindspore
-
-        if _is_mindspore(model):
-            return self.probe.monitor_grads(optimizer=model, name=name, **self.options)
+        # msprobe's MindSpore debugger takes the optimizer as `model`: monitor_grads accepts that too
         return self.probe.monitor_grads(model, optimizer=optimizer, name=name, **self.options)
 
     def step(self) -> None:

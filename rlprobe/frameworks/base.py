@@ -1,11 +1,21 @@
-"""What every framework adapter answers: is it a tensor, which rank, stats and host copies."""
+"""The one interface every framework answers (docs/modules.md, "Adding a framework").
+
+Capture code (rlprobe.capture) asks these questions and never names a framework: is this a
+tensor, what dtype, a snapshot of these tensors, which rank, rank 0's value on every rank, hook
+this module, hook this optimizer's step, gradient statistics of these tensors. An adapter
+subclasses `Adapter`, answers what its framework can (the defaults say "not supported"), and is
+registered by one line in `rlprobe.frameworks.ADAPTERS`.
+"""
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
+
+from rlprobe.lake.grad_stats import GradBatch
 
 
 @dataclass
@@ -28,15 +38,110 @@ class StagedLeaf:
     nbytes: int = 0
 
 
-class Adapter(Protocol):
-    name: str
+@dataclass
+class ParamFilter:
+    """Which parameters a gradient monitor watches: fnmatch patterns, none = every parameter."""
 
-    def is_tensor(self, value: Any) -> bool: ...
+    patterns: list[str]
 
-    def dtype_name(self, value: Any) -> str: ...
+    def __call__(self, name: str) -> bool:
+        return not self.patterns or any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
+
+
+@dataclass
+class OptimizerStep:
+    """What an optimizer hook hands its callbacks at one step of the hooked optimizer. Both are
+    functions, so a step that is not captured costs nothing: `grads()` gives (name, gradient) of
+    the selected parameters that have a gradient this step, `params()` (name, parameter) of all
+    the selected parameters."""
+
+    grads: Callable[[], list[tuple[str, Any]]]
+    params: Callable[[], list[tuple[str, Any]]]
+
+
+StepCallback = Callable[[OptimizerStep], None]
+# runs on the writer thread: waits for the device work `grad_stats` queued, returns the host batch
+GradFinish = Callable[[], GradBatch]
+
+
+class Handle:
+    """A removable hook (as torch's RemovableHandle): `remove()` undoes what was installed."""
+
+    def remove(self) -> None:
+        raise NotImplementedError
+
+
+class OptimizerHooks(Handle):
+    """The hooks one gradient monitor installed; `optimizer` is the hooked optimizer (None while an
+    adapter is still looking for the one that steps the model's parameters)."""
+
+    optimizer: Any = None
+
+
+class Adapter:
+    """One framework's answers. `name` is what rows record in their `framework` column;
+    `module_kinds` / `optimizer_kinds` name, in error messages, what `stage(model=)` and
+    `monitor_grads()` accept from this framework (empty: not supported)."""
+
+    name: str = ""
+    module_kinds: str = ""
+    optimizer_kinds: str = ""
+
+    # -- key data (probe.save) ---------------------------------------------------------------
+    def is_tensor(self, value: Any) -> bool:
+        raise NotImplementedError
+
+    def dtype_name(self, value: Any) -> str:
+        """The lake.encoding dtype name; ProbeError (naming the supported ones) when unsupported."""
+        raise NotImplementedError
 
     def stage(self, values: Sequence[Any], keep_raw: bool) -> list[StagedLeaf]:
         """Snapshot `values` (one save call) so later in-place changes cannot alter what is saved."""
-        ...
+        raise NotImplementedError
 
-    def rank_and_world(self) -> tuple[int, int] | None: ...
+    # -- processes ---------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Called when a probe that may see this framework's tensors is created (warm buffers up)."""
+
+    def rank_and_world(self) -> tuple[int, int] | None:
+        """(rank, world size) when this framework's collective communication is set up, else None."""
+        return None
+
+    def broadcast_from_rank0(self, value: str) -> str | None:
+        """Rank 0's `value` on every rank, through this framework's communication; None when it
+        has none set up (then another adapter, or nobody, agrees the value)."""
+        return None
+
+    # -- module hooks (probe.stage) ----------------------------------------------------------
+    def owns_module(self, module: Any) -> bool:
+        return False
+
+    def check_module_hooks(self, backward: bool) -> None:
+        """Raise ProbeError when module hooks cannot run now (a graph mode, an old version)."""
+
+    def submodules(self, module: Any) -> Iterator[tuple[str, Any]]:
+        """(qualified name, submodule) of `module` and everything inside it, itself first ("")."""
+        raise NotImplementedError
+
+    def hook_module(self, module: Any, pre: Callable, post: Callable, backward: Callable | None) -> list[Handle]:
+        """Install `pre(module, args, kwargs)` before, `post(module, args, output)` after the forward,
+        and `backward(module, grad_input, grad_output)` when given; every handle removes one."""
+        raise NotImplementedError
+
+    # -- optimizer hooks and gradient statistics (probe.monitor_grads) ----------------------------
+    def owns_optimizer(self, model: Any, optimizer: Any) -> bool:
+        """Whether this framework trains `model` with `optimizer` (either may be None)."""
+        return False
+
+    def hook_optimizer(self, model: Any, optimizer: Any, select: ParamFilter, where: str,
+                       before_step: StepCallback, after_step: StepCallback | None = None) -> OptimizerHooks:
+        """Call `before_step` when the optimizer that steps the selected parameters is about to step
+        (gradients final, parameters not yet changed) and `after_step` once it has stepped."""
+        raise NotImplementedError
+
+    def grad_stats(self, grads: Sequence[Any], level: str, bounds: Sequence[float],
+                   state: dict[str, Any]) -> tuple[GradFinish, int]:
+        """Queue the statistics of one step's gradients (lake/grad_stats.host_batch's semantics);
+        returns the function the writer calls for the host batch, and the bytes in flight.
+        `state` is one dict per monitor, kept between steps (device buffers, compiled kernels)."""
+        raise NotImplementedError

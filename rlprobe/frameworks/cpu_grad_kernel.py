@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from rlprobe.compare.pair_metrics import _default_numba_cache_dir
+from rlprobe.numba_cache import use_user_cache_dir
 
-_default_numba_cache_dir()
+use_user_cache_dir()
 
 import numba  # noqa: E402  (after the cache dir is set)
 

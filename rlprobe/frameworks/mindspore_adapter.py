@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import mindspore as ms
 import numpy as np
 
 from rlprobe.errors import ProbeError
-from rlprobe.frameworks.base import StagedLeaf
+from rlprobe.frameworks.base import Adapter, Handle, OptimizerHooks, ParamFilter, StagedLeaf, StepCallback
 from rlprobe.lake.encoding import SUPPORTED
 
 _NAMES = {
@@ -26,8 +26,10 @@ def _dtype_name(t: Any) -> str:
     return name
 
 
-class MindSporeAdapter:
+class MindSporeAdapter(Adapter):
     name = "mindspore"
+    module_kinds = "mindspore.nn.Cell"
+    optimizer_kinds = "a MindSpore optimizer"
 
     def is_tensor(self, value: Any) -> bool:
         return isinstance(value, ms.Tensor)
@@ -41,7 +43,8 @@ class MindSporeAdapter:
             dtype = _dtype_name(t)
             if dtype == "bfloat16":
                 # numpy has no bfloat16: widen exactly, then keep the top 16 bits as the raw bytes
-                wide = np.asarray(t.astype(ms.float32).asnumpy(), order="C")  # keeps 0-d (ascontiguousarray makes it 1-d)
+                # asarray keeps 0-d (ascontiguousarray makes it 1-d)
+                wide = np.asarray(t.astype(ms.float32).asnumpy(), order="C")
                 raw = (wide.view(np.uint32) >> 16).astype(np.uint16)
             else:
                 raw = np.array(t.asnumpy(), copy=True, order="C")
@@ -50,6 +53,44 @@ class MindSporeAdapter:
 
     def rank_and_world(self) -> tuple[int, int] | None:
         return mindspore_rank_and_world()
+
+    # -- module hooks (PyNative mode) ------------------------------------------------------------
+    def owns_module(self, module: Any) -> bool:
+        return isinstance(module, ms.nn.Cell)
+
+    def check_module_hooks(self, backward: bool) -> None:
+        if ms.get_context("mode") != ms.PYNATIVE_MODE:
+            raise ProbeError("module dumps of MindSpore Cells need PyNative mode (hooks do not run in graph mode); "
+                             "call mindspore.set_context(mode=mindspore.PYNATIVE_MODE) or dump key data instead")
+        if not hasattr(ms.nn.Cell, "register_forward_pre_hook"):
+            raise ProbeError(f"this MindSpore ({ms.__version__}) has no Cell.register_forward_pre_hook; "
+                             "module dumps need MindSpore 2.3 or newer")
+
+    def submodules(self, module: Any) -> Iterator[tuple[str, Any]]:
+        return module.cells_and_names()
+
+    def hook_module(self, module: Any, pre: Callable, post: Callable, backward: Callable | None) -> list[Handle]:
+        handles = [module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post)]
+        if backward is not None:
+            handles.append(module.register_backward_hook(backward))
+        return handles
+
+    # -- optimizer hooks and gradient statistics ---------------------------------------------------
+    def owns_optimizer(self, model: Any, optimizer: Any) -> bool:
+        # an optimizer is a Cell: msprobe's MindSpore debugger takes it as `model`, so that works too
+        return isinstance(optimizer, ms.nn.Optimizer) or (optimizer is None and isinstance(model, ms.nn.Optimizer))
+
+    def hook_optimizer(self, model: Any, optimizer: Any, select: ParamFilter, where: str,
+                       before_step: StepCallback, after_step: StepCallback | None = None) -> OptimizerHooks:
+        from rlprobe.frameworks.mindspore_grads import MindSporeOptimizerHooks
+
+        return MindSporeOptimizerHooks(optimizer if optimizer is not None else model, select, where,
+                                       before_step, after_step)
+
+    def grad_stats(self, grads: Sequence[Any], level: str, bounds: Sequence[float], state: dict[str, Any]):
+        from rlprobe.frameworks.mindspore_grads import host_grad_stats
+
+        return host_grad_stats(grads, level, bounds)
 
 
 def mindspore_rank_and_world() -> tuple[int, int] | None:

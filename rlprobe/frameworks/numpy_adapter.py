@@ -7,11 +7,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from rlprobe.errors import ProbeError
-from rlprobe.frameworks.base import StagedLeaf
+from rlprobe.frameworks.base import Adapter, StagedLeaf
 from rlprobe.lake.encoding import SUPPORTED
 
 
-class NumpyAdapter:
+class NumpyAdapter(Adapter):
     name = "numpy"
 
     def is_tensor(self, value: Any) -> bool:
@@ -44,9 +44,6 @@ class NumpyAdapter:
             arr = np.array(self.as_array(value), copy=True, order="C")  # a snapshot, C order
             staged.append(StagedLeaf(self.dtype_name(arr), arr.shape, arr, nbytes=arr.nbytes))
         return staged
-
-    def rank_and_world(self) -> tuple[int, int] | None:
-        return None
 
 
 def _short(value: int) -> str:

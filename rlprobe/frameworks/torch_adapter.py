@@ -13,13 +13,14 @@ a few kernels per call, and copied back as one small float64 block.
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence
+import warnings
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from rlprobe.errors import ProbeError
-from rlprobe.frameworks.base import StagedLeaf
+from rlprobe.frameworks.base import Adapter, Handle, OptimizerHooks, ParamFilter, StagedLeaf, StepCallback
 from rlprobe.frameworks.staging import aligned, host_ring, pinned_ring
 from rlprobe.lake.encoding import SUPPORTED, storage_dtype
 from rlprobe.lake.statistics import host_statistics
@@ -83,8 +84,10 @@ def _as_dict(row: np.ndarray) -> dict[str, float | int | None]:
     return {name: (int(v) if name in _INT_STATS else float(v)) for name, v in zip(DEVICE_STATS, row)}
 
 
-class TorchAdapter:
+class TorchAdapter(Adapter):
     name = "torch"
+    module_kinds = "torch.nn.Module"
+    optimizer_kinds = "a torch.nn.Module and/or torch.optim.Optimizer"
 
     def is_tensor(self, value: Any) -> bool:
         return isinstance(value, torch.Tensor)
@@ -219,8 +222,66 @@ class TorchAdapter:
             leaf.finish = finish
             leaf.release = release
 
+    # -- processes ---------------------------------------------------------------------------
+    def prepare(self) -> None:
+        host_ring()  # its first pages are faulted in by a thread of its own while the probe sets up
+
     def rank_and_world(self) -> tuple[int, int] | None:
         return torch_rank_and_world()
+
+    def broadcast_from_rank0(self, value: str) -> str | None:
+        if not torch_rank_and_world():
+            return None
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    # -- module hooks --------------------------------------------------------------------------
+    def owns_module(self, module: Any) -> bool:
+        return isinstance(module, torch.nn.Module)
+
+    def check_module_hooks(self, backward: bool) -> None:
+        if backward:  # an embedding's grad_input is None by design; torch warns about it on every backward
+            warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
+                                    "respect to module outputs", category=UserWarning)
+
+    def submodules(self, module: Any) -> Iterator[tuple[str, Any]]:
+        return module.named_modules()
+
+    def hook_module(self, module: Any, pre: Callable, post: Callable, backward: Callable | None) -> list[Handle]:
+        handles = [module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post)]
+        if backward is not None:
+            # torch marks a module for good once a full backward hook is on it; removing restores the mark
+            flag = _BackwardFlag(module, module.__dict__.get("_is_full_backward_hook"))
+            handles += [module.register_full_backward_hook(backward), flag]
+        return handles
+
+    # -- optimizer hooks and gradient statistics ---------------------------------------------------
+    def owns_optimizer(self, model: Any, optimizer: Any) -> bool:
+        from rlprobe.frameworks.torch_optimizer import is_torch_training
+
+        return is_torch_training(model, optimizer)
+
+    def hook_optimizer(self, model: Any, optimizer: Any, select: ParamFilter, where: str,
+                       before_step: StepCallback, after_step: StepCallback | None = None) -> OptimizerHooks:
+        from rlprobe.frameworks.torch_optimizer import TorchOptimizerHooks
+
+        return TorchOptimizerHooks(model, optimizer, select, where, before_step, after_step)
+
+    def grad_stats(self, grads: Sequence[Any], level: str, bounds: Sequence[float], state: dict[str, Any]):
+        from rlprobe.frameworks.torch_grads import launch
+
+        return launch(grads, level, bounds, state)
+
+
+class _BackwardFlag(Handle):
+    def __init__(self, module: Any, flag: Any):
+        self.module, self.flag = module, flag
+
+    def remove(self) -> None:
+        self.module.__dict__["_is_full_backward_hook"] = self.flag
 
 
 def torch_rank_and_world() -> tuple[int, int] | None:

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from rlprobe.capture.grad_stats import (
+from rlprobe.lake.grad_stats import (
     MIX_K1, MIX_K2, PACK_MAGIC, STAT_COLUMNS, Finish, GradBatch, padded_bytes, sign_offsets,
 )
 

@@ -11,7 +11,7 @@ copy (tens of MB of signs) runs beside the next step's work instead of in the tr
 the next step's kernels wait for it on the device before rewriting the payload. Buffers and
 tables are made once per parameter layout (`GradStatsKernel` keeps them); a step allocates
 nothing on the device, and the address table is uploaded only when a gradient moved. Semantics
-are those of capture/grad_stats.host_batch (contract: docs/grads.md).
+are those of lake/grad_stats.host_batch (contract: docs/grads.md).
 
 The same kernels run on CPU tensors under the Triton interpreter (TRITON_INTERPRET=1 set before
 Triton is imported), which is how the CPU test suite checks them.
@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rlprobe.capture.grad_stats import STAT_COLUMNS, GradBatch, padded_bytes, sign_offsets
+from rlprobe.lake.grad_stats import STAT_COLUMNS, GradBatch, padded_bytes, sign_offsets
 
 # Launch shape: a program reads CHUNK elements in tiles of BLOCK (a multiple of 8: a tile fills
 # whole sign bytes); benchmarks/grad_kernel_sweep.py measures the alternatives on a GPU.

@@ -58,3 +58,14 @@ def _leaves(obj: Any, prefix: str = ""):
             yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
     else:
         yield prefix, obj
+
+
+def value_text(value: str | None, limit: int = 80) -> str:
+    """A config value (JSON text) as the reports show it; '(absent)' where the run has no such path."""
+    if value is None:
+        return "(absent)"
+    try:
+        text = json.dumps(json.loads(value), ensure_ascii=False)
+    except ValueError:
+        text = value
+    return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -75,7 +75,7 @@ class RankWriter:
         return path.relative_to(self.layout.root).as_posix()
 
     # -- stats rows ----------------------------------------------------------------------
-    def add_row(self, kind: str, row: dict[str, Any]) -> None:
+    def add_row(self, kind: str, row: dict[str, Any] | pa.Table) -> None:
         self.buffers.setdefault(kind, []).append(row)
 
     def has_rows(self) -> bool:
@@ -136,6 +136,10 @@ class RankWriter:
         have refused) is recorded as lost, and its step as incomplete, instead of blocking the
         rows of every later commit."""
         schema = schema_for(kind)
+        tables = [r for r in rows if isinstance(r, pa.Table)]  # columnar rows (the sample kind's)
+        if tables:
+            rest = [r for r in rows if not isinstance(r, pa.Table)]
+            return pa.concat_tables([*tables, self._table(kind, rest, errors)] if rest else tables)
         try:
             return pa.Table.from_pylist(rows, schema=schema)
         except (pa.ArrowException, TypeError, ValueError, OverflowError, UnicodeError):

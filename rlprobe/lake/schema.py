@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from rlprobe.lake.samples import SAMPLE
 from rlprobe.lake.statistics import STATISTICS
 
 _ARROW = {"float64": pa.float64(), "int64": pa.int64()}
@@ -83,7 +84,9 @@ GRAD = pa.schema(
     ]
 )
 
-SCHEMAS: dict[str, pa.Schema] = {"key_data": KEY_DATA, "scalar": SCALAR, "module": MODULE, "grad": GRAD}
+# sample identity and per-row statistics of batch tensors (lake/samples.py; docs/dump-format.md)
+SCHEMAS: dict[str, pa.Schema] = {"key_data": KEY_DATA, "scalar": SCALAR, "module": MODULE, "grad": GRAD,
+                                 "sample": SAMPLE}
 # rank added by readers from the hive path
 RANK_FIELD = pa.field("rank", pa.int64())
 

@@ -1,21 +1,29 @@
 """The one way rlprobe runs SQL: `run(con, "name.sql", **params)` loads a bundled file of sql/,
 binds the parameters (never pastes them into the text) and returns an Arrow table.
 
-Every layer (lake, compare, pipeline, the CLI) runs its queries through here, so the DuckDB
-to Arrow conversion, statement clean-up and row records exist once."""
+Every layer (lake, compare, check, pipeline, the CLI) runs its queries through here, so the DuckDB
+to Arrow conversion, statement clean-up and row records exist once.
+
+Parameters with a default (the gates of sql/gates/, the checks of sql/check/) are declared in the
+query's header, one a line, and read in the SQL with getvariable('NAME'):
+
+    -- param NAME = VALUE : what it means          (VALUE in JSON: 0.05, "loss", true)
+
+Other queries take their parameters as $NAME, bound by DuckDB."""
 
 from __future__ import annotations
 
+import json
 import re
+from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
 
 from rlprobe.resources import sql_text
 
-# a gate's header line naming its parameters and their defaults, e.g.
-# -- defaults: {tps_metric: e2e_tps, tps_max_drop: 0.05}
-_DEFAULTS = re.compile(r"^--\s*defaults:\s*(\{.*\})\s*$", re.MULTILINE)
+# a header line declaring a parameter and its default: -- param tps_max_drop = 0.05 : what it means
+_PARAM = re.compile(r"^--\s*param\s+([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.+?)\s*:\s", re.MULTILINE)
 
 
 def statement(sql: str) -> str:
@@ -39,8 +47,23 @@ def query(con: Any, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
 
 
 def run(con: Any, name: str, **params: Any) -> pa.Table:
-    """The result of the bundled sql/`name` as an Arrow table, with `params` bound to its $names."""
-    return query(con, sql_text(name), params)
+    """The result of the bundled sql/`name` as an Arrow table. A query that declares its parameters
+    (`-- param` lines) gets them as variables, the defaults for those not given; a parameter it does
+    not declare is refused (ValueError naming the query). Other queries get `params` as $names."""
+    declared = query_params(name)
+    if not declared:
+        return query(con, sql_text(name), params)
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        raise ValueError(f"sql/{name}: unknown parameter(s) {unknown}; it declares {sorted(declared)}")
+    set_variables(con, {**declared, **params})
+    return query(con, sql_text(name))
+
+
+@lru_cache(maxsize=None)
+def query_params(name: str) -> dict[str, Any]:
+    """The parameters the bundled sql/`name` declares in its header, with their defaults."""
+    return declared_params(sql_text(name))
 
 
 def records(con: Any, name: str, **params: Any) -> list[dict[str, Any]]:
@@ -60,16 +83,16 @@ def create_table(con: Any, table: str, name: str, **params: Any) -> None:
     con.execute(f'CREATE OR REPLACE TEMP TABLE "{table}" AS {statement(sql_text(name))}', params or None)
 
 
-def sql_defaults(sql: str) -> dict[str, Any]:
-    """The parameter defaults a query states in its header (`-- defaults: {name: value, ...}`)."""
-    import yaml
-
+def declared_params(sql: str) -> dict[str, Any]:
+    """The parameters a query declares in its header (`-- param NAME = VALUE : meaning`), with their
+    defaults. Raises ValueError for a VALUE that is not JSON."""
     found: dict[str, Any] = {}
-    for m in _DEFAULTS.finditer(sql):
-        values = yaml.safe_load(m.group(1))
-        if not isinstance(values, dict):
-            raise ValueError(f"a '-- defaults:' line must hold a mapping, got {m.group(1)!r}")
-        found.update(values)
+    for m in _PARAM.finditer(sql):
+        try:
+            found[m.group(1)] = json.loads(m.group(2))
+        except ValueError:
+            raise ValueError(f"'-- param {m.group(1)} = {m.group(2)}': the default must be JSON "
+                             '(a number, true/false, or a "quoted string")') from None
     return found
 
 

@@ -54,6 +54,10 @@ def run_command(file: str, overrides: tuple[str, ...], *, dry_run: bool, quiet: 
                   highlight=False)
     else:
         out.print("no divergence in key data", highlight=False)
+    from rlprobe.report.config_diff_report import console_lines
+
+    for line in console_lines(result.summary):  # issue 14: the config diff and warnings
+        out.print(escape(line), highlight=False)
     for g in result.gates:
         mark = "[green]pass[/]" if g.passed else f"[red]FAIL[/] {whole(f'({g.rows.num_rows} rows)')}"
         out.print(f"gate {whole(g.name)}: {mark}", highlight=False)

@@ -27,11 +27,13 @@ def compare(
     stats_rtol: float = 0.0, order: list[str] | None = None, reports: bool = True,
     plots: bool = False, plot_every_param: bool = False, progress: Progress | None = None,
     extra_files: Callable[[Path], None] | None = None,
+    key_map: dict[str, str] | None = None, config_ignore: list[str] | None = None, config_ignore_defaults: bool = True,
 ) -> dict[str, Any]:
     """Compare dumps `a` and `b` (rlprobe or msprobe format); publish the results as the folder
     `out`; return the summary. Raises ProbeError when a run cannot be read or `out` cannot be
     written (or holds files rlprobe did not write); `out` then keeps its earlier files.
-    `extra_files(folder)` adds files to the folder before it is published (msprobe's layout)."""
+    `extra_files(folder)` adds files to the folder before it is published (msprobe's layout).
+    `key_map`: a trainer's key names; `config_ignore`: config paths the config diff leaves out."""
     from rlprobe.compare.run import compare_dumps, warm_up_kernels
     from rlprobe.lake.reader import open_dump
     from rlprobe.report.comparison_files import ReportOptions, write_reports, write_summary_json, write_tables
@@ -46,7 +48,8 @@ def compare(
         # (not at all for statistics-only or gradient-only dumps: ~0.3 s saved)
         threading.Thread(target=warm_up_kernels, name="rlprobe-warm-up", daemon=True).start()
     tables, summary = compare_dumps(dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
-                                    stats_rtol=stats_rtol, order=order, progress=progress)
+                                    stats_rtol=stats_rtol, order=order, progress=progress, key_map=key_map,
+                                    config_ignore=config_ignore, config_ignore_defaults=config_ignore_defaults)
     summary["elapsed_s"] = round(time.perf_counter() - started, 3)
     options = ReportOptions(lang=lang, per_key_dir=per_key_dir if per_key_files else None, plots=plots,
                             plot_every_param=plot_every_param)
@@ -90,7 +93,7 @@ def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: 
         if progress_bar is not None:
             progress_bar.stop()
     print_verdict(make_console(), summary, out)
-    from rlprobe.report.summary_text import differs
+    from rlprobe.report.comparison_words import differs
 
     return EXIT_DIVERGED if differs(summary) and fail_on_diff else EXIT_OK
 
@@ -98,9 +101,11 @@ def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: 
 def print_verdict(console: Console, summary: dict[str, Any], out: str) -> None:
     counts = ", ".join(whole(f"{n} {status}") for status, n in sorted(summary["counts"].items())) or "no key data"
     console.print(f"compared {whole(summary['run_a'])} (A) with {whole(summary['run_b'])} (B): {counts}")
+    if (summary.get("layout") or {}).get("note"):  # runs with different layouts: docs/compare.md
+        console.print(f"[yellow]note[/]: {escape(str(summary['layout']['note']))}")
     first = summary["first_divergence"]
     if first is None and (summary.get("module_first_divergence") or summary.get("grad_first_flagged")):
-        from rlprobe.report.summary_text import verdict
+        from rlprobe.report.comparison_words import verdict
 
         console.print(f"[bold red]{escape(verdict(summary))}[/]")
         console.print(f"[bold]suspect[/]: {escape(str(summary['suspect']))}")
@@ -121,5 +126,9 @@ def print_verdict(console: Console, summary: dict[str, Any], out: str) -> None:
         console.print(f"[bold]next[/]: {escape(str(summary['advice']))}")
     for err in summary.get("read_errors", []):
         console.print(f"[yellow]warning[/]: {escape(str(err))}")
+    from rlprobe.report.config_diff_report import console_lines
+
+    for line in console_lines(summary):  # issue 14: the config diff and warnings
+        console.print(escape(line), highlight=False)
     reports = ", ".join(whole(f"{out}/{name}") for name in ("report.xlsx", "summary.md", "key_data.parquet"))
     console.print(f"report: {reports}")

@@ -15,10 +15,13 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlprobe.compare.config_diff import DIFF_SCHEMA
 from rlprobe.errors import DumpReadError, ProbeError
 from rlprobe.exit_codes import EXIT_GATE_FAILED, EXIT_OK, EXIT_SPEC, EXIT_UNREADABLE
 from rlprobe.lake.schema import SCALAR, with_rank
-from rlprobe.lake.sql_runner import create_table, create_table_as, query, set_variables, sql_defaults, to_arrow
+from rlprobe.lake.sql_runner import create_table, create_table_as, declared_params, query, set_variables, to_arrow
+from rlprobe.pipeline.check_stage import (CheckStageError, check_runs, check_summaries, checks_failed,
+                                          write_check_folders)
 from rlprobe.pipeline.history import HistoryError, append_history, check_history_writable, history_rows, read_history
 from rlprobe.pipeline.reports import GateResult, junit_xml, render_pipeline_md
 from rlprobe.pipeline.spec import NamedSql, Pipeline
@@ -37,6 +40,7 @@ EMPTY_TABLES = {
     "modules": pa.schema([("stage", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("module", pa.string()),
                           ("call", pa.int64()), ("direction", pa.string()), ("io", pa.string()), ("index", pa.string()),
                           ("status", pa.string()), ("max_abs_err", pa.float64()), ("max_rel_err", pa.float64())]),
+    "config_diff": DIFF_SCHEMA,
 }
 
 
@@ -63,6 +67,8 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
     from rlprobe.lake.reader import open_dump
 
     spec = pipeline.spec
+    if len(pipeline.runs) == 1:  # a check only (pipeline/check_stage.py)
+        return _run_check_only(pipeline)
     started = time.perf_counter()
     timings: dict[str, float] = {}
     (name_a, path_a), (name_b, path_b) = pipeline.runs.items()
@@ -91,7 +97,8 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
             ranks=spec.select.rank_list(), workers=spec.executor.workers,
             stats_rtol=spec.compare.key_data.stats_rtol, order=spec.compare.key_data.order, progress=progress,
             executor=_executor(spec.executor), grads=_grad_thresholds(spec.compare.grads),
-            modules=_module_options(spec.compare.modules), con=con)
+            modules=_module_options(spec.compare.modules), con=con, key_map=spec.key_map,
+            config_ignore=spec.compare.config.ignore, config_ignore_defaults=spec.compare.config.ignore_defaults)
     except DumpReadError as e:
         raise PipelineError(str(e), EXIT_UNREADABLE) from None
     timings["compare_s"] = time.perf_counter() - t
@@ -108,10 +115,17 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
     grad_steps = to_arrow(con.table("grad_steps"))
 
     t = time.perf_counter()
+    checks = _check_runs(pipeline) if spec.check is not None else {}  # each run on its own: check/<run>/
+    if checks:
+        summary["check"] = check_summaries(checks)
     summary["elapsed_s"] = round(time.perf_counter() - started, 3)
+
+    def write(folder: Path) -> None:
+        write_check_folders(folder, checks, plots=spec.check is not None and spec.check.plots)
+        _write_outputs(folder, pipeline, tables, summary, query_tables, gates, scalars)
+
     try:
-        publish_output(pipeline.output, lambda folder: _write_outputs(folder, pipeline, tables, summary,
-                                                                      query_tables, gates, scalars))
+        publish_output(pipeline.output, write)
     except OutputError as e:
         raise PipelineError(str(e), EXIT_UNREADABLE) from None
     timings["reports_s"] = time.perf_counter() - t
@@ -122,7 +136,8 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
         except HistoryError as e:
             raise PipelineError(f"{e}; the output {pipeline.output} is complete, but this run is not in the history",
                                 EXIT_UNREADABLE) from None
-    code = EXIT_GATE_FAILED if any(not g.passed for g in gates) else EXIT_OK
+    failed = checks_failed(summary.get("check", {}))
+    code = EXIT_GATE_FAILED if any(not g.passed for g in gates) or failed else EXIT_OK
     return PipelineResult(code, pipeline.output, summary, gates, timings)
 
 
@@ -164,10 +179,10 @@ def _connection(con, tables: dict[str, pa.Table], scalars_a: pa.Table, scalars_b
 
 def default_params() -> dict[str, Any]:
     """The parameters the bundled gates read with getvariable(), with the defaults each gate states
-    in its header (`-- defaults: {...}`); a pipeline's `params:` overrides them."""
+    in its header (`-- param NAME = VALUE : meaning`); a pipeline's `params:` overrides them."""
     found: dict[str, Any] = {}
     for gate in sorted((resource_dir("sql") / "gates").glob("*.sql")):
-        found.update(sql_defaults(gate.read_text(encoding="utf-8")))
+        found.update(declared_params(gate.read_text(encoding="utf-8")))
     return found
 
 
@@ -190,6 +205,39 @@ def _run_gate(con, g: NamedSql) -> GateResult:
     except duckdb.Error as e:
         raise PipelineError(f"gate {g.name} ({g.origin}) failed to run: {e}", EXIT_SPEC) from None
     return GateResult(g.name, g.description, g.origin, rows, time.perf_counter() - t)
+
+
+def _check_runs(pipeline: Pipeline) -> dict[str, Any]:
+    try:
+        return check_runs(pipeline.runs, pipeline.spec.check.params, pipeline.path)
+    except CheckStageError as e:
+        raise PipelineError(str(e), e.exit_code) from None
+
+
+def _run_check_only(pipeline: Pipeline) -> PipelineResult:
+    """A pipeline with one run: check it, publish OUTPUT (summary.json and check/<run>/) whole."""
+    started = time.perf_counter()
+    try:
+        prepare_output(pipeline.output)
+    except OutputError as e:
+        raise PipelineError(str(e), EXIT_UNREADABLE) from None
+    checks = _check_runs(pipeline)
+    summary = {"pipeline": {"name": pipeline.spec.name, "file": str(pipeline.path),
+                            "runs": {n: str(p) for n, p in pipeline.runs.items()}},
+               "check": check_summaries(checks), "elapsed_s": round(time.perf_counter() - started, 3)}
+
+    def write(folder: Path) -> None:
+        from rlprobe.report.comparison_files import write_summary_json
+
+        write_check_folders(folder, checks, plots=pipeline.spec.check.plots)
+        write_summary_json(folder, summary)
+
+    try:
+        publish_output(pipeline.output, write)
+    except OutputError as e:
+        raise PipelineError(str(e), EXIT_UNREADABLE) from None
+    code = EXIT_GATE_FAILED if checks_failed(summary["check"]) else EXIT_OK
+    return PipelineResult(code, pipeline.output, summary, [], {"check_s": time.perf_counter() - started})
 
 
 def _write_outputs(folder: Path, pipeline: Pipeline, tables: dict[str, pa.Table], summary: dict[str, Any],

@@ -18,7 +18,7 @@ from rlprobe.selection import parse_int_set
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # tables the runner creates; a query or gate may not take one of these names
 BUILTIN_TABLES = ("key_data", "key_rollup", "step_rollup", "grads", "grad_steps", "modules", "scalars",
-                  "stats_a", "stats_b", "history", "params")
+                  "stats_a", "stats_b", "history", "params", "config_diff")
 
 
 class SpecError(ProbeError):
@@ -80,8 +80,15 @@ class ModulesCompare(_Strict):
     stage: str | None = None
 
 
+class ConfigCompare(_Strict):
+    """The config diff (docs/compare.md): `ignore` globs add to the default ignore list."""
+    ignore: list[str] = []
+    ignore_defaults: bool = True
+
+
 class Compare(_Strict):
     key_data: KeyDataCompare = KeyDataCompare()
+    config: ConfigCompare = ConfigCompare()
     grads: GradsCompare | None = None
     modules: ModulesCompare | None = None
 
@@ -110,9 +117,17 @@ class Report(_Strict):
 Scalar = Union[bool, int, float, str]
 
 
+class CheckStage(_Strict):
+    """`check:`: rlprobe check on each run (docs/check.md); params as `rlprobe check --param`."""
+
+    params: dict[str, Scalar] = {}
+    plots: bool = True
+
+
 class PipelineSpec(_Strict):
     version: Literal[1]
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    check: CheckStage | None = None  # before runs: their validator reads it
     runs: dict[str, str]
     output: str
     select: Select = Select()
@@ -123,13 +138,24 @@ class PipelineSpec(_Strict):
     params: dict[str, Scalar] = {}
     report: Report = Report()
     history: str | None = None
+    key_map: dict[str, str] = {}  # saved key -> canonical key (docs/compare.md, "Key names")
+
+    @field_validator("key_map")
+    @classmethod
+    def _key_map(cls, key_map: dict[str, str]) -> dict[str, str]:
+        from rlprobe.compare.key_aliases import parse_key_map
+
+        try:
+            return parse_key_map(key_map, "key_map:")
+        except ProbeError as e:
+            raise ValueError(str(e)) from None
 
     @field_validator("runs")
     @classmethod
-    def _two_runs(cls, runs: dict[str, str]) -> dict[str, str]:
-        if len(runs) != 2:
+    def _two_runs(cls, runs: dict[str, str], info) -> dict[str, str]:
+        if len(runs) != 2 and not (len(runs) == 1 and info.data.get("check") is not None):
             raise ValueError(f"give exactly two runs, the baseline (A) first, e.g. {{baseline: ./a, candidate: ./b}}; "
-                             f"got {len(runs)}")
+                             f"got {len(runs)} (one run is for a check only: add `check: {{}}`)")
         for name in runs:
             if not re.match(IDENTIFIER, name):
                 raise ValueError(f"run name {name!r} must be a SQL identifier (letters, digits, _)")

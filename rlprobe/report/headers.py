@@ -98,6 +98,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "per_step": ("per step", "按step"),
     "gates": ("gates", "门禁"),
     "read_errors": ("read errors", "读取错误"),
+    "config_diff": ("config diff", "配置差异"),
+    "warnings": ("warnings", "警告"),
     "elapsed_s": ("elapsed (s)", "耗时(秒)"),
     "created_at": ("created at", "生成时间"),
     "rlprobe_version": ("rlprobe version", "rlprobe 版本"),

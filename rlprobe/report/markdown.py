@@ -8,9 +8,10 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rlprobe.report.config_diff_report import markdown_lines
 from rlprobe.report.headers import header
 from rlprobe.report.output_file import write_report_file
-from rlprobe.report.summary_text import (MATCHING_STATUSES, cell_text, differs, format_number, list_text,
+from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, differs, format_number, list_text,
                                          ordered_counts, rollup_columns, verdict, yaml_lines)
 
 MAX_DIVERGING_ROWS = 20
@@ -47,6 +48,9 @@ def render_summary_md(summary: Mapping[str, Any], key_data: pa.Table) -> str:
                       f"rank {grad.get('rank')}: {escape_md(str(grad.get('reason')))}", ""]
     if summary.get("next_config"):
         lines += ["Next capture config:", "", "```yaml", *yaml_lines(summary["next_config"]), "```", ""]
+    if (summary.get("layout") or {}).get("note"):  # runs with different layouts: docs/compare.md
+        lines += [f"**Layout:** {escape_md(str(summary['layout']['note']))}", ""]
+    lines += markdown_lines(summary, escape_md)  # issue 14: config diff and warnings
     errors = summary.get("read_errors") or []
     if errors:
         lines += [f"**Read errors ({len(errors)}):**", ""] + [f"- {escape_md(str(e))}" for e in errors] + [""]

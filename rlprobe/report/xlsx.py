@@ -17,9 +17,10 @@ from openpyxl.utils import get_column_letter
 
 from rlprobe.errors import ProbeError
 from rlprobe.lake.layout import safe_component
+from rlprobe.report.config_diff_report import COLUMNS, xlsx_records
 from rlprobe.report.headers import MSPROBE_LAYOUT, check_lang, header, label, msprobe_headers
 from rlprobe.report.output_file import write_report_file
-from rlprobe.report.summary_text import (MATCHING_STATUSES, cell_text, differs, list_text, ordered_counts,
+from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, differs, list_text, ordered_counts,
                                          rollup_columns, verdict, yaml_lines)
 from rlprobe.report.column_widths import MAX_WIDTH, MIN_WIDTH, column_width, display_width, shown_text
 from rlprobe.report.grad_matrix_sheet import write_grad_matrix
@@ -231,6 +232,10 @@ def _write_summary_sheet(book: Workbook, name: str, summary: Mapping[str, Any],
                      [bold, style(CellFormat(fill=FILLS["missing"]))]))
     for i, error in enumerate(summary.get("read_errors") or []):
         rows.append(([label("read_errors", lang) if i == 0 else None, str(error)], [bold, style(CellFormat(fill=FILLS["bad"]))]))
+    for i, warning in enumerate(summary.get("warnings") or []):  # issue 14: report/config_diff_report.py
+        rows.append(([label("warnings", lang) if i == 0 else None, str(warning)], [bold, None]))
+    if summary.get("config_diff"):
+        table("config_diff", COLUMNS, xlsx_records(summary), lambda r: None)
 
     table("counts", ["status", "rows"], [{"status": s, "rows": n} for s, n in ordered_counts(summary.get("counts"))],
           lambda r: STATUS_FAMILY.get(r["status"]))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import rlprobe
-from rlprobe.capture.grad_stats import host_batch, mix64_numpy
+from rlprobe.lake.grad_stats import host_batch, mix64_numpy
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks.torch_grads import launch, mix64
 from torch.optim.optimizer import _global_optimizer_pre_hooks as _GLOBAL_PRE_HOOKS

@@ -190,7 +190,8 @@ def test_nested_lists_and_dicts(ms_dump, ms_rows):
     row = ms_rows[("dict", 0, 0, "logits")]
     bits = _bf16_bits(F32[1])
     assert row["dtype"] == "bfloat16" and row["hash"] == _blake(bits)
-    np.testing.assert_array_equal(dump.tensor("dict", 0, index="logits"), (bits.astype(np.uint32) << 16).view(np.float32))
+    np.testing.assert_array_equal(dump.tensor("dict", 0, index="logits"),
+                                  (bits.astype(np.uint32) << 16).view(np.float32))
     # exactly these indices, nothing else
     assert {k[3] for k in ms_rows if k[0] in ("list", "dict")} == {"0", "1", "logits", "inner.ids.0"}
 

@@ -10,7 +10,7 @@ import pytest
 from mindspore import nn
 
 import rlprobe
-from rlprobe.capture.grad_stats import mix64_numpy
+from rlprobe.lake.grad_stats import mix64_numpy
 from rlprobe.errors import ProbeError
 
 

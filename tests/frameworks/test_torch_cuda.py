@@ -104,7 +104,7 @@ def test_in_place_change_after_save_is_not_seen(tmp_path):
 
 # -- gradient monitors and stage hooks on the GPU (issues 4 and 6) -------------------------------
 def test_grad_kernel_on_cuda_equals_the_host_kernel():
-    from rlprobe.capture.grad_stats import host_batch, mix64_numpy
+    from rlprobe.lake.grad_stats import host_batch, mix64_numpy
     from rlprobe.frameworks.torch_grads import launch
 
     g = torch.Generator(device="cpu").manual_seed(5)
@@ -200,7 +200,7 @@ def _grad_cases() -> list[torch.Tensor]:
 
 
 def _compare_with_host(batch, cpu: list[torch.Tensor], bounds) -> None:
-    from rlprobe.capture.grad_stats import host_batch
+    from rlprobe.lake.grad_stats import host_batch
 
     wide = [t.float().numpy().reshape(-1) for t in cpu]
     with np.errstate(over="ignore"):

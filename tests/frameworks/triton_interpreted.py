@@ -1,5 +1,5 @@
 """The Triton gradient kernel (frameworks/triton_grad_kernel.py) against the numpy reference
-(capture/grad_stats.host_batch), on CPU tensors under the Triton interpreter.
+(lake/grad_stats.host_batch), on CPU tensors under the Triton interpreter.
 
 Triton picks the interpreter when it is imported and when each kernel is decorated, for its own
 library as well, so these tests need a process started with TRITON_INTERPRET=1: they are not
@@ -16,7 +16,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from rlprobe.capture.grad_stats import host_batch
+from rlprobe.lake.grad_stats import host_batch
 from rlprobe.frameworks import staging
 
 if os.environ.get("TRITON_INTERPRET") != "1":

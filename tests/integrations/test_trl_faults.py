@@ -1,7 +1,8 @@
 """Planted faults in a real TRL GRPO run (examples/trl_grpo) and what `rlprobe compare` says.
 
-Verdicts that need issue 14 (a config diff naming the changed setting, parameter fingerprints
-naming the update) are strict xfails: they pass, and so fail here, once it lands."""
+The config diff (issue 14) names the changed setting of each fault; the verdict that needs
+parameter fingerprints (naming the update) is a strict xfail: it passes, and so fails here, once
+they land."""
 
 from __future__ import annotations
 
@@ -74,7 +75,6 @@ def test_learning_rate_names_the_update_after_step_0(trl_runs, tmp_path):
     assert "the parameter update after step 0" in summary["suspect"]
 
 
-@pytest.mark.xfail(strict=True, reason="needs issue 14: a config diff naming the changed setting")
 @pytest.mark.parametrize("fault, setting", [("ref-bf16", "model_init_kwargs"), ("beta", "beta"),
                                             ("temperature", "temperature"), ("lr", "learning_rate"),
                                             ("sampling-seed", "seed")])

@@ -138,7 +138,8 @@ def check_bounds(bounds: Any) -> list[float]:
     try:
         values = [float(b) for b in bounds]
     except (TypeError, ValueError):
-        raise ValueError(f"bounds={bounds!r}: expected a list of numbers in increasing order, e.g. [-1, 0, 1]") from None
+        raise ValueError(f"bounds={bounds!r}: expected a list of numbers in increasing order, "
+                         "e.g. [-1, 0, 1]") from None
     if not values or any(not math.isfinite(v) for v in values) or any(b <= a for a, b in zip(values, values[1:])):
         raise ValueError(f"bounds={bounds!r}: expected finite numbers in strictly increasing order, e.g. [-1, 0, 1]")
     return values

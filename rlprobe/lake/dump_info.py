@@ -11,7 +11,7 @@ from rlprobe.lake.reader import Dump
 from rlprobe.lake.sql_runner import records
 
 
-def dump_summary(dump: Dump) -> dict[str, Any]:
+def dump_info(dump: Dump) -> dict[str, Any]:
     """What `dump` holds. A stats part or config file that cannot be read is one of the
     `problems` (naming the file), and the rest is summarised without it."""
     import duckdb

@@ -1,0 +1,21 @@
+"""`rlprobe check`: what is wrong inside ONE run, no baseline needed (docs/check.md). It reads the
+lake and returns tables; its reports are rlprobe.report's (check_report.py), published by
+rlprobe.pipeline.check_command. The two-run verdict (rlprobe.compare) reads its rules too, so check
+never imports compare.
+
+    result = rlprobe.check("./dump")            # CheckResult: exit_code, results, rows, tables
+    rlprobe.check("./dump", out="./check")      # also check.parquet, summary.json/md, report.xlsx, plots/
+
+The package itself is callable (set up by rlprobe/__init__.py, which orchestrates).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def check_dump(dump: Any, params: dict[str, Any] | None = None, only: tuple[str, ...] | None = None) -> Any:
+    """The checks as tables, no reports (see rlprobe.check.run.check_dump)."""
+    from rlprobe.check.run import check_dump as run_checks
+
+    return run_checks(dump, params, only)

@@ -1,0 +1,174 @@
+"""`rlprobe check DUMP`: what is wrong inside one run, no baseline needed. Builds the input
+tables (rlprobe/check/inputs.py, token_tables.py), runs every registered check's query and
+returns the results as tables; rendering and publishing are rlprobe/report's (check_report.py).
+
+Exit codes: 0 every applicable check passed (warnings included), 1 a check failed, 3 the dump
+cannot be read (raised as DumpReadError)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rlprobe.check import inputs
+from rlprobe.check.registry import CHECKS, Check
+from rlprobe.lake.sql_runner import query_params, run
+from rlprobe.errors import DumpReadError
+from rlprobe.lake.reader import Dump, open_dump
+
+EXIT_OK, EXIT_FAILED, EXIT_UNREADABLE = 0, 1, 3
+RESULTS = pa.schema([("check", pa.string()), ("title", pa.string()), ("severity", pa.string()),
+                     ("status", pa.string()), ("rows", pa.int64()), ("level", pa.string()), ("first", pa.string()),
+                     ("note", pa.string()), ("query", pa.string())])
+# run-level settings that are not any query's parameter (docs/check.md)
+RUN_PARAMS = {"eps": None, "generation_every": None, "group_size": None, "ref_starts_as_actor": None, "workers": 2}
+TOKEN_NOTE = "token-level figures need tensors (this dump holds statistics only): checked on statistics"
+
+
+@dataclass
+class CheckResult:
+    dump: str
+    exit_code: int
+    results: pa.Table  # one row per check (RESULTS)
+    rows: dict[str, pa.Table]  # each check's offending rows
+    tables: dict[str, pa.Table]  # the token-level and gradient tables the checks read
+    info: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for status in self.results["status"].to_pylist():
+            counts[status] = counts.get(status, 0) + 1
+        return {"dump": self.dump, "exit_code": self.exit_code, "counts": counts, "run": self.info,
+                "notes": self.notes, "checks": self.results.to_pylist(),
+                "timings_s": {k: round(v, 4) for k, v in self.timings.items()}}
+
+
+def all_params() -> dict[str, Any]:
+    """Every parameter `rlprobe check --param` accepts, with its default."""
+    found = dict(RUN_PARAMS)
+    for check in CHECKS:
+        found.update(query_params(f"check/{check.query}"))
+    return found
+
+
+def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tuple[str, ...] | None = None
+               ) -> CheckResult:
+    """Run every check (or those named in `only`) on one dump (a path or an open Dump). Raises
+    DumpReadError when it cannot be read and ValueError for an unknown parameter or check.
+    The two-run verdict reads the same rules: check_dump(dump, only=("on_policy", "rollout_vs_recompute")).rows"""
+    import duckdb
+
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(all_params()))
+    names = {c.name for c in CHECKS}
+    if only is not None and not set(only) <= names:
+        raise ValueError(f"unknown check(s) {sorted(set(only) - names)}; expected some of {sorted(names)}")
+    if unknown:
+        raise ValueError(f"unknown check parameter(s) {unknown}; expected one of {sorted(all_params())}")
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    dump = dump if isinstance(dump, Dump) else open_dump(dump)
+    stats = inputs.stats_table(dump)
+    scalars = dump.arrow("scalar")
+    configs = dump.configs()
+    info = inputs.run_info(dump, stats, configs, params)
+    grad_steps = inputs.grad_steps(dump)
+    timings["read"] = time.perf_counter() - t
+    t = time.perf_counter()
+    tables: dict[str, pa.Table] = {"grad_steps": grad_steps}
+    if info["has_tensors"]:
+        from rlprobe.check.token_tables import group_advantages, token_tables
+
+        tables.update(token_tables(dump, stats, info["eps"], int(params.get("workers") or 2)))
+        tables["group_advantages"] = group_advantages(dump, stats, info["group_size"])
+    else:
+        from rlprobe.check import token_tables as tt
+
+        tables.update({"token_steps": tt.STEPS.empty_table(), "token_hist": tt.HIST.empty_table(),
+                       "token_positions": tt.BUCKETS.empty_table(), "token_probability": tt.BUCKETS.empty_table(),
+                       "token_sequences": tt.SEQUENCES.empty_table(), "group_advantages": tt.GROUPS.empty_table()})
+    timings["tokens"] = time.perf_counter() - t
+    t = time.perf_counter()
+    con = duckdb.connect()
+    con.register("stats", stats)
+    con.register("scalars", scalars)
+    con.register("configs", dump.configs_table())
+    con.register("run_info", inputs.run_info_table(info))
+    for name, table in tables.items():
+        con.register(name, table)
+    facts = _facts(con, stats, scalars, info, grad_steps)
+    results, rows = [], {}
+    for check in CHECKS:
+        if only is not None and check.name not in only:
+            continue
+        results.append(_run_check(con, check, facts, params, info, dump, rows))
+    timings["sql"] = time.perf_counter() - t
+    table = pa.Table.from_pylist(results, schema=RESULTS)
+    failed = any(r["status"] == "fail" for r in results)
+    notes = [] if info["has_tensors"] else [TOKEN_NOTE]
+    return CheckResult(str(dump.path), EXIT_FAILED if failed else EXIT_OK, table, rows, tables, info, notes, timings)
+
+
+def _facts(con, stats: pa.Table, scalars: pa.Table, info: dict[str, Any], grad_steps: pa.Table) -> dict[str, Any]:
+    present = stats.filter(pc.invert(pc.fill_null(stats["absent"], False)))
+    keys = set(pc.unique(present["canonical"]).to_pylist())
+    names = set(pc.unique(scalars["name"]).to_pylist()) if scalars.num_rows else set()
+    loss_names = {k for k in set(pc.unique(present["key"]).to_pylist()) | names if k.endswith("loss")}
+    ref = run(con, "check/ref_starts_as_actor.sql").to_pylist()[0]
+    pairable = run(con, "check/rollout_vs_recompute.sql", max_mean_abs_delta=-1.0, max_outside_share=-1.0,
+                   max_abs_delta=-1.0)  # every pair the rule compares is an offending row at thresholds < 0
+    return {"keys": keys, "scalars": names, "loss_names": loss_names, "kl_applies": bool(ref["applies"]),
+            "ref_declared": bool(ref["declared"]), "group_size": info["group_size"], "has_tensors": info["has_tensors"],
+            "entropy_scalars": any("entropy" in n for n in names), "grad_steps": grad_steps.num_rows,
+            "rollout_pairs": pairable.num_rows,
+            "sign_steps": int(pc.sum(pc.is_valid(grad_steps["sign_agreement"])).as_py() or 0)}
+
+
+def _run_check(con, check: Check, facts: dict[str, Any], params: dict[str, Any], info: dict[str, Any], dump: Dump,
+               rows: dict[str, pa.Table]) -> dict[str, Any]:
+    row = {"check": check.name, "title": check.title, "severity": check.severity, "rows": 0, "level": None,
+           "first": None, "note": None, "query": f"sql/check/{check.query}"}
+    why_not = check.applies(facts)
+    if why_not is not None:
+        return {**row, "status": "not_applicable", "note": why_not}
+    mine = {k: v for k, v in params.items() if k in query_params(f"check/{check.query}")}
+    found = run(con, f"check/{check.query}", **mine)
+    rows[check.name] = found
+    if check.token_level:
+        row["level"] = "tokens" if info["has_tensors"] else "statistics"
+        if not info["has_tensors"]:
+            row["note"] = TOKEN_NOTE
+    if found.num_rows == 0:
+        return {**row, "status": "pass"}
+    first = found.slice(0, 1).to_pylist()[0]
+    if check.name == "nonfinite" and first.get("source") == "key_data":
+        first["element"] = _first_nonfinite_element(dump, first)
+    text = ", ".join(f"{k}={_fmt(v)}" for k, v in first.items() if v is not None)
+    return {**row, "status": check.severity, "rows": found.num_rows, "first": text}
+
+
+def _first_nonfinite_element(dump: Dump, row: dict[str, Any]) -> str | None:
+    """The position of the first NaN/inf element of the saved tensor (None without a tensor)."""
+    try:
+        x = dump.tensor(row["name"], row["step"], row["rank"], row["micro_step"], row["index"])
+    except DumpReadError:  # statistics-only rows have no tensor; the row itself is the finding
+        return None
+    if not np.issubdtype(x.dtype, np.floating):
+        return None
+    bad = np.flatnonzero(~np.isfinite(x))
+    if bad.size == 0:
+        return None
+    return str(tuple(int(i) for i in np.unravel_index(int(bad[0]), x.shape))) if x.ndim else "()"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)

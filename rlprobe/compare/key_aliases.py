@@ -1,0 +1,93 @@
+"""Trainers' own key names -> rlprobe's canonical keys, so the verdict rules (verdict.UPSTREAM_OF,
+RULES) see `old_log_prob` where a verl run saved `old_log_probs` (docs/compare.md, "Key names").
+
+The built-in table is key_aliases.csv beside this file (TRL, verl, OpenRLHF, MindSpeed-RL);
+`rlprobe compare --key-map SAVED=CANONICAL` and a pipeline's `key_map:` add to it and win."""
+
+from __future__ import annotations
+
+import csv
+import functools
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import pyarrow as pa
+
+from rlprobe.compare.dataflow import ALIASES, DEFAULT_ORDER
+from rlprobe.errors import ProbeError
+
+ALIASES_FILE = Path(__file__).with_name("key_aliases.csv")
+
+
+@functools.lru_cache(maxsize=1)
+def builtin_rows() -> tuple[dict[str, str], ...]:
+    """key_aliases.csv's rows: trainer, name, canonical, note."""
+    with ALIASES_FILE.open(encoding="utf-8", newline="") as f:
+        return tuple(csv.DictReader(f))
+
+
+def parse_key_map(items: Iterable[str] | Mapping[str, str] | None, what: str = "--key-map",
+                  order: Iterable[str] | None = None) -> dict[str, str]:
+    """{saved: canonical} from ["old=new", ...] (the CLI) or a mapping (a pipeline's key_map:).
+    Raises ProbeError naming the entry when it is not SAVED=CANONICAL with a canonical key of
+    the data flow."""
+    flow = list(order or DEFAULT_ORDER)
+    pairs = list(items.items()) if isinstance(items, Mapping) else [_split(item, what) for item in items or ()]
+    result = {}
+    for saved, canonical in pairs:
+        saved, canonical = str(saved).strip(), str(canonical).strip()
+        if not saved or not canonical:
+            raise ProbeError(f"{what} {saved}={canonical}: expected SAVED=CANONICAL, both non-empty "
+                             "(e.g. old_log_probs=old_log_prob)")
+        if canonical not in flow:
+            raise ProbeError(f"{what} {saved}={canonical}: {canonical!r} is not a key of the data flow; "
+                             f"expected one of {', '.join(flow)}")
+        result[saved] = canonical
+    return result
+
+
+def aliases(key_map: Mapping[str, str] | None = None) -> dict[str, str]:
+    """saved name -> canonical key: dataflow.ALIASES, then key_aliases.csv, then `key_map`."""
+    table = dict(ALIASES)
+    table.update({r["name"]: r["canonical"] for r in builtin_rows() if r["name"] != r["canonical"]})
+    table.update(key_map or {})
+    return table
+
+
+def key_order_table(order: list[str] | tuple[str, ...] | None = None,
+                    key_map: Mapping[str, str] | None = None) -> pa.Table:
+    """(name, canonical, position) for every key of the data flow and every alias (a user's
+    key_map may rename a flow key itself, e.g. rewards=token_level_scores); unknown keys sort after."""
+    order = list(order or DEFAULT_ORDER)
+    table = aliases(key_map)
+    names, canon, pos = [], [], []
+    for i, key in enumerate(order):
+        if key not in table:
+            names.append(key), canon.append(key), pos.append(i)
+    for alias, target in table.items():
+        if target in order:
+            names.append(alias), canon.append(target), pos.append(order.index(target))
+    return pa.table({"name": names, "canonical": canon, "position": pa.array(pos, pa.int64())})
+
+
+def flow_warning(saved_keys: Iterable[str], key_map: Mapping[str, str] | None = None,
+                 order: list[str] | tuple[str, ...] | None = None) -> str | None:
+    """A warning when keys were saved but none of them is (or is an alias of) a data-flow key:
+    the verdict can then only say 'the code that produces KEY'."""
+    keys = sorted(set(saved_keys))
+    if not keys:
+        return None
+    flow, table = set(order or DEFAULT_ORDER), aliases(key_map)
+    if any(k in flow or table.get(k) in flow for k in keys):
+        return None
+    shown = ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+    return (f"no saved key is in rlprobe's data flow (saved: {shown}), so the verdict cannot name a stage; "
+            "map them with --key-map SAVED=CANONICAL (pipeline: key_map:) to prompts, responses, old_log_prob, "
+            "ref_log_prob, log_prob, advantages, ... (docs/compare.md, 'Key names')")
+
+
+def _split(item: str, what: str) -> tuple[str, str]:
+    saved, sep, canonical = str(item).partition("=")
+    if not sep:
+        raise ProbeError(f"{what} {item}: expected SAVED=CANONICAL (e.g. old_log_probs=old_log_prob)")
+    return saved, canonical

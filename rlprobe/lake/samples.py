@@ -1,0 +1,225 @@
+"""Sample identity of batch rows: the `sample` stats kind (docs/dump-format.md, "Samples").
+
+A batch tensor's leading dimension is the sample. Each save() call that carries a sample
+identity (its `sample_ids`, or else a prompt key such as "prompts") writes one `sample` row per
+row of each batch tensor of the call: which sample it is, where it sits (rank, micro_step, row)
+and cheap per-row statistics (a 64-bit hash of the row's bytes, sum, min, max), so runs with
+different layouts (micro-batches, data-parallel ranks, shuffled micro-batches) are compared per
+sample, statistics-only dumps included.
+
+The training thread only checks the call (`call_identity`, no per-row work for derived ids);
+the writer thread hashes rows vectorised (`sample_table`), with no Python loop over rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from rlprobe.errors import ProbeError
+from rlprobe.lake.encoding import widen
+
+# keys whose rows identify the samples of a save call when no sample_ids are given. A small list
+# of its own for now; issue 14's key-alias table (rlprobe/compare/key_aliases.py) is the place
+# for the trainers' names once it exists.
+PROMPT_KEYS = ("prompts", "prompt_ids", "input_ids", "prompt_token_ids", "queries", "query_ids")
+
+_SEED = 0x9E3779B97F4A7C15  # fixed: hashes must agree across runs, processes and hosts
+_MULTIPLIERS = np.random.Generator(np.random.PCG64(_SEED)).integers(
+    0, 2**63, 4096, dtype=np.uint64) * np.uint64(2) + np.uint64(1)  # odd: no single-word collision
+
+
+@dataclass
+class CallIdentity:
+    """The sample identity of one save call (training thread's check, writer thread's input)."""
+
+    rows: int  # batch size: the leading dimension of every batch tensor of the call
+    prompt_leaf: int | None  # position (in the call's leaves) of the prompt tensor, for derived ids
+    explicit: np.ndarray | None  # uint64 identity per row from sample_ids; None: derive from prompts
+    explicit_text: list[str] | None  # the ids as given, stored beside the hash
+    groups: list[str] | None
+
+
+def call_identity(keys: Sequence[tuple[str, str, tuple[int, ...] | None]], sample_ids: Any, group_ids: Any,
+                  where: str) -> CallIdentity | None:
+    """Check a save call's identity; `keys`: (key, index, shape or None when absent) per leaf.
+    None when the call has neither sample_ids nor a prompt key (no sample rows then)."""
+    prompt = next((i for i, (key, index, shape) in enumerate(keys)
+                   if key in PROMPT_KEYS and index == "" and shape is not None and len(shape) >= 1), None)
+    batch = [(key, index, shape) for key, index, shape in keys if shape is not None and len(shape) >= 1]
+    if sample_ids is None:
+        if prompt is None:
+            if group_ids is not None:
+                raise ProbeError(f"{where}: save(group_ids=...) needs sample_ids=..., or a prompt key in the same "
+                                 f"call ({', '.join(PROMPT_KEYS)}) whose rows identify the samples")
+            return None
+        rows = keys[prompt][2][0]  # type: ignore[index]
+        explicit = text = None
+    else:
+        text = _as_id_list(sample_ids, "sample_ids", where)
+        rows = len(text)
+        explicit = _id_hashes(sample_ids, text)
+        _refuse_duplicates(text, explicit, "sample_ids", where)
+    if prompt is not None and keys[prompt][2][0] != rows:  # type: ignore[index]
+        raise ProbeError(f"{where}: sample_ids has {rows} ids but key {keys[prompt][0]!r} has "
+                         f"{keys[prompt][2][0]} rows (its leading dimension); give one id per row of "  # type: ignore
+                         "the batch tensors")
+    if not any(shape[0] == rows for _, _, shape in batch):
+        found = ", ".join(f"{k!r}{f' index {i!r}' if i else ''}: {s[0]}" for k, i, s in batch) or "no tensor"
+        raise ProbeError(f"{where}: sample_ids has {rows} ids but no tensor of this call has {rows} rows "
+                         f"(leading dimensions: {found}); give one id per row of the batch tensors")
+    groups = None
+    if group_ids is not None:
+        groups = _as_id_list(group_ids, "group_ids", where)
+        if len(groups) != rows:
+            raise ProbeError(f"{where}: group_ids has {len(groups)} ids but the batch has {rows} rows "
+                             "(the leading dimension of its tensors); give one group id per row")
+    return CallIdentity(rows, prompt, explicit, text, groups)
+
+
+def _as_id_list(ids: Any, field: str, where: str) -> list[str]:
+    if hasattr(ids, "tolist") and not isinstance(ids, (list, tuple)):  # a tensor or an array
+        if len(getattr(ids, "shape", ())) != 1:
+            raise ProbeError(f"{where}: {field} must be one-dimensional (one id per row), got shape "
+                             f"{tuple(ids.shape)}")
+        ids = ids.tolist()
+    if not isinstance(ids, (list, tuple)):
+        raise ProbeError(f"{where}: {field} must be a list, tuple, 1-D array or tensor of ints or strings, "
+                         f"got {type(ids).__name__}")
+    out = []
+    for i, v in enumerate(ids):
+        if isinstance(v, bool) or not isinstance(v, (int, str, np.integer)):
+            raise ProbeError(f"{where}: {field}[{i}] is {type(v).__name__} {v!r}; expected an int or a string")
+        out.append(str(v))
+    return out
+
+
+def _id_hashes(ids: Any, text: list[str]) -> np.ndarray:
+    """uint64 per id: integer ids hashed vectorised, strings one by one (they came as Python objects)."""
+    if text and all(t.lstrip("-").isdigit() for t in text):
+        return row_hashes(np.asarray([int(t) for t in text], dtype=np.int64).reshape(-1, 1))
+    return np.array([int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "little") for t in text],
+                    dtype=np.uint64)
+
+
+def _refuse_duplicates(text: list[str], hashes: np.ndarray, field: str, where: str) -> None:
+    unique, first, counts = np.unique(hashes, return_index=True, return_counts=True)
+    if len(unique) != len(hashes):
+        dup = text[int(first[np.argmax(counts > 1)])]
+        raise ProbeError(f"{where}: {field} holds {dup!r} more than once in this call; sample ids must be "
+                         "unique within a call (a sample saved again in a later call of the step, such as "
+                         "another epoch, is its next occurrence)")
+
+
+# -- writer thread -------------------------------------------------------------------------
+def row_hashes(raw: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each row's bytes (leading dimension = rows), vectorised: the row's
+    little-endian 64-bit words times fixed odd multipliers, summed, then mixed (splitmix64)."""
+    n = raw.shape[0]
+    b = np.ascontiguousarray(raw).reshape(n, -1).view(np.uint8).reshape(n, -1)
+    width = b.shape[1]
+    if width % 8:
+        b = np.concatenate([b, np.zeros((n, 8 - width % 8), np.uint8)], axis=1)
+    words = b.view("<u8")
+    k = _MULTIPLIERS[np.arange(words.shape[1]) % len(_MULTIPLIERS)]
+    if words.shape[1] > len(_MULTIPLIERS):  # long rows: vary the multiplier per pass over the table
+        k = k + (np.arange(words.shape[1], dtype=np.uint64) // np.uint64(len(_MULTIPLIERS))) * np.uint64(2)
+    with np.errstate(over="ignore"):
+        h = (words * k).sum(axis=1, dtype=np.uint64) ^ np.uint64(width)
+        h ^= h >> np.uint64(30)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(27)
+        h *= np.uint64(0x94D049BB133111EB)
+        h ^= h >> np.uint64(31)
+    return h
+
+
+class OccurrenceCounter:
+    """How many times each sample was saved earlier in the step, per (key, index): GRPO repeats a
+    prompt once per generation, and a later epoch saves a sample again. Writer thread only."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.seen: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+
+    def occurrences(self, step: int, key: tuple[str, str], ids: np.ndarray) -> np.ndarray:
+        if step != self.step:
+            self.step, self.seen = step, {}
+        order = np.argsort(ids, kind="stable")
+        ordered = ids[order]
+        starts = np.r_[True, ordered[1:] != ordered[:-1]][:len(ids)]
+        group_start = np.maximum.accumulate(np.where(starts, np.arange(len(ids)), 0))
+        within = np.empty(len(ids), np.int64)
+        within[order] = np.arange(len(ids)) - group_start
+        unique, counts = ordered[starts], np.diff(np.r_[np.flatnonzero(starts), len(ids)])
+        seen_ids, seen_counts = self.seen.get(key, (np.zeros(0, np.uint64), np.zeros(0, np.int64)))
+        base = np.zeros(len(ids), np.int64)
+        if len(seen_ids):
+            at = np.minimum(np.searchsorted(seen_ids, ids), len(seen_ids) - 1)
+            base = np.where(seen_ids[at] == ids, seen_counts[at], 0)
+        merged_ids = np.concatenate([seen_ids, unique])
+        merged_counts = np.concatenate([seen_counts, counts])
+        keys_sorted, inverse = np.unique(merged_ids, return_inverse=True)
+        self.seen[key] = (keys_sorted, np.bincount(inverse, weights=merged_counts).astype(np.int64))
+        return base + within
+
+
+def sample_table(identity: CallIdentity, leaves: Sequence[Any], step: int, counter: OccurrenceCounter) -> pa.Table:
+    """The `sample` rows of one save call. `leaves`: objects with key, index, micro_step and a
+    staged `leaf` (dtype, shape, raw; None for an absent value), in the call's order."""
+    if identity.explicit is not None:
+        ids, text = identity.explicit, identity.explicit_text
+    else:
+        prompt = leaves[identity.prompt_leaf].leaf  # type: ignore[index]
+        ids, text = row_hashes(prompt.raw), None
+    columns: dict[str, list[Any]] = {name: [] for name in SAMPLE.names}
+    n = identity.rows
+    for job in leaves:
+        leaf = job.leaf
+        if leaf is None or leaf.raw is None or len(leaf.shape) == 0 or leaf.shape[0] != n:
+            continue
+        values = widen(leaf.raw, leaf.dtype).reshape(n, -1)
+        width = values.shape[1]
+        stats = [np.full(n, np.nan)] * 3
+        if width:
+            as_float = values.astype(np.float64, copy=False)
+            stats = [as_float.sum(axis=1), as_float.min(axis=1), as_float.max(axis=1)]
+        for name, value in (("key", _repeat(job.key, n)), ("index", _repeat(job.index, n)), ("step", np.full(n, step)),
+                            ("micro_step", np.full(n, job.micro_step)), ("row", np.arange(n)),
+                            ("sample", ids.view(np.int64)), ("sample_id", text or _repeat(None, n)),
+                            ("occurrence", counter.occurrences(step, (job.key, job.index), ids)),
+                            ("group_id", identity.groups or _repeat(None, n)), ("dtype", _repeat(leaf.dtype, n)),
+                            ("row_numel", np.full(n, width)), ("row_hash", row_hashes(leaf.raw).view(np.int64)),
+                            ("row_sum", stats[0]), ("row_min", stats[1]), ("row_max", stats[2])):
+            columns[name].append(pa.array(value, SAMPLE.field(name).type))
+    if not columns["key"]:
+        return SAMPLE.empty_table()
+    return pa.table({name: pa.chunked_array(chunks, SAMPLE.field(name).type) for name, chunks in columns.items()},
+                    schema=SAMPLE)
+
+
+def _repeat(value: str | None, n: int) -> pa.Array:
+    return pa.repeat(pa.scalar(value, pa.string()), n)
+
+
+SAMPLE = pa.schema([
+    pa.field("key", pa.string()),
+    pa.field("index", pa.string()),
+    pa.field("step", pa.int64()),
+    pa.field("micro_step", pa.int64()),
+    pa.field("row", pa.int64()),  # position along the leading dimension of the saved tensor
+    pa.field("sample", pa.int64()),  # identity: 64-bit hash of the prompt row, or of the given sample id
+    pa.field("sample_id", pa.string()),  # the id given to save(sample_ids=...); null when derived
+    pa.field("occurrence", pa.int64()),  # earlier rows of this sample for this key in the step
+    pa.field("group_id", pa.string()),  # save(group_ids=...): the GRPO group; null when not given
+    pa.field("dtype", pa.string()),
+    pa.field("row_numel", pa.int64()),
+    pa.field("row_hash", pa.int64()),  # 64-bit hash of the row's bytes in the original dtype
+    pa.field("row_sum", pa.float64()),
+    pa.field("row_min", pa.float64()),
+    pa.field("row_max", pa.float64()),
+])

@@ -1,0 +1,196 @@
+"""Runs with different layouts compared per sample (rlprobe/compare/sample_alignment.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rlprobe
+from rlprobe.compare.run import compare_dumps
+from rlprobe.demo import example_dir
+from rlprobe.errors import ProbeError
+from rlprobe.lake.reader import open_dump
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = {"ppo.steps": 2, "rlprobe_config.grads_dump": False, "rlprobe_config.metrics_dump": False}
+
+
+def _tiny_ppo():
+    spec = importlib.util.spec_from_file_location("tiny_ppo_layouts", example_dir() / "tiny_ppo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _train(out: Path, fault: str | None = None, **overrides) -> Path:
+    ppo = _tiny_ppo()
+    cfg = ppo.load_config(example_dir() / "config.yaml", {**TINY, **overrides})
+    ppo.train(cfg, str(out), fault)
+    return out
+
+
+def _two_ranks(out: Path) -> Path:
+    """The example on 2 gloo ranks (the same global batch), as torchrun would start it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sets = [a for k, v in TINY.items() for a in ("--set", f"{k}={str(v).lower()}")]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": str(REPO)}
+        procs.append(subprocess.Popen([sys.executable, str(example_dir() / "tiny_ppo.py"), "--out", str(out), *sets],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        output = p.communicate(timeout=120)[0]
+        assert p.returncode == 0, output
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("layouts")
+    return {
+        "m2": _train(root / "m2"),
+        "m4": _train(root / "m4", **{"ppo.micro_batches": 4}),
+        "m4_adv": _train(root / "m4_adv", "advantage-bug", **{"ppo.micro_batches": 4}),
+        "m4_seed": _train(root / "m4_seed", "sampling-seed", **{"ppo.micro_batches": 4}),
+        "r2": _two_ranks(root / "r2"),
+    }
+
+
+def _compare(a: Path, b: Path):
+    return compare_dumps(open_dump(a), open_dump(b))
+
+
+def _statuses(tables) -> set[str]:
+    return set(tables["key_data"]["status"].to_pylist())
+
+
+def test_two_vs_four_micro_batches_agree_with_a_layout_note(runs):
+    tables, summary = _compare(runs["m2"], runs["m4"])
+    assert summary["first_divergence"] is None
+    assert summary["layout"]["per_sample"] is True
+    assert summary["layout"]["note"] == ("layout differs: A 2 micro-batches x 1 rank, B 4 x 1; "
+                                         "compared per sample")
+    assert _statuses(tables) == {"match", "stats_only_match"}
+    # per sample: 16 samples a step for each batch key, e.g. responses
+    rows = tables["key_data"].filter(np.array(tables["key_data"]["key"].to_pylist()) == "responses")
+    assert rows.num_rows == 2 * 16
+    assert summary["pairs_compared"] > 0  # step 1's values differ in rounding: gathered from the .npy files
+
+
+def test_one_vs_two_ranks_agree(runs):
+    tables, summary = _compare(runs["m2"], runs["r2"])
+    assert summary["layout"]["a"] == {"ranks": 1, "micro_batches": 2}
+    assert summary["layout"]["b"] == {"ranks": 2, "micro_batches": 2}
+    assert summary["first_divergence"] is None, summary["first_divergence"]
+    assert _statuses(tables) <= {"match", "stats_only_match"}
+
+
+def test_a_planted_fault_is_found_across_layouts(runs):
+    tables, summary = _compare(runs["m2"], runs["m4_adv"])
+    first = summary["first_divergence"]
+    assert (first["key"], first["step"], first["status"]) == ("advantages", 0, "mismatch")
+    assert not _statuses(tables) & {"shape_mismatch", "only_in_a", "only_in_b"}
+
+
+def test_a_sampling_fault_stays_responses_differ(runs):
+    tables, summary = _compare(runs["m2"], runs["m4_seed"])
+    first = summary["first_divergence"]
+    assert (first["key"], first["step"], first["status"]) == ("responses", 0, "mismatch")
+    assert not _statuses(tables) & {"shape_mismatch", "only_in_a", "only_in_b"}  # prompts identify samples
+
+
+def test_equal_layouts_keep_row_matching(runs):
+    tables, summary = _compare(runs["m2"], runs["m2"])
+    assert summary["layout"]["per_sample"] is False and summary["layout"]["note"] is None
+    assert summary["first_divergence"] is None
+    assert tables["key_data"].num_rows == open_dump(runs["m2"]).arrow("key_data").num_rows  # a row per saved row
+
+
+# -- capture ---------------------------------------------------------------------------------
+def _grpo(path: Path, order: list[int], micro: int, stats_only: bool = False, bump: float = 0.0) -> Path:
+    """A GRPO-like step: 3 prompts x 2 generations, saved in `order` over `micro` calls."""
+    prompts = np.repeat(np.arange(12, dtype=np.int64).reshape(3, 4), 2, axis=0)
+    logp = (np.arange(6 * 5, dtype=np.float32).reshape(6, 5) - 7) / 3
+    logp[5, 0] += bump
+    with rlprobe.Probe(path, framework="numpy", stats_only=stats_only) as probe:
+        for chunk in np.array_split(np.asarray(order), micro):
+            probe.save({"prompts": prompts[chunk], "log_prob": logp[chunk], "loss": np.float32(1.0)})
+        probe.step()
+    return path
+
+
+def test_repeated_prompts_are_told_apart_by_occurrence(tmp_path):
+    a = _grpo(tmp_path / "a", list(range(6)), 2)
+    b = _grpo(tmp_path / "b", list(range(6)), 3)
+    samples = open_dump(a).arrow("sample").to_pandas()
+    logp = samples[samples.key == "log_prob"].sort_values(["micro_step", "row"])
+    assert logp.occurrence.tolist() == [0, 1, 0, 1, 0, 1]  # the second generation of each prompt
+    assert logp["sample"].nunique() == 3
+    tables, summary = _compare(a, b)
+    assert summary["layout"]["per_sample"] and summary["first_divergence"] is None
+    c = _grpo(tmp_path / "c", list(range(6)), 3, bump=1.0)  # generation 2 of prompt 3 differs
+    _, summary = _compare(a, c)
+    assert summary["first_divergence"]["key"] == "log_prob"
+    assert "#2" in summary["first_divergence"]["message"]
+
+
+def test_statistics_only_dumps_are_aligned_by_row_statistics(tmp_path):
+    a = _grpo(tmp_path / "a", list(range(6)), 2, stats_only=True)
+    b = _grpo(tmp_path / "b", list(range(6)), 3, stats_only=True)
+    tables, summary = _compare(a, b)
+    assert summary["first_divergence"] is None and summary["layout"]["per_sample"]
+    assert _statuses(tables) == {"stats_only_match"}
+    c = _grpo(tmp_path / "c", list(range(6)), 3, stats_only=True, bump=1e-3)
+    _, summary = _compare(a, c)
+    assert summary["first_divergence"]["status"] == "stats_only_mismatch"
+
+
+def test_explicit_sample_ids_align_a_shuffled_order(tmp_path):
+    values = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+    order = list(range(8))
+    random.Random(0).shuffle(order)
+    for name, rows in (("a", list(range(8))), ("b", order)):
+        with rlprobe.Probe(tmp_path / name, framework="numpy") as probe:
+            for chunk in (rows[:4], rows[4:]):
+                probe.save({"values": values[chunk]}, sample_ids=[f"s{i}" for i in chunk],
+                           group_ids=[str(i // 2) for i in chunk])
+            probe.step()
+    tables, summary = _compare(tmp_path / "a", tmp_path / "b")
+    assert summary["first_divergence"] is None
+    assert "sit at another rank, micro-batch or row in B" in summary["layout"]["note"]
+    samples = open_dump(tmp_path / "b").arrow("sample").to_pandas()
+    assert sorted(samples.sample_id) == [f"s{i}" for i in range(8)]
+    assert dict(zip(samples.sample_id, samples.group_id))["s5"] == "2"
+
+
+def test_bad_sample_ids_are_refused_naming_the_call_and_keep_earlier_data(tmp_path):
+    with rlprobe.Probe(tmp_path / "d", framework="numpy") as probe:
+        probe.save({"prompts": np.zeros((2, 3), np.int64)})
+        probe.step()
+        with pytest.raises(ProbeError, match=r"rank 0 step 1: sample_ids has 3 ids but key 'prompts' has 4 rows"):
+            probe.save({"prompts": np.zeros((4, 3), np.int64)}, sample_ids=[1, 2, 3])
+        with pytest.raises(ProbeError, match=r"step 1: sample_ids holds '7' more than once in this call"):
+            probe.save({"x": np.zeros((3, 2))}, sample_ids=[7, 8, 7])
+        with pytest.raises(ProbeError, match=r"step 1: sample_ids has 2 ids but no tensor of this call has 2 rows "
+                                             r"\(leading dimensions: 'x': 3\)"):
+            probe.save({"x": np.zeros((3, 2))}, sample_ids=[1, 2])
+        with pytest.raises(ProbeError, match=r"step 1: group_ids has 1 ids but the batch has 3 rows"):
+            probe.save({"x": np.zeros((3, 2))}, sample_ids=[1, 2, 3], group_ids=["g"])
+        with pytest.raises(ProbeError, match=r"step 1: save\(group_ids=...\) needs sample_ids"):
+            probe.save({"x": np.zeros((3, 2))}, group_ids=["g", "g", "h"])
+        with pytest.raises(ProbeError, match=r"sample_ids\[1\] is float 2.5; expected an int or a string"):
+            probe.save({"x": np.zeros((3, 2))}, sample_ids=[1, 2.5, 3])
+    dump = open_dump(tmp_path / "d")
+    assert dump.arrow("key_data")["step"].to_pylist() == [0]  # nothing of the refused calls, step 0 kept
+    assert dump.arrow("sample").num_rows == 2
