@@ -51,7 +51,9 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     if first is not None:
         for r in records(con, "key_status_at_step.sql", step=first["step"]):
             diverged_at_step[r["canonical_key"]] = bool(r["diverged"])
-    within = single_run_findings({"A": dump_a, "B": dump_b})  # each run against itself (rlprobe check)
+    saved = {side: {row[0] for row in con.table(table).project("key").distinct().fetchall()}
+             for side, table in (("A", "stats_a"), ("B", "stats_b"))}
+    within = single_run_findings({"A": dump_a, "B": dump_b}, saved)  # each run against itself (rlprobe check)
     verdict = explain(first, diverged_at_step, within)
     if first is not None:
         earliest = records(con, "earliest_in_step.sql", step=first["step"])

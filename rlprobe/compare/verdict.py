@@ -166,9 +166,12 @@ def rollout_suspect(within: Any, step: int) -> Suspect | None:
 
 
 def _on_policy_text(name: str, row: dict[str, Any]) -> str:
+    dtype = row.get("log_prob_dtype") or "its dtype"
+    size = (f"within {dtype} rounding" if row.get("within_tolerance")
+            else f"> tolerance {_number(row.get('tolerance')):.3g}")
     return (f"in run {name} log_prob differs from old_log_prob where the run is on-policy (step {row['step']}, "
-            f"rank {row['rank']}, max |Δ| {_number(row.get('max_abs_diff')):.3g} > tolerance "
-            f"{_number(row.get('tolerance')):.3g}): the actor's recomputation is not deterministic")
+            f"rank {row['rank']}, max |Δ| {_number(row.get('max_abs_diff')):.3g}, {size}): "
+            "the actor's recomputation is not deterministic")
 
 
 def _number(value: Any) -> float:

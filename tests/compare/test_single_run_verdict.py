@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import rlprobe
+import rlprobe.check
 from rlprobe.cli import main
 
 
@@ -83,6 +84,32 @@ def test_a_first_epoch_that_recomputes_otherwise_is_named_with_its_figures(tmp_p
     rows = summary["on_policy_recompute"]["B"]
     assert [(r["step"], r["rank"]) for r in rows] == [(2, 0)] and "A" not in summary["on_policy_recompute"]
     assert rows[0]["max_abs_diff"] == pytest.approx(1e-3, rel=1e-3)
-    assert ("in run B log_prob differs from old_log_prob where the run is on-policy (step 2, rank 0, max |Δ| 0.001 "
+    assert rows[0]["within_tolerance"] is False and 0 < rows[0]["tolerance"] < 1e-4
+    assert ("in run B log_prob differs from old_log_prob where the run is on-policy (step 2, rank 0, max |Δ| 0.001, "
             "> tolerance") in summary["suspect"]
     assert "the actor's recomputation is not deterministic" in summary["suspect"]
+
+
+def test_a_recomputation_off_by_rounding_only_is_named_when_the_runs_part_there(tmp_path):
+    """Bitwise: a first divergence at old_log_prob is explained by a run whose on-policy recomputation
+    differs by float32 rounding, which the single-run check itself lets pass."""
+    a, b = _ppo_epochs(tmp_path / "a", 0.01), _ppo_epochs(tmp_path / "b", 0.01)
+    dump = rlprobe.open(b)
+    assert rlprobe.check.check_dump(b, only=("on_policy",)).results["status"].to_pylist() == ["pass"]
+    summary = rlprobe.compare(a, a, tmp_path / "same")
+    assert summary["on_policy_recompute"] == {} and summary["first_divergence"] is None
+    with rlprobe.Probe(tmp_path / "c", flush_interval=0) as probe:
+        for step in range(2):
+            old = dump.tensor("old_log_prob", step * 2, micro_step=0)
+            probe.save({"log_prob": np.nextafter(old, np.float32(0)), "old_log_prob": old})
+            probe.step()
+    with rlprobe.Probe(tmp_path / "d", flush_interval=0) as probe:
+        for step in range(2):
+            old = dump.tensor("old_log_prob", step * 2, micro_step=0)
+            probe.save({"log_prob": old, "old_log_prob": np.nextafter(old, np.float32(0))})
+            probe.step()
+    summary = rlprobe.compare(tmp_path / "d", tmp_path / "c", tmp_path / "out")
+    rows = summary["on_policy_recompute"]["B"]
+    assert [(r["step"], r["within_tolerance"]) for r in rows] == [(0, True), (1, True)]
+    assert "in run B log_prob differs from old_log_prob where the run is on-policy (step 0, rank 0" in summary["suspect"]
+    assert "within float32 rounding" in summary["suspect"] and "not deterministic" in summary["suspect"]
