@@ -22,8 +22,9 @@ ROLLOUT_PAIRS = ("rollout_vs_old", "rollout_vs_log_prob")
 class SingleRunFindings:
     """Per run name: the on-policy pairs whose log_prob and old_log_prob are not bitwise equal (the
     on_policy rule at tolerance 0; `within_tolerance` says whether its default tolerance, the dtype's
-    rounding, covers the row, `tolerance` is that default where it does not), the rollout_vs_recompute rule's (the rollout engine disagrees with
-    the trainer), and the largest token |Δ| rollout − trainer of every step compared (None: none)."""
+    rounding, covers the row, `tolerance` is that default where it does not), the rollout_vs_recompute
+    rule's (the rollout engine disagrees with the trainer), and the largest token |Δ| rollout −
+    trainer of every step compared (None: none)."""
 
     on_policy: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     rollout: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -61,7 +62,8 @@ def single_run_findings(dumps: dict[str, Dump], saved_keys: dict[str, set[str]])
         applies = {r["check"] for r in result.results.to_pylist() if r["status"] != "not_applicable"}
         steps = result.tables.get("token_steps")
         if "rollout_vs_recompute" in applies and steps is not None:
-            values = [r["max_abs"] for r in steps.to_pylist() if r["pair"] in ROLLOUT_PAIRS and r["max_abs"] is not None]
+            values = [r["max_abs"] for r in steps.to_pylist()
+                      if r["pair"] in ROLLOUT_PAIRS and r["max_abs"] is not None]
             found.rollout_max_abs[name] = max(values) if values else None
     return found
 

@@ -59,7 +59,8 @@ def _ppo_epochs(path: Path, lr: float, noise_at: int | None = None) -> Path:
             epoch, rollout = step % 2, step // 2
             for micro in range(2):
                 old = -np.random.default_rng(10 * rollout + micro).random((4, 6), dtype=np.float32) * 3
-                log_prob = old if epoch == 0 else old + np.float32(lr) * rng.standard_normal(old.shape).astype(np.float32)
+                step_noise = rng.standard_normal(old.shape).astype(np.float32)
+                log_prob = old if epoch == 0 else old + np.float32(lr) * step_noise
                 if step == noise_at and micro == 0:
                     log_prob = old + np.float32(1e-3)
                 probe.save({"log_prob": log_prob, "old_log_prob": old, "ppo_epoch": np.int64(epoch)})
@@ -111,5 +112,6 @@ def test_a_recomputation_off_by_rounding_only_is_named_when_the_runs_part_there(
     summary = rlprobe.compare(tmp_path / "d", tmp_path / "c", tmp_path / "out")
     rows = summary["on_policy_recompute"]["B"]
     assert [(r["step"], r["within_tolerance"]) for r in rows] == [(0, True), (1, True)]
-    assert "in run B log_prob differs from old_log_prob where the run is on-policy (step 0, rank 0" in summary["suspect"]
+    assert ("in run B log_prob differs from old_log_prob where the run is on-policy (step 0, rank 0"
+            in summary["suspect"])
     assert "within float32 rounding" in summary["suspect"] and "not deterministic" in summary["suspect"]
