@@ -30,8 +30,8 @@ def _readers(path: Path):
     import duckdb
 
     import rlprobe
-    from rlprobe.compare.run import _load_stats
-    from rlprobe.lake.summary import dump_summary
+    from rlprobe.compare.key_data import load_stats
+    from rlprobe.lake.dump_info import dump_info
 
     def polars_key_data(include: bool) -> int:
         return rlprobe.open(path, include_uncommitted=include).key_data().select("step").collect().height
@@ -45,11 +45,11 @@ def _readers(path: Path):
 
     def compare_stats(include: bool) -> int:
         con = duckdb.connect()
-        _load_stats(con, "stats_a", rlprobe.open(path, include_uncommitted=include), [], "A")
+        load_stats(con, "stats_a", rlprobe.open(path, include_uncommitted=include), [], "A")
         return con.execute("SELECT count(*) FROM stats_a").fetchone()[0]
 
     def info(include: bool) -> int:
-        return sum(k["tensors"] for k in dump_summary(rlprobe.open(path, include_uncommitted=include))["keys"])
+        return sum(k["tensors"] for k in dump_info(rlprobe.open(path, include_uncommitted=include))["keys"])
 
     return {"Dump.key_data() (polars)": polars_key_data, "Dump.arrow('key_data')": arrow_key_data,
             "DuckDB view key_data": duckdb_view, "compare: stats table": compare_stats, "rlprobe info": info}

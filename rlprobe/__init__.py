@@ -6,8 +6,10 @@ line starts fast.
 
 from __future__ import annotations
 
+import types
 from typing import TYPE_CHECKING, Any
 
+from rlprobe import check, compare  # light (no heavy imports); made callable below
 from rlprobe._version import __version__
 from rlprobe.errors import DumpReadError, ProbeError
 
@@ -33,19 +35,34 @@ def from_config(cfg: Any, **probe_kwargs: Any) -> Any:
     return build(cfg, **probe_kwargs)
 
 
+class _CallableCompare(types.ModuleType):
+    """rlprobe.compare as a function: rlprobe.compare(a, b, out, **options) -> summary."""
+
+    def __call__(self, a: Any, b: Any, out: Any, **options: Any) -> dict[str, Any]:
+        from rlprobe.pipeline.compare_command import compare
+
+        return compare(a, b, out, **options)
+
+
+class _CallableCheck(types.ModuleType):
+    """rlprobe.check as a function: rlprobe.check(dump, out=None, params=None, **params) -> CheckResult."""
+
+    def __call__(self, dump: Any, out: Any = None, params: dict[str, Any] | None = None, *, plots: bool = True,
+                 **more_params: Any) -> Any:
+        from rlprobe.pipeline.check_command import check as run_check
+
+        return run_check(dump, out, params, plots=plots, **more_params)
+
+
+compare.__class__ = _CallableCompare
+check.__class__ = _CallableCheck
+
+
 def __getattr__(name: str) -> Any:
     if name == "Probe":
         from rlprobe.capture.probe import Probe
 
         return Probe
-    if name == "compare":  # the subpackage is callable: rlprobe.compare(a, b, out) -> summary
-        import rlprobe.compare as compare
-
-        return compare
-    if name == "check":  # the subpackage is callable: rlprobe.check(dump, out=None, **params) -> CheckResult
-        import rlprobe.check as check
-
-        return check
     if name == "Dump":
         from rlprobe.lake.reader import Dump
 

@@ -10,8 +10,7 @@ import click
 
 from rlprobe._version import __version__
 from rlprobe.errors import DumpReadError, ProbeError
-
-EXIT_UNREADABLE = 3
+from rlprobe.exit_codes import EXIT_USAGE, EXIT_UNREADABLE
 
 
 def _open(path: str):
@@ -43,11 +42,11 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
 def info(dump: str, as_json: bool) -> None:
     """What DUMP holds: keys, steps, ranks, micro steps, dtypes, bytes, whether complete."""
-    from rlprobe.lake.summary import dump_summary
+    from rlprobe.lake.dump_info import dump_info
 
     d = _open(dump)
     try:
-        summary = dump_summary(d)
+        summary = dump_info(d)
     except DumpReadError as e:
         raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
     if as_json:
@@ -118,6 +117,8 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
     """
     import duckdb
 
+    from rlprobe.lake.sql_runner import to_arrow
+
     if fmt == "parquet" and not output:
         raise click.UsageError("--format parquet writes a file: give --output FILE.parquet")
     if len(args) > 2 or (len(args) == 1 and not runs):
@@ -137,18 +138,18 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
         result = con.sql(query)
         # a statement without rows (SET): None. Read whole here: a lazy reader would raise a corrupt
         # page's error later, as a pyarrow OSError that the handlers below never see
-        table = None if result is None else result.to_arrow_table()
+        table = None if result is None else to_arrow(result)
     except DumpReadError as e:
         raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
     except ProbeError as e:
-        raise click.exceptions.Exit(_err(str(e), 2)) from None
+        raise click.exceptions.Exit(_err(str(e), EXIT_USAGE)) from None
     except duckdb.Error as e:
         if not isinstance(e, (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)):
             try:  # DuckDB names no file for a corrupt data page: read them all to find it
                 check_every_file(paths)
             except DumpReadError as bad:
                 raise click.exceptions.Exit(_err(str(bad), EXIT_UNREADABLE)) from None
-        raise click.exceptions.Exit(_err(f"query failed: {e}", 2)) from None
+        raise click.exceptions.Exit(_err(f"query failed: {e}", EXIT_USAGE)) from None
     if table is None:
         return
     _write_table(table, fmt, output, max_rows)
@@ -236,16 +237,22 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, pe
         key_mapping = parse_key_map(key_map)
     except ProbeError as e:
         raise click.BadParameter(str(e), param_hint="--key-map") from None
-    if "scipy" not in sys.modules:
+    hide_scipy = "scipy" not in sys.modules
+    if hide_scipy:
         # numba loads scipy's BLAS bindings when present (0.15 s of start-up); the comparison
-        # kernels never use them, and this process runs nothing else
+        # kernels never use them (put back after: a caller in the same process may need scipy)
         sys.modules["scipy"] = None  # type: ignore[assignment]
-    from rlprobe.compare.console import run_compare
+    from rlprobe.pipeline.compare_command import run_compare
 
-    code = run_compare(run_a, run_b, out, keys=key_list, steps=step_list, ranks=rank_list, workers=workers,
-                       stats_rtol=stats_rtol, lang=lang, per_key_files=per_key_files, plots=plots,
-                       plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet, key_map=key_mapping,
-                       config_ignore=list(config_ignore), config_ignore_defaults=not no_default_config_ignore)
+    try:
+        code = run_compare(run_a, run_b, out, keys=key_list, steps=step_list, ranks=rank_list, workers=workers,
+                           stats_rtol=stats_rtol, lang=lang, per_key_files=per_key_files, plots=plots,
+                           plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet,
+                           key_map=key_mapping, config_ignore=list(config_ignore),
+                           config_ignore_defaults=not no_default_config_ignore)
+    finally:
+        if hide_scipy and sys.modules.get("scipy", 0) is None:
+            del sys.modules["scipy"]
     raise click.exceptions.Exit(code)
 
 
@@ -262,7 +269,7 @@ def compact(dump: str) -> None:
 
     d = _open(dump)
     if d.format != "rlprobe":
-        raise click.exceptions.Exit(_err(f"{dump} is an {d.format} dump; only rlprobe dumps have parts to compact", 2))
+        raise click.exceptions.Exit(_err(f"{dump} is an {d.format} dump; only rlprobe dumps have parts to compact", EXIT_USAGE))
     try:
         result = run(dump)
     except ProbeError as e:  # a damaged or foreign part (nothing compacted), or a lock file that cannot be opened
@@ -304,7 +311,7 @@ def demo(fault: str, out: str, steps: int | None) -> None:
 
 
 def _register_check() -> None:
-    from rlprobe.check.cli import check_command
+    from rlprobe.pipeline.check_command import check_command
 
     main.add_command(check_command)
 
@@ -324,7 +331,7 @@ def import_msprobe(src: str, dst: str) -> None:
     except DumpReadError as e:
         raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
     except ProbeError as e:
-        raise click.exceptions.Exit(_err(str(e), 2)) from None
+        raise click.exceptions.Exit(_err(str(e), EXIT_USAGE)) from None
     click.echo(f"imported {result['tensors']} tensors from {result['ranks']} rank(s) into {dst}")
 
 

@@ -1,5 +1,5 @@
 -- Every module tensor (stage, step, rank, module, call, direction, io, index) seen in EITHER
--- run, with both sides' execution order (seq) and statistics.
+-- run, with both sides' execution order (seq) and statistics (stat_sides, pair_macros.sql).
 -- Tables: module_a, module_b (the `module` stats of runs A and B).
 -- Parameters: $stages, $steps, $ranks (lists, NULL = all).
 SELECT
@@ -15,16 +15,9 @@ SELECT
     a.seq AS seq_a, b.seq AS seq_b,
     a.stage IS NOT NULL                               AS in_a,
     b.stage IS NOT NULL                               AS in_b,
-    a.shape AS shape_a, b.shape AS shape_b,
-    a.dtype AS dtype_a, b.dtype AS dtype_b,
-    a.numel AS numel_a, b.numel AS numel_b,
-    a.tensor_file AS file_a, b.tensor_file AS file_b,
-    a.min AS min_a, b.min AS min_b, a.max AS max_a, b.max AS max_b,
-    a.mean AS mean_a, b.mean AS mean_b, a.norm AS norm_a, b.norm AS norm_b,
-    a.nan_count AS nan_count_a, b.nan_count AS nan_count_b,
-    a.inf_count AS inf_count_a, b.inf_count AS inf_count_b,
-    a.zero_count AS zero_count_a, b.zero_count AS zero_count_b,
-    a.hash AS hash_a, b.hash AS hash_b
+    false                                             AS absent_a,   -- module tensors are never None
+    false                                             AS absent_b,
+    unnest(stat_sides(a, b))
 FROM module_a AS a
 FULL OUTER JOIN module_b AS b
     ON  a.stage = b.stage AND a.step = b.step AND a.rank = b.rank AND a.module = b.module

@@ -6,7 +6,7 @@
 -- Both within the dtype's layout tolerance (table layout_tolerance: dtype, rtol), since a
 -- changed layout changes rounding. Same columns as key_data.sql.
 -- Tables: sample_pairs, stats_a, stats_b, layout_tolerance, key_order.
--- Parameters: $keys, $steps, $ranks, $unknown_position.
+-- Parameters: $keys, $steps, $ranks (lists, NULL = all). Keys not in key_order come after its last position.
 WITH per_sample AS (
     SELECT p.*, coalesce(t.rtol, 0.0) AS rtol,
            greatest(abs(min_a), abs(max_a), abs(min_b), abs(max_b)) AS row_scale
@@ -133,7 +133,7 @@ SELECT
     NULL::BIGINT AS inf_count_b, NULL::BIGINT AS zero_count_a, NULL::BIGINT AS zero_count_b,
     r.hash_a, r.hash_b, r.file_a, r.file_b,
     coalesce(o.canonical, r.key)                   AS canonical_key,
-    coalesce(o.position, $unknown_position)        AS flow_position
+    coalesce(o.position, (SELECT coalesce(max(position) + 1, 0) FROM key_order)) AS flow_position
 FROM rows AS r
 LEFT JOIN key_order AS o ON o.name = r.key
 ORDER BY r.step, flow_position, r.key, r.rank, r.micro_step, r."index"

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from rlprobe.check import inputs
 from rlprobe.check.registry import CHECKS, Check
-from rlprobe.check.sql_runner import defaults, run
+from rlprobe.lake.sql_runner import query_params, run
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.reader import Dump, open_dump
 
@@ -54,7 +54,7 @@ def all_params() -> dict[str, Any]:
     """Every parameter `rlprobe check --param` accepts, with its default."""
     found = dict(RUN_PARAMS)
     for check in CHECKS:
-        found.update(defaults(check.query))
+        found.update(query_params(f"check/{check.query}"))
     return found
 
 
@@ -123,8 +123,8 @@ def _facts(con, scalars: pa.Table, info: dict[str, Any], grad_steps: pa.Table) -
     keys = {canonical for _, canonical in saved}
     names = set(pc.unique(scalars["name"]).to_pylist()) if scalars.num_rows else set()
     loss_names = {k for k in {key for key, _ in saved} | names if k.endswith("loss")}
-    ref = run(con, "ref_starts_as_actor.sql").to_pylist()[0]
-    pairable = run(con, "rollout_pairs.sql").to_pylist()[0]["pairs"]
+    ref = run(con, "check/ref_starts_as_actor.sql").to_pylist()[0]
+    pairable = run(con, "check/rollout_pairs.sql").to_pylist()[0]["pairs"]
     return {"keys": keys, "scalars": names, "loss_names": loss_names, "kl_applies": bool(ref["applies"]),
             "ref_declared": bool(ref["declared"]), "group_size": info["group_size"], "has_tensors": info["has_tensors"],
             "entropy_scalars": any("entropy" in n for n in names), "grad_steps": grad_steps.num_rows,
@@ -139,8 +139,8 @@ def _run_check(con, check: Check, facts: dict[str, Any], params: dict[str, Any],
     why_not = check.applies(facts)
     if why_not is not None:
         return {**row, "status": "not_applicable", "note": why_not}
-    mine = {k: v for k, v in params.items() if k in defaults(check.query)}
-    found = run(con, check.query, **mine)
+    mine = {k: v for k, v in params.items() if k in query_params(f"check/{check.query}")}
+    found = run(con, f"check/{check.query}", **mine)
     rows[check.name] = found
     if check.token_level:
         row["level"] = "tokens" if info["has_tensors"] else "statistics"

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rlprobe.check.keys import CANONICAL
-from rlprobe.check.sql_runner import run
+from rlprobe.lake.sql_runner import run
 from rlprobe.lake.reader import Dump
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def sample_parts(samples: pa.Table, rows: dict[tuple, dict[str, Any]]) -> list["
 
     con = duckdb.connect()
     con.register("samples", samples)
-    found = run(con, "sample_pairs.sql")
+    found = run(con, "check/sample_pairs.sql")
     con.close()
     if found.num_rows == 0:
         return []

@@ -1,21 +1,8 @@
-"""Comparing two runs: pair kernels, executors, SQL matching, verdicts.
+"""Comparing two runs: pair kernels, executors, SQL matching, verdicts. It reads the lake and
+returns tables; the files of an output folder are rlprobe.report's, written by
+rlprobe.pipeline.compare_command.
 
-The package itself is callable, so `rlprobe.compare(a, b, out)` runs a whole comparison and
-returns its summary (see rlprobe.compare.run.compare for the options).
+The package itself is callable (set up by rlprobe/__init__.py, which orchestrates), so
+`rlprobe.compare(a, b, out)` runs a whole comparison, writes its output folder and returns its
+summary (see rlprobe.pipeline.compare_command.compare for the options).
 """
-
-from __future__ import annotations
-
-import sys
-import types
-from typing import Any
-
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, a: Any, b: Any, out: Any, **options: Any) -> dict[str, Any]:
-        from rlprobe.compare.run import compare
-
-        return compare(a, b, out, **options)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -7,14 +7,14 @@ sql/config_diff.sql. Nothing here renders: rlprobe/report/config_diff_report.py 
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from rlprobe.lake.configs import value_text
 from rlprobe.lake.reader import Dump
-from rlprobe.resources import sql_text
+from rlprobe.lake.sql_runner import run
 
 FAMILIES_FILE = Path(__file__).with_name("config_families.yaml")
 CONFIG_SCHEMA = pa.schema([("rank", pa.int64()), ("path", pa.string()), ("value", pa.string())])
@@ -57,9 +57,7 @@ def diff_configs(dump_a: Dump, dump_b: Dump, *, ignore: list[str] | None = None,
     for name, dump, side in (("configs_a", dump_a, "A"), ("configs_b", dump_b, "B")):
         con.register(name, _configs(dump, side, read_errors))
     con.register("config_patterns", patterns_table(ignore, ignore_defaults))
-    relation = con.sql(sql_text("config_diff.sql"))
-    table = (getattr(relation, "to_arrow_table", None) or getattr(relation, "arrow"))()
-    return table.cast(DIFF_SCHEMA)
+    return run(con, "config_diff.sql").cast(DIFF_SCHEMA)
 
 
 def saved_configs(dump_a: Dump, dump_b: Dump) -> tuple[bool, bool]:
@@ -97,17 +95,6 @@ def causes(diff: pa.Table, first: dict[str, Any] | None) -> list[dict[str, Any]]
 def changed(diff: pa.Table) -> list[dict[str, Any]]:
     """The rows of `diff` not on the ignore list."""
     return [r for r in diff.to_pylist() if not r["ignored"]]
-
-
-def value_text(value: str | None, limit: int = 80) -> str:
-    """A config value (JSON text) as the reports show it; '(absent)' where the run has no such path."""
-    if value is None:
-        return "(absent)"
-    try:
-        text = json.dumps(json.loads(value), ensure_ascii=False)
-    except ValueError:
-        text = value
-    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _configs(dump: Dump, side: str, read_errors: list[str] | None) -> pa.Table:

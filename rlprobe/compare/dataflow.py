@@ -5,8 +5,6 @@ verl names them) right after `kl`, where it is computed."""
 
 from __future__ import annotations
 
-import pyarrow as pa
-
 DEFAULT_ORDER = (
     "prompts", "responses", "rollout_log_prob",  # the inference engine's log-probs, with the rollout
     "rewards", "token_level_scores", "values", "old_log_prob", "ref_log_prob",
@@ -25,14 +23,3 @@ ALIASES = {
 def canonical(key: str) -> str:
     return ALIASES.get(key, key)
 
-
-def key_order_table(order: list[str] | tuple[str, ...] | None = None) -> pa.Table:
-    """(name, canonical, position) for every known name and alias; unknown keys sort after."""
-    order = list(order or DEFAULT_ORDER)
-    names, canon, pos = [], [], []
-    for i, key in enumerate(order):
-        names.append(key), canon.append(key), pos.append(i)
-    for alias, target in ALIASES.items():
-        if target in order and alias not in order:
-            names.append(alias), canon.append(target), pos.append(order.index(target))
-    return pa.table({"name": names, "canonical": canon, "position": pa.array(pos, pa.int64())})

@@ -30,17 +30,8 @@ from typing import Any, Callable, Hashable, Iterable, NamedTuple
 
 import numpy as np
 
-from rlprobe.compare.pair_metrics import (
-    DEFAULT_CHUNK,
-    MappedPages,
-    Partial,
-    _chunk_bounds,
-    _flat_slice,
-    chunk_partial,
-    combine,
-    common_dtype,
-    ranges,
-)
+from rlprobe.compare.flat_sources import MappedPages, chunk_bounds, flat_slice
+from rlprobe.compare.pair_metrics import DEFAULT_CHUNK, Partial, chunk_partial, combine, common_dtype, ranges
 
 __all__ = ["DEFAULT_SPLIT_ELEMENTS", "PairTask", "run_pairs"]
 
@@ -173,7 +164,7 @@ class _NpyFile:
 
     def read(self, start: int, stop: int) -> np.ndarray:
         if self._fd is None:
-            return _flat_slice(self._arr, start, stop)
+            return flat_slice(self._arr, start, stop)
         item = self.dtype.itemsize
         nbytes = (stop - start) * item
         buf = _scratch(self.slot, nbytes)
@@ -210,10 +201,10 @@ def _compare_range(fa: _NpyFile, fb: _NpyFile, start: int, stop: int, chunk: int
     item = max(fa.dtype.itemsize, fb.dtype.itemsize)
     block = chunk * max(1, _READ_BYTES // (chunk * item))
     out: list[Partial] = []
-    for bs, be in _chunk_bounds(start, stop, block):
+    for bs, be in chunk_bounds(start, stop, block):
         ca = fa.read(bs, be)
         cb = fb.read(bs, be)
-        for s, e in _chunk_bounds(bs, be, chunk):
+        for s, e in chunk_bounds(bs, be, chunk):
             out.append(chunk_partial(ca[s - bs:e - bs], cb[s - bs:e - bs], s))
         fa.release(bs, be)
         fb.release(bs, be)

@@ -12,9 +12,10 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
+from rlprobe.compare.pair_results import pair_results_table
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import MODULE, with_rank
-from rlprobe.resources import sql_text
+from rlprobe.lake.sql_runner import execute, records, run
 
 # Relative tolerance of statistics-only rows whose bits differ (no tensors saved): exact for
 # float32/float64/integers (rtol 0: hashes decide), about one unit in the last place of the
@@ -46,21 +47,18 @@ def compare_modules(dump_a: Dump, dump_b: Dump, *, stages: list[str] | None = No
     con.register("module_b", _module_stats(dump_b, errors, "B"))
     con.register("module_tolerance", pa.table({"dtype": pa.array(list(DTYPE_RTOL), pa.string()),
                                                "rtol": pa.array(list(DTYPE_RTOL.values()), pa.float64())}))
-    pairs = _arrow(con, sql_text("module_pairs.sql"), {"stages": stages, "steps": steps, "ranks": ranks})
+    execute(con, "pair_macros.sql")
+    pairs = run(con, "module_pairs.sql", stages=stages, steps=steps, ranks=ranks)
     con.register("module_pairs", pairs)
     tasks = []
     for row in pairs.select(["pair_id", "in_a", "in_b", "file_a", "file_b", "shape_a", "shape_b"]).to_pylist():
         if row["in_a"] and row["in_b"] and row["file_a"] and row["file_b"] and row["shape_a"] == row["shape_b"]:
             tasks.append(PairTask(row["pair_id"], str(dump_a.path / row["file_a"]), str(dump_b.path / row["file_b"])))
     results = (executor or run_pairs)(tasks, workers=workers, progress=progress)
-    from rlprobe.compare.run import _results_table
-
-    con.register("module_results", _results_table(results))
-    modules = _arrow(con, sql_text("modules.sql"), {"stats_rtol": stats_rtol})
+    con.register("module_results", pair_results_table(results))
+    modules = run(con, "modules.sql", stats_rtol=stats_rtol)
     con.register("modules", modules)
-    relation = con.execute(sql_text("module_first_divergence.sql"))
-    columns = [d[0] for d in relation.description]
-    rows = [dict(zip(columns, r)) for r in relation.fetchall()]
+    rows = records(con, "module_first_divergence.sql")
     first = {k: rows[0].get(k) for k in FIRST_FIELDS} if rows else None
     return _mark_first(modules, first), first
 
@@ -108,7 +106,3 @@ def _mark_first(modules: pa.Table, first: dict[str, Any] | None) -> pa.Table:
                 break
     return modules.append_column("is_first_divergence", pa.array(flags, pa.bool_()))
 
-
-def _arrow(con, query: str, params: dict[str, Any]) -> pa.Table:
-    relation = con.sql(query, params=params)
-    return (getattr(relation, "to_arrow_table", None) or getattr(relation, "arrow"))()

@@ -19,7 +19,7 @@ from rlprobe.lake.encoding import restore
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.samples import SAMPLE
 from rlprobe.lake.schema import with_rank
-from rlprobe.resources import sql_text
+from rlprobe.lake.sql_runner import records, run, store
 
 if TYPE_CHECKING:
     import duckdb
@@ -50,12 +50,8 @@ def layout(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump, read_er
         errors: list[str] = []
         table = dump.arrow("sample", errors=errors) if dump.format == "rlprobe" else with_rank(SAMPLE).empty_table()
         read_errors.extend(f"run {side}: {e}" for e in errors)
-        con.register(f"_{name}", table.select(with_rank(SAMPLE).names) if table.num_rows else
-                     with_rank(SAMPLE).empty_table())
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM _{name}")
-        con.unregister(f"_{name}")
-    row = con.execute(sql_text("sample_layout.sql")).fetchall()[0]
-    ranks_a, micro_a, ranks_b, micro_b, moved, samples_a, samples_b = row
+        store(con, name, table.select(with_rank(SAMPLE).names) if table.num_rows else with_rank(SAMPLE).empty_table())
+    ranks_a, micro_a, ranks_b, micro_b, moved, samples_a, samples_b = records(con, "sample_layout.sql")[0].values()
     differs = (ranks_a, micro_a) != (ranks_b, micro_b) or moved > 0
     per_sample = differs and samples_a > 0 and samples_b > 0
     note = None
@@ -71,15 +67,16 @@ def layout(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump, read_er
             "moved_samples": moved, "per_sample": per_sample, "note": note}
 
 
-def sample_key_data(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump, params: dict[str, Any],
-                    unknown_position: int) -> tuple[pa.Table, int]:
-    """key_data of runs with different layouts, and how many sample pairs were gathered from files."""
-    pairs = _arrow(con, _statement(sql_text("sample_pairs.sql")), params)
+def sample_key_data(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump,
+                    params: dict[str, Any]) -> tuple[pa.Table, int]:
+    """key_data of runs with different layouts, and how many sample pairs were gathered from files.
+    `params`: keys, steps, ranks (lists, None = all)."""
+    pairs = run(con, "sample_pairs.sql", **params)
     results = _gather(pairs, dump_a, dump_b)
     con.register("sample_pairs", _append(pairs, results))
     con.register("layout_tolerance", pa.table({"dtype": list(EPS), "rtol": [layout_rtol(d) for d in EPS]}))
     try:
-        table = _arrow(con, sql_text("sample_key_data.sql"), {**params, "unknown_position": unknown_position})
+        table = run(con, "sample_key_data.sql", **params)
     finally:
         con.unregister("sample_pairs")
         con.unregister("layout_tolerance")
@@ -142,12 +139,3 @@ def _append(pairs: pa.Table, results: dict[str, np.ndarray]) -> pa.Table:
         pairs = pairs.append_column(name, pa.array(values, kind))
     return pairs
 
-
-def _arrow(con: "duckdb.DuckDBPyConnection", query: str, params: dict[str, Any]) -> pa.Table:
-    """A query's result as an Arrow table (DuckDB 1.x and 2.x spell it differently)."""
-    relation = con.sql(query, params=params)
-    return (getattr(relation, "to_arrow_table", None) or getattr(relation, "arrow"))()
-
-
-def _statement(sql: str) -> str:
-    return sql.strip().rstrip(";").strip()

@@ -73,12 +73,12 @@ LOSSES = {"ratio", "pg_loss", "vf_loss", "kl_loss", "entropy", "loss"}
 RULES["token_level_scores"] = RULES["rewards"]
 
 
-def explain(first: dict[str, Any] | None, diverged_at_step: dict[str, bool],
-            on_policy: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+def explain(first: dict[str, Any] | None, diverged_at_step: dict[str, bool], within: Any) -> dict[str, Any]:
     """suspect, advice and next_config for a first divergence.
 
     `diverged_at_step`: canonical key -> whether it diverged at the first divergent step;
-    `on_policy`: run name -> rows where log_prob and old_log_prob of a first micro-batch differ."""
+    `within`: what each run shows about itself (single_run.SingleRunFindings: the on_policy and
+    rollout_vs_recompute rules of rlprobe check, per run)."""
     if first is None:
         return {"suspect": None, "advice": "the runs agree on every compared value", "next_config": None}
     key, canon, step, status = first["key"], first["canonical_key"], first["step"], first["status"]
@@ -125,11 +125,12 @@ def explain(first: dict[str, Any] | None, diverged_at_step: dict[str, bool],
                           "check the loss settings (clip ratio, coefficients, aggregation) in the config")
     else:
         suspect = Suspect(f"the code that produces {key!r}", None, f"capture the inputs of {key!r} as key data too")
+    engine = rollout_suspect(within, step)
+    if engine is not None:  # a rollout engine that disagrees with its own trainer explains what follows
+        suspect = engine
     what = suspect.what
-    if canon in ("old_log_prob", "log_prob") and any(on_policy.values()):
-        runs = ", ".join(sorted(name for name, rows in on_policy.items() if rows))
-        what += f"; in run {runs} log_prob differs from old_log_prob at the first on-policy micro-batch: " \
-                "the actor's recomputation is not deterministic"
+    if canon in ("old_log_prob", "log_prob") and within.on_policy:
+        what += "; " + "; ".join(_on_policy_text(name, rows[0]) for name, rows in sorted(within.on_policy.items()))
     advice = suspect.advice
     next_config = None
     if suspect.stage:
@@ -139,6 +140,42 @@ def explain(first: dict[str, Any] | None, diverged_at_step: dict[str, bool],
     shown = key if key == canon else f"{key} (as {canon})"
     return {"suspect": f"{shown} diverges first at {where}{same} -> {what}", "advice": advice,
             "next_config": next_config}
+
+
+def rollout_suspect(within: Any, step: int) -> Suspect | None:
+    """The rollout engine of a run, when it disagrees with its trainer (rollout_vs_recompute) at or
+    before `step` while the other run's does not: it generated from other weights or another precision."""
+    for name, rows in sorted(within.rollout.items()):
+        early = [r for r in rows if r["step"] <= step]
+        others = [r for other, found in within.rollout.items() if other != name for r in found if r["step"] <= step]
+        if not early or others:
+            continue
+        worst = max(early, key=lambda r: _number(r.get("max_abs") if r.get("max_abs") is not None
+                                                 else r.get("mean_abs")))
+        figure = (f"max |Δ| {_number(worst['max_abs']):.3g}" if worst.get("max_abs") is not None
+                  else f"mean |Δ| ≥ {_number(worst.get('mean_abs')):.3g} (statistics)")
+        baselines = {other: v for other, v in within.rollout_max_abs.items() if other != name and v is not None}
+        runs = ", ".join(sorted(baselines))
+        baseline = f", baseline ≤ {max(baselines.values()):.3g} (run {runs})" if baselines else ""
+        return Suspect(
+            f"run {name}'s rollout engine disagrees with its trainer: {figure} at step {worst['step']} "
+            f"(rank {worst['rank']}, rollout_log_prob - trainer log-prob){baseline}", None,
+            f"check run {name}'s weight sync from the trainer to the rollout engine after each update, and the "
+            f"engine's dtype and kernels (`rlprobe check` on run {name} shows every step)")
+    return None
+
+
+def _on_policy_text(name: str, row: dict[str, Any]) -> str:
+    dtype = row.get("log_prob_dtype") or "its dtype"
+    size = (f"within {dtype} rounding" if row.get("within_tolerance")
+            else f"> tolerance {_number(row.get('tolerance')):.3g}")
+    return (f"in run {name} log_prob differs from old_log_prob where the run is on-policy (step {row['step']}, "
+            f"rank {row['rank']}, max |Δ| {_number(row.get('max_abs_diff')):.3g}, {size}): "
+            "the actor's recomputation is not deterministic")
+
+
+def _number(value: Any) -> float:
+    return float("nan") if value is None else float(value)
 
 
 def explain_beyond_key_data(summary: dict[str, Any], grad_probe_step: int | None = None) -> None:

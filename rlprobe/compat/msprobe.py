@@ -70,7 +70,7 @@ class SingleComparator:
     @classmethod
     def compare(cls, dir1: str, dir2: str, output_path: str = "./msprobe_compare_output",
                 num_processes: int = 8) -> dict[str, Any]:
-        from rlprobe.compare.run import compare
+        from rlprobe.pipeline.compare_command import compare
 
         return compare(dir1, dir2, output_path, workers=max(1, int(num_processes)), lang="zh",
                        per_key_files=True, per_key_dir=".")
@@ -87,31 +87,31 @@ class GradComparator:
 
         import pyarrow.parquet as pq
 
-        from rlprobe.compare.run import compare
+        from rlprobe.pipeline.compare_command import compare
         from rlprobe.report.grad_plots import EVERY_PARAM_DIR, write_grad_plots
 
-        summary = compare(path1, path2, output, reports=False)
-        out = Path(output)
-        write_grad_plots(out, every_param=True)
-        for csv_file in (out / "grads").glob("**/similarities.csv"):  # msprobe puts rank<R>/ at the top
-            target = out / csv_file.relative_to(out / "grads")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(csv_file, target)
-        groups = sorted({(r["monitor"], r["rank"]) for r in
-                         pq.read_table(out / "grad_steps.parquet", columns=["monitor", "rank"]).to_pylist()}) \
-            if (out / "grad_steps.parquet").exists() else []
-        if len({monitor for monitor, _ in groups}) == 1:  # msprobe's picture folders (several monitors: plots/ only)
-            for monitor, rank in groups:
-                suffix = "" if len(groups) == 1 else f"_{monitor}_rank{rank}"  # as write_grad_plots names it
-                folder = out / "plots" / f"{EVERY_PARAM_DIR}{suffix}"
-                if not folder.is_dir():  # no sign maps (L0): no similarities to draw
-                    continue
-                pictures = out / f"rank{rank}" / "similarities_picture"
-                pictures.mkdir(parents=True, exist_ok=True)
-                for png in sorted(folder.glob("*.png")):
-                    png.replace(pictures / f"{png.stem}_similarities.png")
-                folder.rmdir()
-        return summary
+        def msprobe_files(out: Path) -> None:  # written into the output folder before it is published
+            write_grad_plots(out, every_param=True)
+            for csv_file in (out / "grads").glob("**/similarities.csv"):  # msprobe puts rank<R>/ at the top
+                target = out / csv_file.relative_to(out / "grads")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(csv_file, target)
+            groups = sorted({(r["monitor"], r["rank"]) for r in
+                             pq.read_table(out / "grad_steps.parquet", columns=["monitor", "rank"]).to_pylist()}) \
+                if (out / "grad_steps.parquet").exists() else []
+            if len({monitor for monitor, _ in groups}) == 1:  # msprobe's picture folders (several: plots/ only)
+                for monitor, rank in groups:
+                    suffix = "" if len(groups) == 1 else f"_{monitor}_rank{rank}"  # as write_grad_plots names it
+                    folder = out / "plots" / f"{EVERY_PARAM_DIR}{suffix}"
+                    if not folder.is_dir():  # no sign maps (L0): no similarities to draw
+                        continue
+                    pictures = out / f"rank{rank}" / "similarities_picture"
+                    pictures.mkdir(parents=True, exist_ok=True)
+                    for png in sorted(folder.glob("*.png")):
+                        png.replace(pictures / f"{png.stem}_similarities.png")
+                    folder.rmdir()
+
+        return compare(path1, path2, output, reports=False, extra_files=msprobe_files)
 
 
 class PrecisionDebugger:

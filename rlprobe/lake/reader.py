@@ -6,8 +6,6 @@ key_data rows (dtype and counts unknown), its configurations.json the configs ta
 
 from __future__ import annotations
 
-import json
-import re
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +16,7 @@ import pyarrow.parquet as pq
 
 from rlprobe.errors import DumpReadError
 from rlprobe.lake import msprobe_format
+from rlprobe.lake.configs import configs_as_table, read_configs, read_json
 from rlprobe.lake.encoding import restore
 from rlprobe.lake.layout import RUN_MANIFEST, DumpLayout
 from rlprobe.lake.schema import schema_for, step_column, with_rank
@@ -28,8 +27,6 @@ if TYPE_CHECKING:
 
 _DUCKDB_TYPES = {"string": "VARCHAR", "int64": "BIGINT", "double": "DOUBLE", "bool": "BOOLEAN",
                  "list<item: int64>": "BIGINT[]", "list<item: double>": "DOUBLE[]"}
-CONFIG_SCHEMA = pa.schema([("rank", pa.int64()), ("path", pa.string()), ("value", pa.string())])
-_CONFIG_NAME = re.compile(r"configurations(?:\.rank(\d+))?\.json")
 VIEWS = {"key_data": "key_data", "scalars": "scalar"}
 
 
@@ -73,7 +70,7 @@ class Dump:
     # -- manifests -----------------------------------------------------------------------
     @cached_property
     def manifest(self) -> dict[str, Any]:
-        return _json(self.layout.run_manifest) if self.format == "rlprobe" else {"format": self.format}
+        return read_json(self.layout.run_manifest) if self.format == "rlprobe" else {"format": self.format}
 
     @cached_property
     def rank_manifests(self) -> dict[int, dict[str, Any]]:
@@ -82,7 +79,7 @@ class Dump:
         found = {}
         for f in self.path.glob("rank*.json"):
             try:
-                found[int(f.stem[4:])] = _json(f)
+                found[int(f.stem[4:])] = read_json(f)
             except ValueError:
                 continue
         return dict(sorted(found.items()))
@@ -257,26 +254,11 @@ class Dump:
         """save_config() contents per rank: configurations.json (rank 0) and configurations.rank<R>.json.
         Other configurations*.json files are not rlprobe's and are left out (with `errors` given,
         described there, as is an unreadable one instead of raising DumpReadError)."""
-        found = {}
-        for f in sorted(self.path.glob("configurations*.json")):
-            m = _CONFIG_NAME.fullmatch(f.name)
-            if m is None:
-                if errors is not None:
-                    errors.append(f"{f}: not a config file rlprobe writes (configurations.json or "
-                                  "configurations.rank<R>.json); left out of configs")
-                continue
-            try:
-                found[int(m.group(1) or 0)] = _json(f)
-            except DumpReadError as e:
-                if errors is None:
-                    raise
-                errors.append(f"{e}; left out of configs")
-        return dict(sorted(found.items()))
+        return read_configs(self.path, errors)
 
     def configs_table(self, errors: list[str] | None = None) -> pa.Table:
-        rows = [{"rank": r, "path": p, "value": json.dumps(v)}
-                for r, cfg in self.configs(errors).items() for p, v in _leaves(cfg)]
-        return pa.Table.from_pylist(rows, schema=CONFIG_SCHEMA)
+        """configs() as rows (rank, path, value): one per leaf, its dotted path, its value as JSON."""
+        return configs_as_table(self.configs(errors))
 
     # -- tensors -------------------------------------------------------------------------
     def tensor(self, key: str, step: int, rank: int = 0, micro_step: int = 0, index: str = "") -> np.ndarray:
@@ -396,23 +378,6 @@ def _empty(kind: str) -> pa.Table:
         return with_rank(schema_for(kind)).empty_table()
     except ValueError:
         return pa.table({"rank": pa.array([], pa.int64())})
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        raise DumpReadError(f"{path}: unreadable JSON ({e})") from None
-
-
-def _leaves(obj: Any, prefix: str = ""):
-    if isinstance(obj, dict) and obj:
-        for k, v in obj.items():
-            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
-    else:
-        yield prefix, obj
 
 
 def _ident(name: str) -> str:

@@ -12,196 +12,20 @@ import difflib
 import os
 import re
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ValidationError
 
-from rlprobe.errors import ProbeError
-from rlprobe.selection import parse_int_set
+from rlprobe.exit_codes import EXIT_UNREADABLE
+from rlprobe.pipeline.spec_models import (BUILTIN_TABLES, IDENTIFIER, InlineQuery, NamedSql, Pipeline, PipelineSpec,
+                                          SpecError)
 
-IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
-# tables the runner creates; a query or gate may not take one of these names
-BUILTIN_TABLES = ("key_data", "key_rollup", "step_rollup", "grads", "grad_steps", "modules", "scalars",
-                  "stats_a", "stats_b", "history", "params", "config_diff")
-EXIT_SPEC, EXIT_UNREADABLE = 2, 3
+# the models are spec_models.py's; these names stay importable from here
+__all__ = ["BUILTIN_TABLES", "IDENTIFIER", "NamedSql", "Pipeline", "PipelineSpec", "SpecError", "check_run_dirs",
+           "dotted", "load_pipeline"]
 
-
-class SpecError(ProbeError):
-    """A pipeline that cannot run as written; `exit_code` 2 (spec) or 3 (a run that cannot be read)."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_SPEC):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
-
-
-IntSet = Union[str, int, list[Union[int, str]], None]
-
-
-class Select(_Strict):
-    steps: IntSet = None
-    ranks: IntSet = None
-    keys: Union[str, list[str], None] = None
-
-    @field_validator("steps", "ranks")
-    @classmethod
-    def _int_set(cls, value: Any, info) -> Any:
-        parse_int_set(value, info.field_name)  # raises ValueError with the expected form
-        return value
-
-    def step_list(self) -> list[int] | None:
-        return parse_int_set(self.steps, "steps")
-
-    def rank_list(self) -> list[int] | None:
-        return parse_int_set(self.ranks, "ranks")
-
-    def key_list(self) -> list[str] | None:
-        if self.keys is None or self.keys == "all":
-            return None
-        keys = self.keys.split(",") if isinstance(self.keys, str) else self.keys
-        return [k.strip() for k in keys if k.strip()]
-
-
-class Executor(_Strict):
-    kind: Literal["local", "ray"] = "local"
-    workers: int = Field(2, ge=1, le=256)
-    address: str | None = None  # ray only: "auto" joins a running cluster, else ray://host:port
-
-
-class KeyDataCompare(_Strict):
-    stats_rtol: float = Field(0.0, ge=0)
-    order: list[str] | None = None
-
-
-class GradsCompare(_Strict):
-    first_step_min: float = Field(0.97, ge=0, le=1)
-    max_drop: float = Field(0.03, ge=0, le=1)
-
-
-class ModulesCompare(_Strict):
-    stage: str | None = None
-
-
-class ConfigCompare(_Strict):
-    """The config diff (docs/compare.md): `ignore` globs add to the default ignore list."""
-    ignore: list[str] = []
-    ignore_defaults: bool = True
-
-
-class Compare(_Strict):
-    key_data: KeyDataCompare = KeyDataCompare()
-    config: ConfigCompare = ConfigCompare()
-    grads: GradsCompare | None = None
-    modules: ModulesCompare | None = None
-
-
-class InlineQuery(_Strict):
-    name: str = Field(pattern=IDENTIFIER)
-    sql: str
-
-
-class Gate(_Strict):
-    name: str = Field(pattern=IDENTIFIER)
-    sql: str  # a .sql file (beside the YAML, else bundled) or the query itself
-    description: str = ""
-
-
-class Report(_Strict):
-    xlsx: bool = True
-    csv: bool = True
-    markdown: bool = True
-    junit: bool = True
-    plots: bool = False
-    plot_every_param: bool = False  # also one PNG per gradient parameter (implies plots)
-    lang: Literal["en", "zh"] = "en"
-
-
-Scalar = Union[bool, int, float, str]
-
-
-class CheckStage(_Strict):
-    """`check:`: rlprobe check on each run (docs/check.md); params as `rlprobe check --param`."""
-
-    params: dict[str, Scalar] = {}
-    plots: bool = True
-
-
-class PipelineSpec(_Strict):
-    version: Literal[1]
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    check: CheckStage | None = None  # before runs: their validator reads it
-    runs: dict[str, str]
-    output: str
-    select: Select = Select()
-    executor: Executor = Executor()
-    compare: Compare = Compare()
-    queries: list[Union[str, InlineQuery]] = []
-    gates: list[Gate] = []
-    params: dict[str, Scalar] = {}
-    report: Report = Report()
-    history: str | None = None
-    key_map: dict[str, str] = {}  # saved key -> canonical key (docs/compare.md, "Key names")
-
-    @field_validator("key_map")
-    @classmethod
-    def _key_map(cls, key_map: dict[str, str]) -> dict[str, str]:
-        from rlprobe.compare.key_aliases import parse_key_map
-
-        try:
-            return parse_key_map(key_map, "key_map:")
-        except ProbeError as e:
-            raise ValueError(str(e)) from None
-
-    @field_validator("runs")
-    @classmethod
-    def _two_runs(cls, runs: dict[str, str], info) -> dict[str, str]:
-        if len(runs) != 2 and not (len(runs) == 1 and info.data.get("check") is not None):
-            raise ValueError(f"give exactly two runs, the baseline (A) first, e.g. {{baseline: ./a, candidate: ./b}}; "
-                             f"got {len(runs)} (one run is for a check only: add `check: {{}}`)")
-        for name in runs:
-            if not re.match(IDENTIFIER, name):
-                raise ValueError(f"run name {name!r} must be a SQL identifier (letters, digits, _)")
-        return runs
-
-    @field_validator("params")
-    @classmethod
-    def _param_names(cls, params: dict[str, Any]) -> dict[str, Any]:
-        for name in params:
-            if not re.match(IDENTIFIER, name):
-                raise ValueError(f"parameter name {name!r} must be a SQL identifier (letters, digits, _)")
-        return params
-
-
-@dataclass
-class NamedSql:
-    """A query or gate ready to run: its table name, SQL text and where it came from."""
-
-    name: str
-    sql: str
-    origin: str
-    description: str = ""
-
-
-@dataclass
-class Pipeline:
-    """A validated pipeline with every path resolved."""
-
-    spec: PipelineSpec
-    path: Path
-    runs: dict[str, Path]
-    output: Path
-    history: Path | None
-    queries: list[NamedSql] = field(default_factory=list)
-    gates: list[NamedSql] = field(default_factory=list)
-
-
-# -- loading ---------------------------------------------------------------------------------
 def load_pipeline(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = (), *,
                   check_runs: bool = True, env: dict[str, str] | None = None,
                   today: _dt.date | None = None) -> Pipeline:

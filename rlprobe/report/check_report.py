@@ -1,51 +1,25 @@
 """The reports of `rlprobe check` (one run, no baseline): check.parquet, each check's offending rows
 and the token/gradient tables as Parquet, summary.json, summary.md, report.xlsx (a Summary sheet,
-then one sheet per check with rows, then the per-step rollout-vs-trainer figures) and plots/.
-Everything is written into a work folder inside OUT and moved into place when complete."""
+then one sheet per check with rows, then the per-step rollout-vs-trainer figures) and plots/,
+written into a folder that rlprobe.report.output_folder publishes (pipeline/check_command.py)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rlprobe.errors import ProbeError
+from rlprobe.report.comparison_files import jsonable
 
-WORK_PREFIX = ".rlprobe-check-tmp-"
 STATUS_FILL = {"fail": "FFC7CE", "warn": "FFEB9C", "pass": "C6EFCE"}
 TABLE_SHEETS = {"token_steps": "Rollout vs trainer", "grad_steps": "Grad steps"}
 
 
-def publish_check(result: Any, out: Path, *, plots: bool = True) -> Path:
-    """Write the reports of a CheckResult into `out` (created if missing; files of an earlier
-    check there are replaced, each by a rename). Raises ProbeError when `out` cannot be written."""
-    from rlprobe.report.work_dir import WorkDir, remove_dead_work_dirs
-
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        remove_dead_work_dirs(out, WORK_PREFIX)
-        work = WorkDir(out, WORK_PREFIX)
-    except OSError as e:
-        raise ProbeError(f"output directory {out} cannot be written: {e.strerror or e}") from None
-    try:
-        write_check_outputs(result, work.path, plots=plots)
-        for item in sorted(work.path.iterdir()):
-            target = out / item.name
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            item.replace(target)
-    except OSError as e:
-        raise ProbeError(f"cannot write the check's reports into {out}: {e.strerror or e}") from None
-    finally:
-        work.remove()
-    return out
-
-
 def write_check_outputs(result: Any, work: Path, *, plots: bool = True) -> None:
+    """Every report of a CheckResult into the folder `work`."""
     summary = result.summary()
     pq.write_table(result.results, work / "check.parquet", compression="zstd")
     rows_dir = work / "rows"
@@ -56,7 +30,7 @@ def write_check_outputs(result: Any, work: Path, *, plots: bool = True) -> None:
     for name, table in result.tables.items():
         if table.num_rows:
             pq.write_table(table, work / f"{name}.parquet", compression="zstd")
-    (work / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n",
+    (work / "summary.json").write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n",
                                        encoding="utf-8")
     (work / "summary.md").write_text(summary_md(result), encoding="utf-8")
     write_check_xlsx(work / "report.xlsx", result)
@@ -131,12 +105,3 @@ def _table_sheet(book: Any, name: str, table: pa.Table, bold: Any, limit: int = 
 def _cell(value: Any) -> Any:
     return str(value) if isinstance(value, (list, dict)) else value
 
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from rlprobe.compare.config_diff import value_text
+from rlprobe.lake.configs import value_text
 
 MAX_LINES = 30  # the console and summary.md; summary.json and the xlsx have every path
 COLUMNS = ("path", "value_a", "value_b", "family")

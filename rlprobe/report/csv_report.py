@@ -14,7 +14,7 @@ import pyarrow as pa
 from rlprobe.report.headers import check_lang, header
 from rlprobe.report.output_file import write_report_file
 from rlprobe.report.safe_cells import csv_cell, csv_text
-from rlprobe.report.summary_text import list_text
+from rlprobe.report.comparison_words import list_text
 
 _ROWS_PER_CHUNK = 10_000
 

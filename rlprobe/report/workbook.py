@@ -27,6 +27,8 @@ from rlprobe.report.safe_cells import xlsx_cell, xlsx_quote_prefix
 if TYPE_CHECKING:
     from openpyxl.worksheet._write_only import WriteOnlyWorksheet
 
+# Row fills by status family (the first-divergence row is bold on its own fill) and headers
+FILLS = {"bad": "FFC7CE", "missing": "FFEB9C", "first": "FF7C80", "header": "D9D9D9"}
 MAX_ROWS = 1_048_576  # rows per sheet in Excel
 
 

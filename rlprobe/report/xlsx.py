@@ -9,7 +9,6 @@ out, and key_data.csv / key_data.parquet keep every row. The per-key files hold 
 
 from __future__ import annotations
 
-import unicodedata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -21,18 +20,16 @@ from rlprobe.lake.layout import safe_component
 from rlprobe.report.config_diff_report import COLUMNS, xlsx_records
 from rlprobe.report.headers import MSPROBE_LAYOUT, check_lang, header, label, msprobe_headers
 from rlprobe.report.output_file import write_report_file
-from rlprobe.report.summary_text import (MATCHING_STATUSES, cell_text, differs, list_text, ordered_counts,
+from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, differs, list_text, ordered_counts,
                                          rollup_columns, verdict, yaml_lines)
-from rlprobe.report.workbook import MAX_ROWS, CellFormat, SheetNames, Workbook
+from rlprobe.report.column_widths import MAX_WIDTH, MIN_WIDTH, column_width, display_width, shown_text
+from rlprobe.report.grad_matrix_sheet import write_grad_matrix
+from rlprobe.report.workbook import FILLS, MAX_ROWS, CellFormat, SheetNames, Workbook
 
 SUMMARY_SHEET = "Summary"
-MAX_WIDTH = 60
-MIN_WIDTH = 6
 ROWS_PER_SHEET = MAX_ROWS - 1  # one row is the header
 MAX_SHEET_ROWS = 20_000  # rows of a key sheet in report.xlsx; key_data.csv / .parquet have them all
 
-# Row fills by status family; the first-divergence row is bold on its own fill.
-FILLS = {"bad": "FFC7CE", "missing": "FFEB9C", "first": "FF7C80", "header": "D9D9D9"}
 STATUS_FAMILY = {
     "mismatch": "bad", "stats_only_mismatch": "bad", "shape_mismatch": "bad", "dtype_mismatch": "bad",
     "error": "bad", "only_in_a": "missing", "only_in_b": "missing", "absent_in_a": "missing", "absent_in_b": "missing",
@@ -68,7 +65,7 @@ def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str
                       max_sheet_rows: int = MAX_SHEET_ROWS, extra_files: Mapping[str, str] | None = None,
                       grad_matrix: tuple[pa.Table, pa.Table] | None = None) -> Path:
     """Write report.xlsx: Summary, one sheet per key (in the summary's key order), then `extra_sheets`,
-    then, given `grad_matrix` = (grads, grad_steps), the "Grad similarity" sheet (see _write_grad_matrix).
+    then, given `grad_matrix` = (grads, grad_steps), the "Grad similarity" sheet (see grad_matrix_sheet.py).
 
     A key sheet holds at most `max_sheet_rows` rows: every row that differs first (the first
     divergence before all), then matching rows, kept in the table's order. Columns without a
@@ -117,82 +114,12 @@ def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str
                 _write_table_sheets(book, [extra_names[title]], table, lang, None, drop=_empty_columns(table),
                                     order=(), note=note)
             if grad_matrix is not None:
-                _write_grad_matrix(book, matrix_name, *grad_matrix, lang=lang, max_rows=max_sheet_rows)
+                write_grad_matrix(book, matrix_name, *grad_matrix, lang=lang, max_rows=max_sheet_rows)
 
     return write_report_file(path, write)
 
 
 GRAD_MATRIX_SHEET = "Grad similarity"
-_MAX_COLUMNS = 16_384  # columns per sheet in Excel
-
-
-def _write_grad_matrix(book: Workbook, name: str, grads: pa.Table, steps: pa.Table, *, lang: str,
-                       max_rows: int) -> None:
-    """Sign similarity as msprobe's similarities.csv lays it out: a row per (monitor, rank,
-    parameter), a column per step, then a "(weighted)" row per (monitor, rank) with the step's
-    element-weighted similarity. Flagged cells are red; a parameter missing or reshaped on one
-    side shows its status in amber. Numbers are written unstyled (cheap), so a sheet of
-    hundreds of parameters x thousands of steps stays a few seconds of openpyxl."""
-    rows = grads.select(["monitor", "rank", "step", "param", "status", "similarity", "flagged"]).to_pylist()
-    all_steps = sorted({r["step"] for r in rows})
-    kept_steps = all_steps[: _MAX_COLUMNS - 3]
-    column = {s: 3 + i for i, s in enumerate(kept_steps)}
-    params: dict[tuple[str, int], dict[str, list[Any]]] = {}
-    flags: dict[tuple[str, int, str], dict[int, bool]] = {}  # cell column -> flagged (else: one side only)
-    for r in rows:
-        group = params.setdefault((r["monitor"], r["rank"]), {})
-        cells = group.get(r["param"])
-        if cells is None:
-            cells = group[r["param"]] = [r["monitor"], r["rank"], r["param"]] + [None] * len(kept_steps)
-        j = column.get(r["step"])
-        if j is None:
-            continue
-        if r["similarity"] is not None:
-            cells[j] = r["similarity"]
-        elif r["status"] not in ("compared", "stats_only"):
-            cells[j] = r["status"]
-        if r["flagged"] or r["status"] not in ("compared", "stats_only"):
-            flags.setdefault((r["monitor"], r["rank"], r["param"]), {})[j] = bool(r["flagged"])
-    weighted = {(r["monitor"], r["rank"], r["step"]): r["weighted_similarity"]
-                for r in steps.select(["monitor", "rank", "step", "weighted_similarity"]).to_pylist()}
-    step_flags = {(r["monitor"], r["rank"], r["step"])
-                  for r in steps.select(["monitor", "rank", "step", "flagged"]).to_pylist() if r["flagged"]}
-    head = book.style(CellFormat(bold=True, fill=FILLS["header"]))
-    bad = book.style(CellFormat(fill=FILLS["bad"]))
-    missing = book.style(CellFormat(fill=FILLS["missing"]))
-    bold = book.style(CellFormat(bold=True))
-    bold_bad = book.style(CellFormat(bold=True, fill=FILLS["bad"]))
-    longest = max([len(str(p)) for group in params.values() for p in group] + [12])
-    ws = book.add_sheet(name, [12, 6, min(60, longest + 2)] + [9] * len(kept_steps), freeze="D2")
-    ws.append([header("monitor", lang), header("rank", lang), header("param", lang), *kept_steps], head)
-    written = 0
-    for (monitor, rank), group in params.items():
-        for param, cells in group.items():
-            if written >= max_rows:
-                break
-            marked = flags.get((monitor, rank, param))
-            styles = None
-            if marked:
-                styles = [None] * len(cells)
-                for j, flagged in marked.items():
-                    styles[j] = bad if flagged else missing
-            ws.append(cells, styles)
-            written += 1
-        summary_row = [monitor, rank, "(weighted)"] + [weighted.get((monitor, rank, s)) for s in kept_steps]
-        styles = [bold] * 3 + [bold_bad if (monitor, rank, s) in step_flags else bold for s in kept_steps]
-        ws.append(summary_row, styles)
-    total = sum(len(g) for g in params.values())
-    notes = []
-    if written < total:
-        notes.append(f"{written} of {total} parameter rows shown; grads.parquet has all")
-    if len(kept_steps) < len(all_steps):
-        notes.append(f"steps {kept_steps[0]}-{kept_steps[-1]} of {all_steps[0]}-{all_steps[-1]} shown "
-                     "(Excel's column limit); grads.parquet has all")
-    if notes:
-        ws.blank_row()
-        ws.append(["; ".join(notes)], bold)
-
-
 def _empty_columns(table: pa.Table) -> tuple[str, ...]:
     """Columns without a value in any row (none for an empty table)."""
     return tuple(c for c in table.column_names if table.num_rows and table.column(c).null_count == table.num_rows)
@@ -243,7 +170,7 @@ def write_per_key_xlsx(out_dir: str | Path, key_data: pa.Table, lang: str = "zh"
         formats = [number_format(column) for _, column in MSPROBE_LAYOUT]
 
         def write(f, columns=columns, families=families, formats=formats, n_rows=table.num_rows) -> None:
-            widths = [_width(h, vals, fmt) for h, vals, fmt in zip(heads, columns, formats)]
+            widths = [column_width(h, vals, fmt) for h, vals, fmt in zip(heads, columns, formats)]
             with Workbook(f) as book:
                 for part, start in enumerate(range(0, max(n_rows, 1), ROWS_PER_SHEET)):
                     stop = min(n_rows, start + ROWS_PER_SHEET)
@@ -333,7 +260,7 @@ def _write_summary_sheet(book: Workbook, name: str, summary: Mapping[str, Any],
         if len(values) == 2 and isinstance(values[1], str) and len(values[1]) > 30:
             values = values[:1]  # prose runs on into the empty cells to its right
         for j, v in enumerate(values):
-            widths[j] = max(widths[j], min(MAX_WIDTH, _display_width(_shown(v)) + 2))
+            widths[j] = max(widths[j], min(MAX_WIDTH, display_width(shown_text(v)) + 2))
     ws = book.add_sheet(name, widths)
     for i, (values, row_style) in enumerate(rows):
         ws.append(values, row_style, links.get(i))
@@ -364,7 +291,7 @@ def _write_table_sheets(book: Workbook, sheet_names: Sequence[str], table: pa.Ta
     families = _row_families(table, marks)
     formats = [number_format(c) for c in columns]
     heads = [header(c, lang) for c in columns]
-    widths = [_width(h, vals, fmt) for h, vals, fmt in zip(heads, values, formats)]
+    widths = [column_width(h, vals, fmt) for h, vals, fmt in zip(heads, values, formats)]
     for part, name in enumerate(sheet_names):
         start, stop = part * ROWS_PER_SHEET, min(table.num_rows, (part + 1) * ROWS_PER_SHEET)
         _write_grid(book, name, heads, [v[start:stop] for v in values], families[start:stop], formats, widths,
@@ -446,37 +373,3 @@ def _require(table: pa.Table, columns: Sequence[str], what: str) -> None:
     if missing:
         raise ProbeError(f"{what} lacks the column(s) {', '.join(missing)}; pass the key_data table "
                          "that `rlprobe compare` writes (key_data.parquet)")
-
-
-# -- widths -------------------------------------------------------------------------------------
-def _display_width(text: str) -> int:
-    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
-
-
-def _shown(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
-
-
-def _width(head: str, values: Sequence[Any], fmt: str | None) -> float:
-    """Column width from the header and the content, capped at MAX_WIDTH."""
-    content = 0
-    strings = [v for v in values if type(v) is str]
-    if strings:
-        content = max(map(len, strings))
-    if len(strings) < len(values):
-        if fmt == "0.0000":
-            content = max(content, 9)
-        elif fmt == "0.000E+00":
-            content = max(content, 10)
-        else:
-            numbers = [v for v in values if type(v) in (int, float)]
-            if any(type(v) is float for v in numbers):
-                content = max(content, 11)  # Excel's General shows up to 11 characters
-            elif numbers:
-                content = max(content, len(str(max(numbers, key=abs))))
-    # +3 for the autofilter button beside the header
-    return float(min(MAX_WIDTH, max(MIN_WIDTH, _display_width(head) + 3, content + 2)))

@@ -2,6 +2,8 @@
 -- getvariable('tps_metric') (default 'e2e_tps') over all steps and ranks is more than
 -- getvariable('tps_max_drop') (default 0.05, i.e. 5%) below run A's; no rows otherwise.
 -- Change the defaults in the pipeline: params: {tps_metric: e2e_tps, tps_max_drop: 0.05}.
+-- param tps_metric = "e2e_tps" : the throughput metric compared
+-- param tps_max_drop = 0.05 : the largest drop of its mean in run B (0.05: 5%)
 SELECT
     name,
     count(*)                             AS steps_compared,

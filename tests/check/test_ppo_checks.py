@@ -93,7 +93,21 @@ def test_the_cli_writes_the_reports_and_exits_1(ppo_runs, tmp_path):
     cells = [row for row in book["Summary"].iter_rows(values_only=True)]
     assert ("rollout_vs_recompute", "fail", "fail", 3) == cells[3 + 3][:4]
     assert "FAILED: rollout_vs_recompute" in (out / "summary.md").read_text()
-    assert not [p for p in out.iterdir() if p.name.startswith(".rlprobe")]  # the work folder is gone
+    assert (out / ".rlprobe-output.json").is_file()  # published by the one output writer (docs/architecture.md)
+    assert [p.name for p in tmp_path.iterdir()] == ["check"]  # its work folder beside OUT is gone
+
+
+def test_the_cli_refuses_an_output_folder_of_other_files(ppo_runs, tmp_path):
+    out = tmp_path / "check"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    r = CliRunner().invoke(main, ["check", str(ppo_runs.get(None)), "-o", str(out)])
+    assert r.exit_code == 3 and "holds other files" in r.output
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+    r = CliRunner().invoke(main, ["check", str(ppo_runs.get(None)), "-o", str(tmp_path / "fresh")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["check", str(ppo_runs.get("rollout-bf16")), "-o", str(tmp_path / "fresh")])
+    assert r.exit_code == 1 and "FAILED" in (tmp_path / "fresh" / "summary.md").read_text()  # its own: replaced
 
 
 def test_a_parameter_changes_the_verdict(ppo_runs):

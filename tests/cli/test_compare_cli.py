@@ -97,12 +97,26 @@ def test_compare_plot_every_param_implies_plots(fixtures_dir, tmp_path):
     assert (out / "plots" / "grad_worst_params.png").exists()
 
 
-def test_compare_plots_that_cannot_be_written_keep_the_reports(fixtures_dir, tmp_path):
+def test_compare_plots_that_cannot_be_written_keep_the_earlier_output(fixtures_dir, tmp_path, monkeypatch):
     grad = fixtures_dir / "msprobe" / "grad"
     out = tmp_path / "out"
-    (out / "plots" / "grad_params" / "0.weight.png").mkdir(parents=True)  # a folder where a PNG goes
+    assert run("compare", grad / "run_a", grad / "run_b", "-o", out, "--quiet").exit_code == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    import rlprobe.report.grad_plots as grad_plots
+
+    write_png = grad_plots._write_png
+
+    def folder_where_a_png_goes(path, pixels):  # the PNG's path is taken by a folder: a real IsADirectoryError
+        if path.name == "0.weight.png":
+            path.mkdir()
+        write_png(path, pixels)
+
+    monkeypatch.setattr(grad_plots, "_write_png", folder_where_a_png_goes)
     result = run("compare", grad / "run_a", grad / "run_b", "-o", out, "--plot-every-param", "--quiet")
     assert result.exit_code == 3
     assert "plots cannot be written" in result.output and "0.weight.png" in result.output
+    assert "itsearlierfilesarekept" in "".join(result.output.split())  # compared without spaces: wrapped at any width
     assert json.loads((out / "summary.json").read_text())["grad_first_flagged"]["step"] == 2
     assert (out / "grads" / "rank0" / "similarities.csv").exists()
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert not (out / "plots").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]

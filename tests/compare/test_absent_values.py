@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import rlprobe
 from rlprobe import DumpReadError
 from rlprobe.cli import main
-from rlprobe.compare.run import compare
+from rlprobe.pipeline.compare_command import compare
 
 
 @pytest.fixture(autouse=True)

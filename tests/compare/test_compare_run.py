@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import rlprobe
-from rlprobe.compare.run import compare
+from rlprobe.pipeline.compare_command import compare
 
 
 def _dump(path: Path, steps: dict[int, dict], **probe_kw) -> Path:
@@ -123,6 +123,7 @@ def test_no_divergence(tmp_path):
     for name in ("key_data.parquet", "key_data.csv", "summary.json", "summary.md", "report.xlsx"):
         assert (tmp_path / "out" / name).is_file()
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".rlprobe-tmp")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]  # no work folder left beside
 
 
 def test_stats_only_rows_compare_by_hash_and_tolerance(tmp_path):

@@ -129,7 +129,7 @@ def test_mismatched_params_shapes_and_steps_are_reported(tmp_path: Path):
 
 
 def test_steps_and_ranks_select_gradient_rows(tmp_path: Path, fixtures_dir: Path):
-    from rlprobe.compare.run import compare
+    from rlprobe.pipeline.compare_command import compare
 
     # two optimizer steps per probe step in A, three in B: probe step 1 is A's 2-3 and B's 3-5
     a = rlprobe.open(_run(tmp_path / "a", 3, seed=1, updates_per_step=2))
@@ -164,7 +164,7 @@ def test_stats_only_comparison_without_sign_maps(tmp_path: Path):
 
 
 def test_compare_cli_outputs_for_rlprobe_dumps(tmp_path: Path):
-    from rlprobe.compare.run import compare
+    from rlprobe.pipeline.compare_command import compare
 
     a = _run(tmp_path / "a", 3, seed=1)
     c = _run(tmp_path / "c", 3, seed=1, perturb_from=1)
@@ -205,7 +205,7 @@ def test_flagged_gradients_are_the_verdict_when_key_data_agree(tmp_path: Path):
 def test_report_has_a_similarity_matrix_and_the_flagged_rows(tmp_path: Path):
     from openpyxl import load_workbook
 
-    from rlprobe.compare.run import compare
+    from rlprobe.pipeline.compare_command import compare
 
     a = _run(tmp_path / "a", 3, seed=1)
     b = _run(tmp_path / "b", 3, seed=1, perturb_from=1, extra=True)  # one more layer: 2 params only in B
@@ -234,13 +234,14 @@ def test_report_has_a_similarity_matrix_and_the_flagged_rows(tmp_path: Path):
     assert flags[0][:5] == ["monitor", "rank", "step", "param", "status"] and "flag_reason" in flags[0]
     assert "max_a" not in flags[0] and "zero_fraction_b" not in flags[0]  # in grads.parquet only
     # capped, the sheet keeps the flagged rows before the parameters found on one side only
-    from rlprobe.compare.run import write_extra_tables
+    from rlprobe.report.comparison_files import write_tables
     from rlprobe.report.xlsx import _pick_rows
 
     (tmp_path / "again").mkdir()
-    sheet = write_extra_tables(tmp_path / "again", {"grads": pq.read_table(tmp_path / "out" / "grads.parquet"),
-                                                    "grad_steps": pq.read_table(tmp_path / "out" / "grad_steps.parquet")}
-                               )["extra_sheets"]["Grad flags"]
+    sheet = write_tables(tmp_path / "again", {"key_data": pq.read_table(tmp_path / "out" / "key_data.parquet"),
+                                              "grads": pq.read_table(tmp_path / "out" / "grads.parquet"),
+                                              "grad_steps": pq.read_table(tmp_path / "out" / "grad_steps.parquet")}
+                         )["extra_sheets"]["Grad flags"]
     n_flagged = sum(1 for g in grads if g["flagged"])
     assert 0 < n_flagged < sheet.num_rows
     picked = sheet.take(_pick_rows(sheet, None, n_flagged))

@@ -13,19 +13,20 @@ import numpy as np
 import pytest
 
 import rlprobe
-from rlprobe.compare.run import compare
+from rlprobe.pipeline.compare_command import compare
+from rlprobe.report.output_folder import MANIFEST
 
-# a comparison paused at its first progress report (after its work folder exists) until killed
+# a comparison paused while it writes its files into its work folder, until killed
 _PAUSED = """
 import sys, time
 from pathlib import Path
-from rlprobe.compare.run import compare
+from rlprobe.pipeline.compare_command import compare
 
-def progress(done, total):
+def pause(folder):
     Path(sys.argv[4]).write_text("paused")
     time.sleep(600)
 
-compare(sys.argv[1], sys.argv[2], sys.argv[3], progress=progress)
+compare(sys.argv[1], sys.argv[2], sys.argv[3], extra_files=pause)
 """
 
 
@@ -75,23 +76,28 @@ def _hidden(out: Path) -> set[str]:
     return {p.name for p in out.iterdir() if p.name.startswith(".")}
 
 
+def _beside(out: Path) -> set[str]:
+    """The work folders (and their locks) of comparisons into `out`: beside it, never in it."""
+    return {p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.tmp-")}
+
+
 def test_rerun_removes_what_killed_comparisons_left_and_keeps_a_live_ones(tmp_path, runs, paused):
     out = tmp_path / "out"
     killed = paused(runs["a"], runs["b"], out)
     killed.kill()
     killed.wait()
-    left = _hidden(out)
-    assert any((out / n).is_dir() for n in left) and all(n.startswith(".rlprobe-tmp-") for n in left)
+    left = _beside(out)
+    assert any((tmp_path / n).is_dir() for n in left) and not out.exists()  # killed before publishing
     live = paused(runs["a"], runs["b"], out)
-    live_files = _hidden(out) - left
+    live_files = _beside(out) - left
     summary = compare(runs["a"], runs["b"], out)
     assert summary["first_divergence"]["key"] == "log_prob"
-    assert _hidden(out) == live_files  # the killed run's folder went; the live run's stayed
+    assert _beside(out) == live_files  # the killed run's folder went; the live run's stayed
     assert json.loads((out / "summary.json").read_text())["first_divergence"]["step"] == 1
     live.kill()
     live.wait()
     compare(runs["a"], runs["a"], out)
-    assert _hidden(out) == set()
+    assert _beside(out) == set() and _hidden(out) == {MANIFEST}
 
 
 def test_full_disk_is_exit_3_naming_out_and_keeps_the_earlier_output(tmp_path, runs, mounts):

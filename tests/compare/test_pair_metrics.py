@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from rlprobe.compare import pair_kernels as pk
 from rlprobe.compare import pair_metrics as pm
 from rlprobe.compare.executor import PairError, PairTask, _NpyFile, run_pairs
 from rlprobe.compare.pair_metrics import (
@@ -383,18 +384,18 @@ def test_finite_and_special_blocks_mixed(dtype):
     """The float kernel takes a vectorized path for blocks of finite values and the exact one
     for a block with NaN/inf (or, in float64, an overflowing difference): every block layout
     gives the reference's metrics, the first mismatch included."""
-    n = 5 * pm._BLOCK + 13
+    n = 5 * pk._BLOCK + 13
     rng = np.random.default_rng(3)
     a = rng.standard_normal(n).astype(dtype)
     b = a.copy()
-    b[2 * pm._BLOCK + 100:] += dtype(1e-3)  # first mismatch in the third block
-    b[3 * pm._BLOCK + 5] = np.nan  # a NaN mismatch in the fourth
-    a[4 * pm._BLOCK + 1] = b[4 * pm._BLOCK + 1] = np.inf  # an equal infinity in the fifth
+    b[2 * pk._BLOCK + 100:] += dtype(1e-3)  # first mismatch in the third block
+    b[3 * pk._BLOCK + 5] = np.nan  # a NaN mismatch in the fourth
+    a[4 * pk._BLOCK + 1] = b[4 * pk._BLOCK + 1] = np.inf  # an equal infinity in the fifth
     if dtype == np.float64:
         a[-3], b[-3] = 1.7e308, -1.7e308  # the last block's difference overflows
     r = pair_metrics(a, b)
     assert_same(r, reference(a, b))
-    assert r["first_mismatch_index"] == 2 * pm._BLOCK + 100
+    assert r["first_mismatch_index"] == 2 * pk._BLOCK + 100
     assert r["nan_mismatch_count"] == 1
     same = pair_metrics(a, a.copy())
     assert same["equal_count"] == n and same["first_mismatch_index"] is None
@@ -563,9 +564,9 @@ def test_only_three_signatures_compiled():
     for da, db in DTYPE_PAIRS:
         a, b = random_pair(rng, 50, da, db)
         pair_metrics(a, b)
-    for dispatcher in pm._compiled.values():
+    for dispatcher in pk._compiled.values():
         assert len(dispatcher.signatures) == 1
-    assert set(pm._compiled) == {np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)}
+    assert set(pk._compiled) == {np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)}
 
 
 def test_warm_up_from_threads():
@@ -586,23 +587,28 @@ def test_warm_up_from_threads():
 
 
 def test_numba_cache_dir_defaults_to_user_cache(tmp_path):
-    # the module alone, in a read-only folder, with a fresh HOME: the cache goes to ~/.cache/rlprobe/numba
-    src = Path(pm.__file__)
+    # the package, in a read-only folder, with a fresh HOME: the cache goes to ~/.cache/rlprobe/numba
+    import shutil
+
     ro = tmp_path / "ro"
-    ro.mkdir()
-    (ro / "pm_copy.py").write_text(src.read_text())
-    ro.chmod(0o555)
+    shutil.copytree(Path(pm.__file__).parents[1], ro / "rlprobe", ignore=shutil.ignore_patterns("__pycache__"))
+    folders = [ro, *(d for d in ro.rglob("*") if d.is_dir())]
+    for d in folders:
+        d.chmod(0o555)
     home = tmp_path / "home"
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME")}
     env.update(HOME=str(home), PYTHONPATH=str(ro), PYTHONDONTWRITEBYTECODE="1")
-    code = ("import os, numpy as np, pm_copy as m; m.warm_up();"
+    code = ("import os, numpy as np, rlprobe.compare.pair_metrics as m; m.warm_up();"
+            f"assert m.__file__.startswith({str(ro)!r}), m.__file__;"
             "print(os.environ['NUMBA_CACHE_DIR']);"
             "print(m.pair_metrics(np.arange(3.0), np.arange(3.0))['equal_count'])")
     try:
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                             cwd=tmp_path)
     finally:
-        ro.chmod(0o755)
+        for d in folders:
+            d.chmod(0o755)
     assert out.returncode == 0, out.stderr
     cache_dir, equal = out.stdout.split()
     assert Path(cache_dir) == home / ".cache" / "rlprobe" / "numba"
@@ -610,7 +616,8 @@ def test_numba_cache_dir_defaults_to_user_cache(tmp_path):
     assert list(Path(cache_dir).rglob("*.nbi")), "no numba cache index written"
     # an explicit NUMBA_CACHE_DIR is respected
     env["NUMBA_CACHE_DIR"] = str(tmp_path / "mine")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[0] == str(tmp_path / "mine")
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import rlprobe
 from rlprobe.cli import main
-from rlprobe.compare.run import compare
+from rlprobe.pipeline.compare_command import compare
 from rlprobe.errors import DumpReadError
 
 STRAY = "part-000099.parquet"  # a live part beside the dump's own (merged) one

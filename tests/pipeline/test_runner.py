@@ -173,7 +173,11 @@ if where == "publish":
         return rename(self, target)
 
     pathlib.Path.rename = rename_after_a_pause
-run_pipeline(pipeline, progress=pause if where == "compare" else None)
+if where == "write":  # while the output is written into its work folder
+    import rlprobe.report.comparison_files as files
+
+    files.write_summary_json = pause
+run_pipeline(pipeline)
 """
 
 
@@ -202,7 +206,7 @@ def test_next_run_removes_what_killed_runs_left_and_restores_the_set_aside_outpu
     def left() -> set[str]:
         return {p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")}
 
-    _killed_while(spec, "compare")
+    _killed_while(spec, "write")
     first_left = left()
     assert len(first_left) == 2  # its work folder and lock
     _killed_while(spec, "publish")  # the run that started removed them, then was killed itself

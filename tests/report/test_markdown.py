@@ -106,7 +106,7 @@ def test_unwritable_path(tmp_path, diverging):
 
 def test_next_config_yaml_reads_back():
     yaml = pytest.importorskip("yaml")
-    from rlprobe.report.summary_text import yaml_lines
+    from rlprobe.report.comparison_words import yaml_lines
 
     config = {"rlprobe_config": {
         "msprobe": True, "dump_path": "./dump b", "key_data_dump": ["responses", "log_prob"], "step_start": 1,

@@ -1,4 +1,4 @@
-"""Words shared by the xlsx Summary sheet and the Markdown summary: the one-line verdict,
+"""Words shared by the xlsx Summary sheet, the Markdown summary and the console: the one-line verdict,
 next_config as YAML, numbers in prose, and which roll-up columns to show."""
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The `rlprobe check` command (registered in rlprobe/cli.py by one line)."""
+"""`rlprobe check DUMP [-o OUT]` and `rlprobe.check(dump, out=...)`: check one run (rlprobe.check),
+publish its reports as the folder OUT by the one publish rule (rlprobe.report.output_folder: a work
+folder beside OUT swapped in whole; an OUT of other files is refused, exit 3), print the results.
+Registered in rlprobe/cli.py by one line."""
 
 from __future__ import annotations
 
@@ -9,8 +12,29 @@ from typing import Any
 import click
 
 from rlprobe.errors import DumpReadError, ProbeError
+from rlprobe.exit_codes import EXIT_UNREADABLE, EXIT_USAGE
 
-EXIT_UNREADABLE, EXIT_USAGE = 3, 2
+
+def check(dump: Any, out: str | Path | None = None, params: dict[str, Any] | None = None, *, plots: bool = True,
+          **more_params: Any) -> Any:
+    """Run every check on one dump; with `out`, publish the reports there (check.parquet, summary.json/md,
+    report.xlsx, plots/). Parameters (thresholds, eps, group_size...) as in docs/check.md, given as
+    `params` or keywords. Raises DumpReadError, ValueError (a bad parameter) or OutputError (`out`
+    cannot be written or holds files rlprobe did not write; it keeps its earlier files)."""
+    from rlprobe.check import check_dump
+
+    if out is not None:
+        from rlprobe.report.output_folder import prepare_output
+
+        prepare_output(Path(out), "output directory")  # before the work: a folder of other files is refused
+    result = check_dump(dump, {**(params or {}), **more_params})
+    if out is not None:
+        from rlprobe.report.check_report import write_check_outputs
+        from rlprobe.report.output_folder import publish_output
+
+        publish_output(Path(out), lambda folder: write_check_outputs(result, folder, plots=plots),
+                       label="output directory")
+    return result
 
 
 def parse_params(items: tuple[str, ...]) -> dict[str, Any]:
@@ -41,11 +65,8 @@ def check_command(dump: str, out: str | None, params: tuple[str, ...], no_plots:
 
     Exit codes: 0 every applicable check passed, 1 a check failed, 2 a bad parameter, 3 unreadable dump.
     """
-    import rlprobe.check
-
     try:
-        result = rlprobe.check.check(dump, out=Path(out) if out else None, params=parse_params(params),
-                                     plots=not no_plots)
+        result = check(dump, out=Path(out) if out else None, params=parse_params(params), plots=not no_plots)
     except DumpReadError as e:
         click.secho(f"error: cannot check {dump}: {e}", fg="red", err=True)
         raise click.exceptions.Exit(EXIT_UNREADABLE) from None
@@ -56,9 +77,9 @@ def check_command(dump: str, out: str | None, params: tuple[str, ...], no_plots:
         click.secho(f"error: {e}", fg="red", err=True)
         raise click.exceptions.Exit(EXIT_UNREADABLE) from None
     if as_json:
-        from rlprobe.report.check_report import _jsonable
+        from rlprobe.report.comparison_files import jsonable
 
-        click.echo(json.dumps(_jsonable(result.summary()), indent=2))
+        click.echo(json.dumps(jsonable(result.summary()), indent=2))
     else:
         print_results(result, out)
     raise click.exceptions.Exit(result.exit_code)

@@ -8,10 +8,10 @@ from typing import Any
 
 from rlprobe.lake.layout import safe_component
 from rlprobe.lake.reader import Dump
-from rlprobe.resources import sql_text
+from rlprobe.lake.sql_runner import records
 
 
-def dump_summary(dump: Dump) -> dict[str, Any]:
+def dump_info(dump: Dump) -> dict[str, Any]:
     """What `dump` holds. A stats part or config file that cannot be read is one of the
     `problems` (naming the file), and the rest is summarised without it."""
     import duckdb
@@ -72,13 +72,7 @@ def dump_summary(dump: Dump) -> dict[str, Any]:
 def _tables(con: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[int]]:
     """(keys, scalars, ranks with key data) from the views of Dump.connect."""
     ranks = sorted(r for r, in con.execute("select distinct rank from key_data").fetchall())
-    return _records(con, "info_key_data.sql"), _records(con, "info_scalars.sql"), ranks
-
-
-def _records(con: Any, sql_file: str) -> list[dict[str, Any]]:
-    cursor = con.execute(sql_text(sql_file))
-    columns = [d[0] for d in cursor.description]
-    return [dict(zip(columns, row)) for row in cursor.fetchall()]
+    return records(con, "info_key_data.sql"), records(con, "info_scalars.sql"), ranks
 
 
 def _key_dir(dump: Dump, key: str) -> Path:

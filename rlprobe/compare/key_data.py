@@ -1,0 +1,157 @@
+"""The key-data comparison: both runs' statistics matched row by row in SQL, the tensor pairs
+compared element-wise by the pair executor, each row's status, and the first divergence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from rlprobe.compare.key_aliases import key_order_table
+from rlprobe.compare.pair_results import pair_results_table
+from rlprobe.compare.sample_alignment import layout, sample_key_data
+from rlprobe.lake.reader import Dump
+from rlprobe.lake.schema import KEY_DATA, with_rank
+from rlprobe.lake.sql_runner import create_table, execute, records, run, store
+
+Progress = Callable[[int, int], None]
+# columns of key_data that the reports leave out (file paths, ordering)
+PRIVATE_COLUMNS = ("file_a", "file_b", "canonical_key", "flow_position")
+
+
+@dataclass
+class KeyDataComparison:
+    """key_data (one row per pair, `is_first_divergence` marked), its first divergence (None:
+    none), the parts that could not be read (as messages), how many tensor pairs (or sample pairs)
+    were compared element-wise, and both runs' layouts (summary.json's `layout`)."""
+
+    table: pa.Table
+    first: dict[str, Any] | None
+    read_errors: list[str]
+    pairs_compared: int
+    layout: dict[str, Any]
+
+
+def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | None = None,
+                     steps: list[int] | None = None, ranks: list[int] | None = None, workers: int = 2,
+                     stats_rtol: float = 0.0, order: list[str] | None = None, progress: Progress | None = None,
+                     executor: Callable[..., dict] | None = None,
+                     key_map: dict[str, str] | None = None) -> KeyDataComparison:
+    """Compare the key data of `dump_a` and `dump_b` in `con`, which keeps the tables stats_a,
+    stats_b, key_order and key_data (and the macros of pair_macros.sql) for the queries after it.
+    Runs with different layouts (micro-batches, ranks) are compared per sample (sample_alignment.py)."""
+    read_errors: list[str] = []
+    load_stats(con, "stats_a", dump_a, read_errors, "A")
+    load_stats(con, "stats_b", dump_b, read_errors, "B")
+    con.register("key_order", key_order_table(order, key_map))
+    run_layout = layout(con, dump_a, dump_b, read_errors)
+    execute(con, "pair_macros.sql")
+    execute(con, "key_data_pairs.sql")
+    selection = {"keys": keys, "steps": steps, "ranks": ranks}
+
+    # only rows with a tensor file on both sides (and equal shapes) are compared element-wise;
+    # a statistics-only dump has none, so its pairs are never looked at twice
+    files: list[tuple[str, str]] = []
+    if not run_layout["per_sample"] and records(con, "has_tensor_files.sql")[0]["both_have_files"]:
+        files = [(r["file_a"], r["file_b"]) for r in run(con, "tensor_pairs.sql", **selection).to_pylist()]
+    results: dict[int, dict[str, Any]] = {}
+    if files:  # the executor (and numba under it) is imported only when there is a pair to compare
+        from rlprobe.compare.executor import PairTask, run_pairs
+
+        tasks = [PairTask(i, str(dump_a.path / file_a), str(dump_b.path / file_b))
+                 for i, (file_a, file_b) in enumerate(files)]
+        results = (executor or run_pairs)(tasks, workers=workers, progress=progress)
+    elif progress is not None:
+        progress(0, 0)
+    gathered = 0
+    if run_layout["per_sample"]:
+        key_data, gathered = sample_key_data(con, dump_a, dump_b, selection)
+    else:
+        con.register("pair_results", pair_results_table(results, files))
+        try:
+            key_data = run(con, "key_data.sql", **selection, stats_rtol=stats_rtol)
+        finally:
+            con.unregister("pair_results")
+    key_data = _prepend_read_errors(key_data, read_errors)
+    con.register("key_data", key_data)
+    first = records(con, "first_divergence.sql")
+    first = first[0] if first else None
+    if first is not None:
+        first["kind"] = "key_data"
+        canonical = records(con, "canonical_key.sql", key=first["key"])
+        first["canonical_key"] = canonical[0]["canonical"] if canonical else first["key"]
+    key_data = _mark_first(key_data, first)
+    con.register("key_data", key_data)
+    return KeyDataComparison(key_data, first, read_errors, len(files) + gathered, run_layout)
+
+
+def load_stats(con: Any, name: str, dump: Dump, read_errors: list[str], side: str) -> None:
+    """One run's key-data statistics of committed steps as the DuckDB table `name` (rank column
+    included; a column that older parts lack, such as `absent`, reads as null).
+
+    rlprobe dumps: parts whose footer cannot be read or whose columns are not key data's are
+    left out, each a message in `read_errors`; DuckDB reads the others at once, and if that fails
+    (a corrupt data page), they are read one by one, and each unreadable one is a message too."""
+    schema = with_rank(KEY_DATA)
+    if dump.format == "rlprobe":
+        errors: list[str] = []
+        parts = dump.checked_parts("key_data", errors)
+        files = [f for fs in parts.values() for f in fs]
+        if files:
+            import duckdb
+
+            helpers = {"_part_rank": pa.table({"filename": pa.array(files, pa.string()),
+                                               "rank": pa.array([r for r, fs in parts.items() for _ in fs],
+                                                                pa.int64())}),
+                       "_key_data_columns": KEY_DATA.empty_table(),
+                       "_committed": dump.committed_table("key_data")}  # committed steps only, as rlprobe.open
+            for helper, table in helpers.items():
+                con.register(helper, table)
+            try:
+                create_table(con, name, "key_data_stats.sql", files=files, columns=schema.names)
+                read_errors.extend(f"run {side}: {e}" for e in errors)
+                return
+            except duckdb.Error:
+                pass  # a corrupt data page (DuckDB names no file): read part by part below, to name it
+            finally:
+                for helper in helpers:
+                    con.unregister(helper)
+    errors = []  # arrow() checks the parts again and names each one it cannot read
+    table = dump.arrow("key_data", errors=errors)
+    read_errors.extend(f"run {side}: {e}" for e in errors)
+    store(con, name, table.select(schema.names) if table.num_rows else schema.empty_table())
+
+
+def public_key_data(key_data: pa.Table) -> pa.Table:
+    """key_data as the reports show it: without the internal file and ordering columns."""
+    return key_data.drop_columns([c for c in PRIVATE_COLUMNS if c in key_data.column_names])
+
+
+def _prepend_read_errors(key_data: pa.Table, read_errors: list[str]) -> pa.Table:
+    """An unreadable stats part becomes an error row (step -1, so it is the first thing to fix)."""
+    if not read_errors:
+        return key_data
+    rows = [{"key": "(unreadable stats)", "step": -1, "rank": -1, "micro_step": -1, "index": str(i),
+             "status": "error", "message": msg, "canonical_key": "(unreadable stats)", "flow_position": -1}
+            for i, msg in enumerate(read_errors)]
+    extra = pa.Table.from_pylist(rows, schema=pa.schema([key_data.schema.field(c) for c in rows[0]]))
+    return pa.concat_tables([extra, key_data], promote_options="default")
+
+
+def _mark_first(key_data: pa.Table, first: dict[str, Any] | None) -> pa.Table:
+    """key_data with is_first_divergence: true on the first row equal to `first` (by key)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    flags = np.zeros(key_data.num_rows, np.bool_)
+    if first is not None and key_data.num_rows:
+        mask = None
+        for c in ("key", "step", "rank", "micro_step", "index"):
+            value = first[c]
+            eq = pc.is_null(key_data[c]) if value is None else pc.fill_null(pc.equal(key_data[c], value), False)
+            mask = eq if mask is None else pc.and_(mask, eq)
+        hit = pc.index(mask, True).as_py()
+        if hit >= 0:
+            flags[hit] = True
+    return key_data.append_column("is_first_divergence", pa.array(flags, pa.bool_()))

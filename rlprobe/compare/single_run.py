@@ -1,0 +1,75 @@
+"""What each run shows about itself, for the two-run verdict: the single-run rules of `rlprobe check`
+that explain a divergence (sql/check/on_policy.sql, sql/check/rollout_vs_recompute.sql), read on
+each run through rlprobe.check.check_dump. check is a library below compare: compare imports it,
+it never imports compare (docs/architecture.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlprobe.errors import ProbeError
+from rlprobe.lake.reader import Dump
+
+RULES = ("on_policy", "rollout_vs_recompute")
+# the canonical keys (rlprobe.check.keys) without which neither rule applies: a run that saved
+# none of these sets is not checked at all (reading its statistics again costs ~1 s per 300k rows)
+NEEDS = ({"log_prob", "old_log_prob"}, {"rollout_log_prob", "old_log_prob"}, {"rollout_log_prob", "log_prob"})
+ROLLOUT_PAIRS = ("rollout_vs_old", "rollout_vs_log_prob")
+
+
+@dataclass
+class SingleRunFindings:
+    """Per run name: the on-policy pairs whose log_prob and old_log_prob are not bitwise equal (the
+    on_policy rule at tolerance 0; `within_tolerance` says whether its default tolerance, the dtype's
+    rounding, covers the row, `tolerance` is that default where it does not), the rollout_vs_recompute
+    rule's (the rollout engine disagrees with the trainer), and the largest token |Δ| rollout −
+    trainer of every step compared (None: none)."""
+
+    on_policy: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    rollout: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    rollout_max_abs: dict[str, float | None] = field(default_factory=dict)
+
+
+def single_run_findings(dumps: dict[str, Dump], saved_keys: dict[str, set[str]]) -> SingleRunFindings:
+    """Run the rules on each dump (name -> Dump) whose saved keys (`saved_keys[name]`) may let one
+    apply. A rule that does not apply (status not_applicable) says nothing; a dump the rules cannot
+    read says nothing either (the comparison reports its read errors)."""
+    from rlprobe.check import check_dump
+    from rlprobe.check.keys import canonical
+
+    found = SingleRunFindings()
+    for name, dump in dumps.items():
+        keys = {canonical(k) for k in saved_keys.get(name, ())}
+        if not any(need <= keys for need in NEEDS):
+            continue
+        try:
+            # on_policy_ulps 0: every on-policy pair that is not bitwise equal (a bitwise divergence
+            # between runs is what the verdict explains); each row then says whether the check's
+            # default tolerance (rounding of the dtype) covers it
+            result = check_dump(dump, {"on_policy_ulps": 0}, only=RULES)
+            strict = _rows(result, "on_policy")
+            beyond = _rows(check_dump(dump, only=("on_policy",)), "on_policy") if strict else []
+        except ProbeError:
+            continue
+        if strict:
+            tolerance = {(r["step"], r["rank"], r["index"]): r["tolerance"] for r in beyond}
+            found.on_policy[name] = [{**r, "tolerance": tolerance.get((r["step"], r["rank"], r["index"])),
+                                      "within_tolerance": (r["step"], r["rank"], r["index"]) not in tolerance}
+                                     for r in strict]
+        if _rows(result, "rollout_vs_recompute"):
+            found.rollout[name] = _rows(result, "rollout_vs_recompute")
+        applies = {r["check"] for r in result.results.to_pylist() if r["status"] != "not_applicable"}
+        steps = result.tables.get("token_steps")
+        if "rollout_vs_recompute" in applies and steps is not None:
+            values = [r["max_abs"] for r in steps.to_pylist()
+                      if r["pair"] in ROLLOUT_PAIRS and r["max_abs"] is not None]
+            found.rollout_max_abs[name] = max(values) if values else None
+    return found
+
+
+def _rows(result: Any, rule: str) -> list[dict[str, Any]]:
+    """The offending rows of `rule` (none where it does not apply)."""
+    status = {r["check"]: r["status"] for r in result.results.to_pylist()}
+    rows = result.rows.get(rule)
+    return rows.to_pylist() if status.get(rule) not in (None, "not_applicable") and rows is not None else []

@@ -1,0 +1,117 @@
+"""The one way rlprobe runs SQL: `run(con, "name.sql", **params)` loads a bundled file of sql/,
+binds the parameters (never pastes them into the text) and returns an Arrow table.
+
+Every layer (lake, compare, check, pipeline, the CLI) runs its queries through here, so the DuckDB
+to Arrow conversion, statement clean-up and row records exist once.
+
+Parameters with a default (the gates of sql/gates/, the checks of sql/check/) are declared in the
+query's header, one a line, and read in the SQL with getvariable('NAME'):
+
+    -- param NAME = VALUE : what it means          (VALUE in JSON: 0.05, "loss", true)
+
+Other queries take their parameters as $NAME, bound by DuckDB."""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from typing import Any
+
+import pyarrow as pa
+
+from rlprobe.resources import sql_text
+
+# a header line declaring a parameter and its default: -- param tps_max_drop = 0.05 : what it means
+_PARAM = re.compile(r"^--\s*param\s+([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.+?)\s*:\s", re.MULTILINE)
+
+
+def statement(sql: str) -> str:
+    """`sql` without surrounding blanks and a trailing semicolon (to nest it in another statement)."""
+    return sql.strip().rstrip(";").strip()
+
+
+def to_arrow(relation: Any) -> pa.Table:
+    """A DuckDB relation as an Arrow table (DuckDB 1.x and 2.x spell it differently); an empty
+    table for a statement that returns no relation."""
+    if relation is None:
+        return pa.table({})
+    to_table = getattr(relation, "to_arrow_table", None) or getattr(relation, "arrow")
+    table = to_table()
+    return table.read_all() if hasattr(table, "read_all") else table
+
+
+def query(con: Any, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
+    """The result of the SQL text `sql` (one statement) as an Arrow table."""
+    return to_arrow(con.sql(statement(sql), params=params or None))
+
+
+def run(con: Any, name: str, **params: Any) -> pa.Table:
+    """The result of the bundled sql/`name` as an Arrow table. A query that declares its parameters
+    (`-- param` lines) gets them as variables, the defaults for those not given; a parameter it does
+    not declare is refused (ValueError naming the query). Other queries get `params` as $names."""
+    declared = query_params(name)
+    if not declared:
+        return query(con, sql_text(name), params)
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        raise ValueError(f"sql/{name}: unknown parameter(s) {unknown}; it declares {sorted(declared)}")
+    set_variables(con, {**declared, **params})
+    return query(con, sql_text(name))
+
+
+@lru_cache(maxsize=None)
+def query_params(name: str) -> dict[str, Any]:
+    """The parameters the bundled sql/`name` declares in its header, with their defaults."""
+    return declared_params(sql_text(name))
+
+
+def records(con: Any, name: str, **params: Any) -> list[dict[str, Any]]:
+    """The rows of the bundled sql/`name` as dicts (for the few rows a verdict reads)."""
+    cursor = con.execute(statement(sql_text(name)), params or None)
+    columns = [d[0] for d in cursor.description]
+    return [dict(zip(columns, row)) for row in cursor.fetchall()]
+
+
+def execute(con: Any, name: str, **params: Any) -> None:
+    """Run the bundled sql/`name` for its effect (CREATE MACRO / VIEW statements; several allowed)."""
+    con.execute(sql_text(name), params or None)
+
+
+def create_table(con: Any, table: str, name: str, **params: Any) -> None:
+    """The result of the bundled sql/`name` as the temporary DuckDB table `table`."""
+    con.execute(f'CREATE OR REPLACE TEMP TABLE "{table}" AS {statement(sql_text(name))}', params or None)
+
+
+def declared_params(sql: str) -> dict[str, Any]:
+    """The parameters a query declares in its header (`-- param NAME = VALUE : meaning`), with their
+    defaults. Raises ValueError for a VALUE that is not JSON."""
+    found: dict[str, Any] = {}
+    for m in _PARAM.finditer(sql):
+        try:
+            found[m.group(1)] = json.loads(m.group(2))
+        except ValueError:
+            raise ValueError(f"'-- param {m.group(1)} = {m.group(2)}': the default must be JSON "
+                             '(a number, true/false, or a "quoted string")') from None
+    return found
+
+
+def create_table_as(con: Any, table: str, sql: str) -> None:
+    """The result of the SQL text `sql` (a user's query) as the temporary DuckDB table `table`."""
+    con.execute(f'CREATE TEMP TABLE "{table}" AS {statement(sql)}')
+
+
+def store(con: Any, table: str, data: pa.Table) -> None:
+    """The Arrow table `data` copied into DuckDB as the temporary table `table`."""
+    helper = f"_{table}_arrow"
+    con.register(helper, data)
+    try:
+        con.execute(f'CREATE OR REPLACE TEMP TABLE "{table}" AS SELECT * FROM "{helper}"')
+    finally:
+        con.unregister(helper)
+
+
+def set_variables(con: Any, values: dict[str, Any]) -> None:
+    """Each value as a DuckDB variable that SQL reads with getvariable('name') (bound, never pasted)."""
+    for name, value in values.items():
+        con.execute(f'SET VARIABLE "{name}" = ?', [value])

@@ -1,0 +1,134 @@
+"""`rlprobe compare A B -o OUT` (and `rlprobe.compare(a, b, out)`): compare two runs, write every
+output file into a work folder beside OUT and swap it in (rlprobe.report.output_folder), then
+print the verdict. Exit codes: 0, or 1 on a divergence with --fail-on-diff; 3 a run that cannot
+be read or an output that cannot be written."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.markup import escape
+
+from rlprobe.console import make_console, whole
+from rlprobe.errors import DumpReadError, ProbeError
+from rlprobe.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_UNREADABLE
+
+Progress = Callable[[int, int], None]
+
+
+def compare(
+    a: Any, b: Any, out: Any, *,
+    keys: list[str] | None = None, steps: list[int] | None = None, ranks: list[int] | None = None,
+    workers: int = 2, lang: str = "en", per_key_files: bool = False, per_key_dir: str = "per_key",
+    stats_rtol: float = 0.0, order: list[str] | None = None, reports: bool = True,
+    plots: bool = False, plot_every_param: bool = False, progress: Progress | None = None,
+    extra_files: Callable[[Path], None] | None = None,
+    key_map: dict[str, str] | None = None, config_ignore: list[str] | None = None, config_ignore_defaults: bool = True,
+) -> dict[str, Any]:
+    """Compare dumps `a` and `b` (rlprobe or msprobe format); publish the results as the folder
+    `out`; return the summary. Raises ProbeError when a run cannot be read or `out` cannot be
+    written (or holds files rlprobe did not write); `out` then keeps its earlier files.
+    `extra_files(folder)` adds files to the folder before it is published (msprobe's layout).
+    `key_map`: a trainer's key names; `config_ignore`: config paths the config diff leaves out."""
+    from rlprobe.compare.run import compare_dumps, warm_up_kernels
+    from rlprobe.lake.reader import open_dump
+    from rlprobe.report.comparison_files import ReportOptions, write_reports, write_summary_json, write_tables
+    from rlprobe.report.output_folder import prepare_output, publish_output
+
+    started = time.perf_counter()
+    out = Path(out)
+    prepare_output(out, "output directory")  # before the work: a folder of other files is refused at once
+    dump_a, dump_b = open_dump(a), open_dump(b)
+    if dump_a.may_hold_tensors and dump_b.may_hold_tensors:
+        # load numba and the compiled kernels while the runs' statistics are read and matched
+        # (not at all for statistics-only or gradient-only dumps: ~0.3 s saved)
+        threading.Thread(target=warm_up_kernels, name="rlprobe-warm-up", daemon=True).start()
+    tables, summary = compare_dumps(dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
+                                    stats_rtol=stats_rtol, order=order, progress=progress, key_map=key_map,
+                                    config_ignore=config_ignore, config_ignore_defaults=config_ignore_defaults)
+    summary["elapsed_s"] = round(time.perf_counter() - started, 3)
+    options = ReportOptions(lang=lang, per_key_dir=per_key_dir if per_key_files else None, plots=plots,
+                            plot_every_param=plot_every_param)
+
+    def write(folder: Path) -> None:
+        xlsx_extras = write_tables(folder, tables)
+        write_summary_json(folder, summary)
+        if reports:
+            write_reports(folder, tables, summary, xlsx_extras, options)
+        if extra_files is not None:
+            extra_files(folder)
+
+    publish_output(out, write, label="output directory")
+    return summary
+
+
+def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: bool, plots: bool,
+                plot_every_param: bool = False, **options: Any) -> int:
+    """The command: progress bar, comparison, verdict; returns the exit code."""
+    console = make_console(stderr=True)
+    progress_bar = None
+    callback = None
+    if not quiet:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+        progress_bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                                TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=True)
+        task = progress_bar.add_task("comparing tensors", total=None)
+
+        def callback(done: int, total: int) -> None:
+            progress_bar.update(task, completed=done, total=total)
+
+        progress_bar.start()
+    try:
+        summary = compare(run_a, run_b, out, progress=callback, plots=plots, plot_every_param=plot_every_param,
+                          **options)
+    except (DumpReadError, ProbeError) as e:
+        console.print(f"[red]error:[/] {escape(str(e))}")
+        return EXIT_UNREADABLE
+    finally:
+        if progress_bar is not None:
+            progress_bar.stop()
+    print_verdict(make_console(), summary, out)
+    from rlprobe.report.comparison_words import differs
+
+    return EXIT_DIVERGED if differs(summary) and fail_on_diff else EXIT_OK
+
+
+def print_verdict(console: Console, summary: dict[str, Any], out: str) -> None:
+    counts = ", ".join(whole(f"{n} {status}") for status, n in sorted(summary["counts"].items())) or "no key data"
+    console.print(f"compared {whole(summary['run_a'])} (A) with {whole(summary['run_b'])} (B): {counts}")
+    if (summary.get("layout") or {}).get("note"):  # runs with different layouts: docs/compare.md
+        console.print(f"[yellow]note[/]: {escape(str(summary['layout']['note']))}")
+    first = summary["first_divergence"]
+    if first is None and (summary.get("module_first_divergence") or summary.get("grad_first_flagged")):
+        from rlprobe.report.comparison_words import verdict
+
+        console.print(f"[bold red]{escape(verdict(summary))}[/]")
+        console.print(f"[bold]suspect[/]: {escape(str(summary['suspect']))}")
+        console.print(f"[bold]next[/]: {escape(str(summary['advice']))}")
+    elif first is None:
+        console.print("[green]no divergence[/]: every compared value agrees")
+    else:
+        where = [whole(f"{field} {first[field]}") for field in ("step", "rank", "micro_step")]
+        if first["index"]:
+            where.append(whole(f"index {first['index']!r}"))
+        errs = ""
+        if first.get("max_abs_err") is not None:
+            abs_err, rel_err = f"max abs err {first['max_abs_err']:.3g}", f"max rel err {first['max_rel_err']:.3g}"
+            errs = f" ({whole(abs_err)}, {whole(rel_err)})"
+        console.print(f"[bold red]first divergence[/]: {whole(first['key'])} at {', '.join(where)}: "
+                      f"{escape(str(first['status']))}{errs}")
+        console.print(f"[bold]suspect[/]: {escape(str(summary['suspect']))}")
+        console.print(f"[bold]next[/]: {escape(str(summary['advice']))}")
+    for err in summary.get("read_errors", []):
+        console.print(f"[yellow]warning[/]: {escape(str(err))}")
+    from rlprobe.report.config_diff_report import console_lines
+
+    for line in console_lines(summary):  # issue 14: the config diff and warnings
+        console.print(escape(line), highlight=False)
+    reports = ", ".join(whole(f"{out}/{name}") for name in ("report.xlsx", "summary.md", "key_data.parquet"))
+    console.print(f"report: {reports}")

@@ -1,0 +1,129 @@
+"""The files of a comparison's output folder, rendered from the tables and summary that
+rlprobe.compare returns (`rlprobe compare` and pipelines write the same ones): key_data.parquet,
+modules.parquet, grads.parquet, grad_steps.parquet, grads/.../similarities.csv, summary.json,
+key_data.csv, summary.md, report.xlsx, per-key workbooks and plots/."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+# columns the reports leave out: file paths and ordering helpers of the comparison
+KEY_DATA_PRIVATE = ("file_a", "file_b", "canonical_key", "flow_position")
+MODULES_PRIVATE = ("file_a", "file_b", "io_order")
+# the Grad flags sheet's columns: why a row is flagged (`flagged` also puts flagged rows first
+# when the sheet is capped); the raw max/min/zero fractions of both runs stay in grads.parquet
+# (the sheet took 2/3 of report.xlsx's time with them)
+GRAD_FLAG_COLUMNS = ("monitor", "rank", "step", "param", "status", "shape_a", "shape_b", "numel", "similarity",
+                     "prev_similarity", "flagged", "flag_reason", "norm_a", "norm_b", "norm_rel_diff", "max_abs_diff",
+                     "min_abs_diff", "digest_equal", "probe_step_a", "probe_step_b", "message")
+
+
+@dataclass
+class ReportOptions:
+    """Which report files to write: workbook, CSV and Markdown in `lang`; `summary_md`: the text of
+    summary.md (None: the comparison's own); per-key workbooks under `per_key_dir`; PNG plots."""
+
+    lang: str = "en"
+    xlsx: bool = True
+    csv: bool = True
+    markdown: bool = True
+    summary_md: str | None = None
+    per_key_dir: str | None = None
+    plots: bool = False
+    plot_every_param: bool = False
+
+
+def write_tables(folder: Path, tables: dict[str, pa.Table]) -> dict[str, Any]:
+    """key_data.parquet and the module and gradient comparisons that ran: modules.parquet,
+    grads.parquet, grad_steps.parquet and grads/.../similarities.csv. Returns the keyword
+    arguments of write_report_xlsx that add their sheets."""
+    pq.write_table(tables["key_data"], folder / "key_data.parquet", compression="zstd")
+    extra_sheets: dict[str, pa.Table] = {}
+    if "modules" in tables:
+        extra_sheets["Modules"] = _without(tables["modules"], MODULES_PRIVATE)
+        pq.write_table(extra_sheets["Modules"], folder / "modules.parquet", compression="zstd")
+    if "grads" in tables:
+        import pyarrow.compute as pc
+
+        from rlprobe.report.grad_files import write_grad_outputs
+
+        write_grad_outputs(folder, tables)
+        extra_sheets["Grads"] = tables["grad_steps"]
+        grads = tables["grads"]  # the Grad flags sheet: flagged rows and parameters on one side only
+        noted = pc.or_kleene(pc.fill_null(grads["flagged"], False),
+                             pc.invert(pc.is_in(grads["status"], pa.array(["compared", "stats_only"]))))
+        extra_sheets["Grad flags"] = grads.filter(pc.fill_null(noted, True)).select(
+            [c for c in GRAD_FLAG_COLUMNS if c in grads.column_names])
+    return {"extra_sheets": extra_sheets,
+            "extra_files": {"Modules": "modules.parquet", "Grads": "grad_steps.parquet", "Grad flags": "grads.parquet"},
+            "grad_matrix": (tables["grads"], tables["grad_steps"]) if "grads" in tables else None}
+
+
+def write_summary_json(folder: Path, summary: dict[str, Any]) -> None:
+    (folder / "summary.json").write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n",
+                                         encoding="utf-8")
+
+
+def write_reports(folder: Path, tables: dict[str, pa.Table], summary: dict[str, Any], xlsx_extras: dict[str, Any],
+                  options: ReportOptions) -> None:
+    """key_data.csv, report.xlsx, summary.md, the per-key workbooks and the plots, as `options` say."""
+    public = public_key_data(tables["key_data"])
+    if options.csv:
+        from rlprobe.report.csv_report import write_key_data_csv
+
+        write_key_data_csv(folder / "key_data.csv", public, lang=options.lang)
+    if options.xlsx:
+        from rlprobe.report.xlsx import write_report_xlsx
+
+        write_report_xlsx(folder / "report.xlsx", public, summary, lang=options.lang, **xlsx_extras)
+    if options.markdown:
+        from rlprobe.report.markdown import render_summary_md
+
+        text = options.summary_md if options.summary_md is not None else render_summary_md(summary, public)
+        (folder / "summary.md").write_text(text, encoding="utf-8")
+    if options.per_key_dir:
+        from rlprobe.report.xlsx import write_per_key_xlsx
+
+        write_per_key_xlsx(folder / options.per_key_dir, public, lang=options.lang)
+    if options.plots or options.plot_every_param:
+        write_plots_of(folder, every_param=options.plot_every_param)
+
+
+def write_plots_of(folder: Path, every_param: bool) -> None:
+    """plots/ from the tables already in `folder`; a failure names the plots."""
+    from rlprobe.report.plots import write_plots
+
+    try:
+        write_plots(folder, every_param=every_param)
+    except OSError as e:
+        if e.errno is None:
+            raise OSError(f"the plots cannot be written: {e}") from e
+        raise OSError(e.errno, f"the plots cannot be written: {e.strerror}", e.filename) from e
+
+
+def public_key_data(key_data: pa.Table) -> pa.Table:
+    """key_data as the reports show it: without the internal file and ordering columns."""
+    return _without(key_data, KEY_DATA_PRIVATE)
+
+
+def jsonable(value: Any) -> Any:
+    """Strict JSON: non-finite floats become the strings "nan", "inf", "-inf"."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def _without(table: pa.Table, columns: tuple[str, ...]) -> pa.Table:
+    return table.drop_columns([c for c in columns if c in table.column_names])

@@ -1,0 +1,153 @@
+"""The one way `rlprobe compare -o OUT` and `rlprobe pipeline run` publish an output folder.
+
+Every file (tables, reports, plots) is written into a fresh work folder beside OUT
+(`.<OUT name>.tmp-<pid>-<random>`, see work_dir.py), and only when all are written is that folder
+swapped in for OUT whole: the previous OUT is renamed aside, the new one renamed into place, the
+old one removed. Nothing is written into a live OUT, and a failure at any point leaves the
+previous OUT as it was. A run killed between the two renames leaves the previous OUT aside as
+`<work folder>.old`; the next run into OUT puts it back first.
+
+OUT must be rlprobe's: missing, empty, or a folder rlprobe wrote. rlprobe recognises its own
+folder by MANIFEST, a list of every file and folder it wrote there; a folder without one is
+rlprobe's when it holds summary.json (written by rlprobe before the manifest existed). A folder
+holding anything else is refused (OutputError, exit 3) and left untouched, so a swap never
+deletes a user's files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from rlprobe._version import __version__
+from rlprobe.errors import ProbeError
+from rlprobe.lake.atomic import TMP_MARK, is_temporary
+from rlprobe.report.output_file import output_os_error
+from rlprobe.report.work_dir import WorkDir, remove_dead_work_dirs
+
+MANIFEST = ".rlprobe-output.json"
+LEGACY_MARK = "summary.json"  # an output of rlprobe before MANIFEST
+
+
+class OutputError(ProbeError):
+    """An output folder that cannot be written, or that holds files rlprobe did not write."""
+
+
+def publish_output(out: Path, write: Callable[[Path], None], *, label: str = "output") -> None:
+    """Write the output folder `out` through `write(folder)` into a work folder beside it, then
+    swap it in whole. `label` names `out` in messages ('output directory' for rlprobe compare).
+    Raises OutputError, naming `out` (and the file being written, where known); the previous
+    `out` is kept in every case."""
+    out = Path(out)
+    prefix = _work_prefix(out)
+    prepare_output(out, label)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work = WorkDir(out.parent, prefix)
+    except OSError as e:
+        raise OutputError(f"{label} {out} cannot be written: {e.strerror or e}") from None
+    try:
+        try:
+            write(work.path)
+            _write_manifest(work.path)
+        except (OSError, ProbeError) as e:  # a full disk, a quota, a read-only folder
+            cause = output_os_error(e)
+            if cause is None:
+                raise
+            reason = (cause.strerror or os.strerror(cause.errno)) if cause.errno else str(cause)
+            raise OutputError(f"{label} {out} cannot be written: {reason}{_which_file(cause, work.path)}; "
+                              "its earlier files are kept") from None
+        _swap(work, out, label)
+    finally:
+        work.remove()
+
+
+def prepare_output(out: Path, label: str = "output") -> None:
+    """Before the work: put back an output that a killed run had set aside, remove the work
+    folders of killed runs, and raise OutputError unless `out` may be replaced (check_output)."""
+    out = Path(out)
+    remove_dead_work_dirs(out.parent, _work_prefix(out), restore_to=out)
+    check_output(out, label)
+
+
+def check_output(out: Path, label: str = "output") -> None:
+    """Raise OutputError unless `out` is missing, empty or a folder rlprobe wrote."""
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{label} {out} is a file; give a directory")
+    if not out.is_dir():
+        return
+    try:
+        present = _entries(out)
+    except OSError as e:
+        raise OutputError(f"{label} {out} cannot be read: {e.strerror or e}") from None
+    if not present:
+        return
+    manifest = out / MANIFEST
+    if not manifest.is_file():
+        if (out / LEGACY_MARK).is_file():
+            return
+        raise OutputError(f"{label} {out} holds other files (no summary.json of an earlier run); "
+                          "give a new or empty directory")
+    try:
+        written = set(json.loads(manifest.read_text(encoding="utf-8"))["files"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise OutputError(f"{label} {out}: its list of rlprobe's files {manifest} cannot be read ({e}); "
+                          "give a new or empty directory") from None
+    foreign = sorted(present - written - {MANIFEST})
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise OutputError(f"{label} {out} holds other files (not written by rlprobe: {shown}); move them away "
+                          "or give a new or empty directory")
+
+
+def _work_prefix(out: Path) -> str:
+    return f".{out.name}.tmp-"
+
+
+def _entries(folder: Path) -> set[str]:
+    """Every file and folder under `folder`, as relative POSIX paths."""
+    found = set()
+    for root, dirs, files in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        found.update((rel / name).as_posix() for name in dirs + files)
+    return found
+
+
+def _write_manifest(work: Path) -> None:
+    entries = sorted(_entries(work))
+    text = json.dumps({"rlprobe_version": __version__, "files": entries}, indent=1) + "\n"
+    (work / MANIFEST).write_text(text, encoding="utf-8")
+
+
+def _swap(work: WorkDir, out: Path, label: str) -> None:
+    """Swap the finished folder into place; the previous output goes only after (a run killed in
+    between leaves it as `work.old`, which the next run puts back)."""
+    old = None
+    try:
+        if out.exists():
+            old = work.old
+            out.rename(old)
+        work.path.rename(out)
+    except OSError as e:
+        if old is not None and not out.exists():
+            old.rename(out)
+        raise OutputError(f"{label} {out} cannot be written: {e.strerror or e}; its earlier files are kept") from None
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _which_file(error: OSError, work: Path) -> str:
+    """' (writing report.xlsx)' for an error that names a file of the work folder."""
+    name = getattr(error, "filename", None)
+    if not name:
+        return ""
+    try:
+        relative = Path(name).relative_to(work)
+    except ValueError:
+        return ""
+    if is_temporary(relative):  # an atomic write's temporary: name the file it was to become
+        relative = relative.with_name(relative.name[1:relative.name.index(TMP_MARK)])
+    return f" (writing {relative})"

@@ -1,0 +1,188 @@
+"""The package's structure, read from its source with ast: data flows one way between the layers
+(docs/architecture.md), no import cycles, no private name imported from another module, no
+source file over 400 lines. Imports inside functions count (lazy imports run too); imports under
+`if TYPE_CHECKING:` do not."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import rlprobe
+
+MAX_LINES = 400
+# X must not import Y (the layer is the package under rlprobe: rlprobe.compare.run -> compare).
+# check (one run's checks) is a library below compare: compare may import it, it never imports compare.
+FORBIDDEN = {
+    "compare": {"report", "pipeline", "capture"},
+    "check": {"compare", "report", "pipeline", "capture"},
+    "report": {"compare", "check", "pipeline", "capture"},
+    "frameworks": {"capture", "compare", "check", "report", "pipeline"},
+    "lake": {"capture", "compare", "check", "report", "pipeline", "frameworks"},
+    "capture": {"compare", "check", "report", "pipeline"},
+}
+
+def module_files(root: Path) -> dict[str, Path]:
+    """Module name -> source file of every module of the package in `root`."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports(path: Path, module: str, package: str) -> list[tuple[str, str]]:
+    """(imported module, imported name or "") of every runtime import of `package` in `path`."""
+    found: list[tuple[str, str]] = []
+    is_package = path.name == "__init__.py"
+
+    def visit(node: ast.AST) -> None:
+        if _type_checking_only(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.extend((a.name, "") for a in node.names if a.name.split(".")[0] == package)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from its package
+                anchor = module.split(".") if is_package else module.split(".")[:-1]
+                anchor = anchor[:len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            if base.split(".")[0] == package:
+                found.extend((base, a.name) for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+    return found
+
+
+def check_package(root: Path) -> list[tuple[str, str]]:
+    """Every structure violation of the package in `root`, as (where, what) pairs."""
+    package = root.name
+    files = module_files(root)
+    violations: list[tuple[str, str]] = []
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for module, path in files.items():
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_LINES:
+            violations.append((path.relative_to(root.parent).as_posix(), "lines"))
+        layer = module.split(".")[1] if "." in module else ""
+        for target, name in imports(path, module, package):
+            submodule = f"{target}.{name}" if name and f"{target}.{name}" in files else None
+            imported = submodule or target
+            if imported in files and imported != module:
+                graph[module].add(imported)
+            private = name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+            if private and not submodule and target != module:
+                violations.append((module, f"{target}.{name}"))
+            target_layer = imported.split(".")[1] if "." in imported else ""
+            if target_layer in FORBIDDEN.get(layer, ()):
+                violations.append((module, imported))
+    for cycle in _cycles(graph):
+        violations.append(("cycle", " -> ".join(cycle)))
+    return sorted(set(violations))
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def test_rlprobe_has_no_structure_violations():
+    assert check_package(Path(rlprobe.__file__).parent) == []
+
+
+def _package(root: Path, files: dict[str, str]) -> Path:
+    pkg = root / "pkg"
+    for name, text in files.items():
+        path = pkg / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    for folder in [pkg, *(p for p in pkg.rglob("*") if p.is_dir())]:
+        (folder / "__init__.py").touch()
+    return pkg
+
+
+def test_the_checker_finds_each_kind_of_violation(tmp_path):
+    pkg = _package(tmp_path, {
+        "lake/reader.py": "def f():\n    from pkg.compare import run  # lazy, still a runtime import\n",
+        "compare/run.py": "from pkg.compare.modules import helper\n",
+        "compare/modules.py": "from pkg.compare.run import _private\nhelper = 1\n",
+        "report/xlsx.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.compare import run\n"
+                          + "x = 1\n" * (MAX_LINES + 1),
+        "report/csv.py": "from . import xlsx\nfrom ..pipeline import runner\n",
+        "pipeline/runner.py": "import pkg.compare.run\nimport pkg.report.xlsx\n",
+    })
+    assert check_package(pkg) == [
+        ("cycle", "pkg.compare.modules -> pkg.compare.run"),
+        ("pkg.compare.modules", "pkg.compare.run._private"),
+        ("pkg.lake.reader", "pkg.compare.run"),
+        ("pkg.report.csv", "pkg.pipeline.runner"),
+        ("pkg/report/xlsx.py", "lines"),
+    ]
+
+
+def test_the_checker_passes_a_one_way_package(tmp_path):
+    pkg = _package(tmp_path, {
+        "lake/reader.py": "import json\n",
+        "compare/run.py": "from pkg.lake import reader\nfrom pkg.lake.reader import open_dump\n",
+        "report/xlsx.py": "from pkg.lake.reader import open_dump\n",
+        "pipeline/runner.py": "def run():\n    from pkg.compare import run\n    from pkg.report import xlsx\n",
+    })
+    assert check_package(pkg) == []
+
+
+@pytest.mark.parametrize("source", ["from pkg.report import xlsx\n", "def f():\n    import pkg.pipeline.runner\n",
+                                    "from pkg.capture.probe import Probe\n"])
+@pytest.mark.parametrize("layer", ["compare", "check"])
+def test_a_new_upward_import_of_compare_or_check_fails(tmp_path, source, layer):
+    pkg = _package(tmp_path, {f"{layer}/run.py": source, "report/xlsx.py": "", "pipeline/runner.py": "",
+                              "capture/probe.py": "Probe = 1\n"})
+    assert [v for v in check_package(pkg) if v[0] == f"pkg.{layer}.run"]
+
+
+def test_check_may_be_imported_by_compare_but_never_imports_it(tmp_path):
+    pkg = _package(tmp_path, {"compare/run.py": "from pkg.check.run import check_dump\n",
+                              "check/run.py": "def check_dump():\n    from pkg.compare import verdict\n",
+                              "compare/verdict.py": "", "report/check_report.py": "from pkg.check import run\n"})
+    assert check_package(pkg) == [("pkg.check.run", "pkg.compare.verdict"),
+                                  ("pkg.report.check_report", "pkg.check.run")]
