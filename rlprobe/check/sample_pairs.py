@@ -6,18 +6,16 @@ calls, with the row indices to gather from each tensor."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from rlprobe.check.keys import CANONICAL
-from rlprobe.lake.sql_runner import run
+from rlprobe.check.pair_part import Part, is_float
 from rlprobe.lake.reader import Dump
-
-if TYPE_CHECKING:
-    from rlprobe.check.token_tables import Part
+from rlprobe.lake.sql_runner import run
 
 _COLUMNS = ("key", "index", "step", "rank", "micro_step", "row", "sample", "occurrence", "group_id", "row_numel")
 
@@ -33,11 +31,10 @@ def samples_table(dump: Dump) -> pa.Table:
     return table.append_column("canonical", pc.take(canonical, pc.index_in(table["key"], names)))
 
 
-def sample_parts(samples: pa.Table, rows: dict[tuple, dict[str, Any]]) -> list["Part"]:
+def sample_parts(samples: pa.Table, rows: dict[tuple, dict[str, Any]]) -> list[Part]:
     """One part per (trainer call, rollout call, mask call) whose rows share samples, float tensors only."""
     import duckdb
 
-    from rlprobe.check.token_tables import Part, is_float
 
     con = duckdb.connect()
     con.register("samples", samples)

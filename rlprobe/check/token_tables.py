@@ -17,12 +17,13 @@ figures (no per-pair histogram or Python object per pair), jobs on a thread pool
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rlprobe.check.pair_part import Part, is_float
 from rlprobe.check.sample_pairs import sample_parts, samples_table
 from rlprobe.check.token_kernel import (N_POSITIONS, N_PROBABILITY, HALF, PairFigures, bin_lower_edges,
                                         bin_upper_edges, position_bounds, reduce_pair)
@@ -30,19 +31,6 @@ from rlprobe.lake.reader import Dump
 
 _WANTED = ("log_prob", "old_log_prob", "rollout_log_prob", "response_mask", "advantages", "group_ids")
 QUANTILES = (("p50_abs", 0.5), ("p95_abs", 0.95), ("p99_abs", 0.99))
-
-
-class Part(NamedTuple):
-    """One kernel call: tensor rows a, b and the mask's (None: every token), and which of their
-    leading-dimension rows pair up (None: all, in order)."""
-
-    pair: str
-    a: dict
-    b: dict
-    mask: dict | None
-    a_rows: np.ndarray | None = None
-    b_rows: np.ndarray | None = None
-    mask_rows: np.ndarray | None = None
 
 
 def tensor_rows(stats: pa.Table) -> dict[tuple[str, int, int, int, str], dict[str, Any]]:
@@ -234,8 +222,3 @@ def _sample_groups(samples: pa.Table) -> dict[tuple[int, int, int, str], np.ndar
     for r in table.select(["step", "rank", "micro_step", "index", "row", "group_id"]).to_pylist():
         found.setdefault((r["step"], r["rank"], r["micro_step"], r["index"]), {})[r["row"]] = r["group_id"]
     return {k: np.array([v[i] for i in sorted(v)], dtype=object) for k, v in found.items()}
-
-
-def is_float(row: dict[str, Any]) -> bool:
-    dtype = (row.get("dtype") or "float").lower()
-    return "float" in dtype or "bf16" in dtype or "half" in dtype or "double" in dtype

@@ -1,0 +1,27 @@
+"""What one token-kernel call reads: a pair of tensor rows and the mask's, shared by the pairing by
+position (token_tables.py) and by sample (sample_pairs.py)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+
+class Part(NamedTuple):
+    """One kernel call: tensor rows a, b and the mask's (None: every token), and which of their
+    leading-dimension rows pair up (None: all, in order)."""
+
+    pair: str
+    a: dict
+    b: dict
+    mask: dict | None
+    a_rows: np.ndarray | None = None
+    b_rows: np.ndarray | None = None
+    mask_rows: np.ndarray | None = None
+
+
+def is_float(row: dict[str, Any]) -> bool:
+    """A stats row whose dtype is a floating-point one (bf16 and half included)."""
+    dtype = (row.get("dtype") or "float").lower()
+    return "float" in dtype or "bf16" in dtype or "half" in dtype or "double" in dtype
