@@ -13,7 +13,6 @@ a few kernels per call, and copied back as one small float64 block.
 from __future__ import annotations
 
 import sys
-import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -242,20 +241,15 @@ class TorchAdapter(Adapter):
     def owns_module(self, module: Any) -> bool:
         return isinstance(module, torch.nn.Module)
 
-    def check_module_hooks(self, backward: bool) -> None:
-        if backward:  # an embedding's grad_input is None by design; torch warns about it on every backward
-            warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
-                                    "respect to module outputs", category=UserWarning)
-
     def submodules(self, module: Any) -> Iterator[tuple[str, Any]]:
         return module.named_modules()
 
     def hook_module(self, module: Any, pre: Callable, post: Callable, backward: Callable | None) -> list[Handle]:
         handles = [module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post)]
-        if backward is not None:
-            # torch marks a module for good once a full backward hook is on it; removing restores the mark
-            flag = _BackwardFlag(module, module.__dict__.get("_is_full_backward_hook"))
-            handles += [module.register_full_backward_hook(backward), flag]
+        if backward is not None:  # tensor and node hooks, not register_full_backward_hook: see torch_backward.py
+            from rlprobe.frameworks.torch_backward import ModuleBackward
+
+            handles.append(ModuleBackward(module, backward))
         return handles
 
     # -- optimizer hooks and gradient statistics ---------------------------------------------------
@@ -274,14 +268,6 @@ class TorchAdapter(Adapter):
         from rlprobe.frameworks.torch_grads import launch
 
         return launch(grads, level, bounds, state)
-
-
-class _BackwardFlag(Handle):
-    def __init__(self, module: Any, flag: Any):
-        self.module, self.flag = module, flag
-
-    def remove(self) -> None:
-        self.module.__dict__["_is_full_backward_hook"] = self.flag
 
 
 def torch_rank_and_world() -> tuple[int, int] | None:

@@ -155,9 +155,6 @@ def test_the_probe_changes_nothing_in_training(trl_runs):
     assert same_training(trl_runs.get("forward_stages", **FORWARD_STAGES), without)  # forward module hooks
 
 
-@pytest.mark.xfail(strict=True, reason="needs a core change in rlprobe/capture/stages.py: torch's "
-                   "register_full_backward_hook inserts autograd nodes that change the order in which gradients "
-                   "of a tensor used twice are summed (model.embed_tokens.weight differs by ~2e-9 after the step)")
 def test_the_update_stage_changes_nothing_in_training(trl_runs):
     update = trl_runs.get("update_stage", **UPDATE_STAGE)
     assert (update / "losses.txt").read_text() == (trl_runs.get("no_probe", probe=False) / "losses.txt").read_text()
