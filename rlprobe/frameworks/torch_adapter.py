@@ -275,6 +275,11 @@ class TorchAdapter(Adapter):
 
         return launch(grads, level, bounds, state)
 
+    def param_fingerprints(self, params: Sequence[Any]):
+        from rlprobe.frameworks.torch_params import launch
+
+        return launch(params)
+
 
 class _BackwardFlag(Handle):
     def __init__(self, module: Any, flag: Any):
