@@ -163,6 +163,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
                                       "max_abs_err", "max_rel_err", "message")},
         "module_first_divergence": None,
         "grad_first_flagged": None,
+        "param_first_difference": None,
         **verdict,
         "on_policy_recompute": {name: rows for name, rows in on_policy.items() if rows},
         "gates": [],
@@ -197,6 +198,9 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
                                                                    steps=steps, ranks=ranks, **(grads or {}))
         tables.update(grad_tables)
     explain_beyond_key_data(summary, _grad_probe_step(tables.get("grads"), summary["grad_first_flagged"]))
+    from rlprobe.compare.params import add_param_comparison
+
+    add_param_comparison(tables, summary, dump_a, dump_b, first and first["canonical_key"], read_errors, steps, ranks)
     from rlprobe.compare.config_diff import diff_configs, explain_config, saved_configs
     from rlprobe.compare.key_aliases import flow_warning
     from rlprobe.compare.verdict_modules import follow_up
@@ -448,8 +452,13 @@ def write_extra_tables(work: Path, tables: dict[str, pa.Table]) -> dict[str, Any
                              pc.invert(pc.is_in(grads["status"], pa.array(["compared", "stats_only"]))))
         extra_sheets["Grad flags"] = grads.filter(pc.fill_null(noted, True)).select(
             [c for c in GRAD_FLAG_COLUMNS if c in grads.column_names])
+    if "params" in tables:  # parameter fingerprints (docs/compare.md, "Parameter updates")
+        from rlprobe.compare.params import write_param_outputs
+
+        extra_sheets["Param updates"] = write_param_outputs(work, tables["params"])
     return {"extra_sheets": extra_sheets,
-            "extra_files": {"Modules": "modules.parquet", "Grads": "grad_steps.parquet", "Grad flags": "grads.parquet"},
+            "extra_files": {"Modules": "modules.parquet", "Grads": "grad_steps.parquet", "Grad flags": "grads.parquet",
+                            "Param updates": "params.parquet"},
             "grad_matrix": (tables["grads"], tables["grad_steps"]) if "grads" in tables else None}
 
 

@@ -1,8 +1,7 @@
 """Planted faults in a real TRL GRPO run (examples/trl_grpo) and what `rlprobe compare` says.
 
-The config diff (issue 14) names the changed setting of each fault; the verdict that needs
-parameter fingerprints (naming the update) is a strict xfail: it passes, and so fails here, once
-they land."""
+The config diff (issue 14) names the changed setting of each fault; parameter fingerprints name
+the update that differs."""
 
 from __future__ import annotations
 
@@ -84,7 +83,7 @@ def test_the_changed_setting_is_named(trl_runs, tmp_path, fault, setting):
     assert f'"{setting}"' in beyond_advice or f"{setting}:" in beyond_advice or f"{setting} " in beyond_advice
 
 
-@pytest.mark.xfail(strict=True, reason="needs issue 14: parameter fingerprints naming the update that differs")
 def test_learning_rate_names_the_update_by_its_fingerprint(trl_runs, tmp_path):
     summary = compare(trl_runs, "base", "fault_lr", tmp_path)
-    assert "the update of step 0 differs" in summary["suspect"]
+    assert "the update of step 0 differs for model 'actor' (first parameter " in summary["suspect"]
+    assert summary["param_first_difference"]["probe_step"] == 0
