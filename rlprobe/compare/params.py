@@ -21,7 +21,7 @@ KEY_MODELS = {
     "old_log_prob": ("actor", "policy"), "log_prob": ("actor", "policy"), "entropy": ("actor", "policy"),
     "rewards": ("reward",), "token_level_scores": ("reward",),
 }
-UPDATE_KEYS = {"log_prob", "entropy", "ratio", "pg_loss", "vf_loss", "loss"}  # computed within the update's step
+UPDATE_KEYS = {"log_prob", "entropy", "ratio", "pg_loss", "vf_loss", "loss"}  # made by the model being updated
 
 
 def add_param_comparison(tables: dict[str, pa.Table], summary: dict[str, Any], dump_a: Dump, dump_b: Dump,
@@ -94,8 +94,8 @@ def suspect_update(firsts: list[dict[str, Any]], first: dict[str, Any] | None,
                    canonical_key: str | None) -> dict[str, Any] | None:
     """The first differing update that explains the first key-data divergence: one of the model
     whose forward produced the key (a monitor named after it, or the only monitor), taken at a
-    probe step before the divergence (or at it, for a key computed during the update); with no
-    key-data divergence, the earliest differing update."""
+    probe step before the divergence (an update at the same step is a consequence: it used the
+    data already diverging); with no key-data divergence, the earliest differing update."""
     if not firsts:
         return None
     if first is None:
@@ -103,8 +103,7 @@ def suspect_update(firsts: list[dict[str, Any]], first: dict[str, Any] | None,
     words = KEY_MODELS.get(canonical_key or "")
     step = first["step"]
     for f in firsts:
-        if f["probe_step"] is None or not (f["probe_step"] < step
-                                           or (f["probe_step"] == step and canonical_key in UPDATE_KEYS)):
+        if f["probe_step"] is None or f["probe_step"] >= step:
             continue
         named = words is not None and any(w in str(f["monitor"]).lower() for w in words)
         only = len(firsts) == 1 and (words is not None or canonical_key in UPDATE_KEYS)
