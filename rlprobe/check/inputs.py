@@ -31,8 +31,9 @@ def stats_table(dump: Dump) -> pa.Table:
         else:  # msprobe dumps have no dtype or counts
             columns[name] = pa.nulls(table.num_rows, pa.string() if name in ("dtype", "hash", "tensor_file")
                                      else pa.bool_() if name == "absent" else pa.int64())
-    keys = columns["key"].to_pylist()
-    columns["canonical"] = pa.array([CANONICAL.get(k, k) for k in keys], pa.string())
+    names = pc.unique(columns["key"])  # map each distinct key once, not each row
+    canonical = pa.array([CANONICAL.get(k, k) for k in names.to_pylist()], pa.string())
+    columns["canonical"] = pc.take(canonical, pc.index_in(columns["key"], names))
     return pa.table(columns)
 
 

@@ -57,8 +57,8 @@ def _groups(facts: Facts) -> str | None:
     missing = _keys("advantages")(facts)
     if missing:
         return missing
-    if "group_ids" not in facts["keys"] and not facts["group_size"]:
-        return "no GRPO groups known: save group_ids or set a config num_generations/group_size"
+    if not facts["group_rows"] and "group_ids" not in facts["keys"] and not facts["group_size"]:
+        return ("no GRPO groups known: save(..., group_ids=...) or set a config num_generations/group_size")
     if not facts["has_tensors"]:
         return "needs tensors (a statistics-only dump has no per-sequence advantages)"
     return None
@@ -77,8 +77,8 @@ def _rollout(facts: Facts) -> str | None:
     if missing:
         return missing
     if not facts["rollout_pairs"]:
-        return ("no rollout_log_prob saved in the same call as old_log_prob/log_prob with the same shape (a dump "
-                "with sample_ids, such as TRL's, needs pairs aligned by sample id)")
+        return ("no rollout_log_prob paired with old_log_prob/log_prob: neither saved in the same call with the "
+                "same shape nor the same sample (save(..., sample_ids=...)) in the same step with tensors")
     return None
 
 

@@ -84,10 +84,12 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
     t = time.perf_counter()
     tables: dict[str, pa.Table] = {"grad_steps": grad_steps}
     if info["has_tensors"]:
+        from rlprobe.check.sample_pairs import samples_table
         from rlprobe.check.token_tables import group_advantages, token_tables
 
-        tables.update(token_tables(dump, stats, info["eps"], int(params.get("workers") or 2)))
-        tables["group_advantages"] = group_advantages(dump, stats, info["group_size"])
+        samples = samples_table(dump)
+        tables.update(token_tables(dump, stats, info["eps"], int(params.get("workers") or 2), samples))
+        tables["group_advantages"] = group_advantages(dump, stats, info["group_size"], samples)
     else:
         from rlprobe.check import token_tables as tt
 
@@ -97,13 +99,13 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
     timings["tokens"] = time.perf_counter() - t
     t = time.perf_counter()
     con = duckdb.connect()
-    con.register("stats", stats)
+    con.register("stats", stats)  # scanned in place: copying it into a DuckDB table costs more than it saves
     con.register("scalars", scalars)
     con.register("configs", dump.configs_table())
     con.register("run_info", inputs.run_info_table(info))
     for name, table in tables.items():
         con.register(name, table)
-    facts = _facts(con, stats, scalars, info, grad_steps)
+    facts = {**_facts(con, scalars, info, grad_steps), "group_rows": tables["group_advantages"].num_rows}
     results, rows = [], {}
     for check in CHECKS:
         if only is not None and check.name not in only:
@@ -116,18 +118,17 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
     return CheckResult(str(dump.path), EXIT_FAILED if failed else EXIT_OK, table, rows, tables, info, notes, timings)
 
 
-def _facts(con, stats: pa.Table, scalars: pa.Table, info: dict[str, Any], grad_steps: pa.Table) -> dict[str, Any]:
-    present = stats.filter(pc.invert(pc.fill_null(stats["absent"], False)))
-    keys = set(pc.unique(present["canonical"]).to_pylist())
+def _facts(con, scalars: pa.Table, info: dict[str, Any], grad_steps: pa.Table) -> dict[str, Any]:
+    saved = con.sql("SELECT DISTINCT key, canonical FROM stats WHERE NOT coalesce(absent, false)").fetchall()
+    keys = {canonical for _, canonical in saved}
     names = set(pc.unique(scalars["name"]).to_pylist()) if scalars.num_rows else set()
-    loss_names = {k for k in set(pc.unique(present["key"]).to_pylist()) | names if k.endswith("loss")}
+    loss_names = {k for k in {key for key, _ in saved} | names if k.endswith("loss")}
     ref = run(con, "ref_starts_as_actor.sql").to_pylist()[0]
-    pairable = run(con, "rollout_vs_recompute.sql", max_mean_abs_delta=-1.0, max_outside_share=-1.0,
-                   max_abs_delta=-1.0)  # every pair the rule compares is an offending row at thresholds < 0
+    pairable = run(con, "rollout_pairs.sql").to_pylist()[0]["pairs"]
     return {"keys": keys, "scalars": names, "loss_names": loss_names, "kl_applies": bool(ref["applies"]),
             "ref_declared": bool(ref["declared"]), "group_size": info["group_size"], "has_tensors": info["has_tensors"],
             "entropy_scalars": any("entropy" in n for n in names), "grad_steps": grad_steps.num_rows,
-            "rollout_pairs": pairable.num_rows,
+            "rollout_pairs": bool(pairable),
             "sign_steps": int(pc.sum(pc.is_valid(grad_steps["sign_agreement"])).as_py() or 0)}
 
 
@@ -148,7 +149,7 @@ def _run_check(con, check: Check, facts: dict[str, Any], params: dict[str, Any],
     if found.num_rows == 0:
         return {**row, "status": "pass"}
     first = found.slice(0, 1).to_pylist()[0]
-    if check.name == "nonfinite" and first.get("source") == "key_data":
+    if check.name == "nonfinite" and first.get("source") == "key_data" and info["has_tensors"]:
         first["element"] = _first_nonfinite_element(dump, first)
     text = ", ".join(f"{k}={_fmt(v)}" for k, v in first.items() if v is not None)
     return {**row, "status": check.severity, "rows": found.num_rows, "first": text}

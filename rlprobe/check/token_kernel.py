@@ -1,7 +1,7 @@
 """Reduce one pair of per-token log-prob tensors (trainer `a`, other `b`; Δ = b − a) to the
 figures the token-level checks read, in one compiled pass over the tokens (numba), no Python
-per token. Pairs are independent, so `reduce_pairs` runs them on a thread pool (the kernel
-releases the GIL).
+per token. Pairs are independent: rlprobe/check/token_tables.py runs them on a thread pool (the
+kernel releases the GIL), adding the pairs of one step into one set of figures (`into`).
 
 Per pair: token count, Σ Δ, Σ Δ², Σ |Δ|, max |Δ|, the count of tokens whose ratio exp(Δ) lies
 outside [1 − ε, 1 + ε] (Δ < log(1 − ε) or Δ > log(1 + ε): no exp per token); a histogram of Δ
@@ -16,9 +16,8 @@ buckets of 0.1); per sequence (row) Σ Δ, the log of the sequence's importance 
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from functools import lru_cache
 
 import numba
 import numpy as np
@@ -149,37 +148,41 @@ def as_rows(x: np.ndarray) -> np.ndarray:
     return x.reshape(x.shape[0] if x.ndim > 1 else 1, -1)
 
 
-def reduce_pair(a: np.ndarray, b: np.ndarray, eps: float, mask: np.ndarray | None = None
-                ) -> tuple[PairFigures, np.ndarray, np.ndarray]:
+@lru_cache(maxsize=64)
+def _positions(width: int) -> np.ndarray:
+    position_of = np.zeros(width, np.int64)
+    if width > 1:
+        position_of[1:] = np.minimum(np.floor(np.log2(np.arange(1, width))).astype(np.int64) + 1, N_POSITIONS - 1)
+    return position_of
+
+
+def reduce_pair(a: np.ndarray, b: np.ndarray, eps: float, mask: np.ndarray | None = None,
+                into: PairFigures | None = None) -> tuple[PairFigures, np.ndarray, np.ndarray]:
     """(figures, per-sequence Σ Δ, per-sequence token count) of one pair of equal shapes (a mask
-    of the same number of elements). Floating point only: token ids are no log-probs."""
+    of the same number of elements). Floating point only: token ids are no log-probs. With `into`
+    the pair's figures are added to those (one kernel call per pair, no per-pair histogram)."""
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape or (mask is not None and np.asarray(mask).size != a.size):
         raise ValueError(f"shapes differ: {a.shape} vs {b.shape}"
                          + ("" if mask is None else f", mask {np.asarray(mask).shape}"))
     a2, b2 = as_rows(a), as_rows(b)
-    m2 = np.ones(a2.shape, np.uint8) if mask is None else as_rows(mask).reshape(a2.shape).astype(np.uint8)
-    position_of = np.zeros(a2.shape[1], np.int64)
-    if a2.shape[1] > 1:
-        position_of[1:] = np.minimum(np.floor(np.log2(np.arange(1, a2.shape[1]))).astype(np.int64) + 1,
-                                     N_POSITIONS - 1)
-    f = PairFigures()
+    if mask is None:
+        m2 = np.ones(a2.shape, np.uint8)
+    else:
+        m2 = as_rows(np.asarray(mask)).reshape(a2.shape)
+        m2 = m2.view(np.uint8) if m2.dtype == np.bool_ else (m2 != 0).view(np.uint8)  # bool: no copy
+    f = PairFigures() if into is None else into
     sums = np.zeros(7)
     seq_sum = np.zeros(a2.shape[0])
     seq_n = np.zeros(a2.shape[0], np.int64)
     lo = math.log(1.0 - eps) if eps < 1 else -math.inf
-    _reduce(a2, b2, m2, lo, math.log(1.0 + eps), position_of, _LOG_THRESHOLDS, sums, f.hist, f.pos_count, f.pos_sum,
-            f.pos_max, f.prob_count, f.prob_sum, seq_sum, seq_n)
-    f.tokens, f.sum_delta, f.sum_sq, f.sum_abs = int(sums[0]), sums[1], sums[2], sums[3]
-    f.max_abs, f.outside, f.nonfinite = sums[4], int(sums[5]), int(sums[6])
+    _reduce(a2, b2, m2, lo, math.log(1.0 + eps), _positions(a2.shape[1]), _LOG_THRESHOLDS, sums, f.hist, f.pos_count,
+            f.pos_sum, f.pos_max, f.prob_count, f.prob_sum, seq_sum, seq_n)
+    f.tokens += int(sums[0])
+    f.sum_delta += sums[1]
+    f.sum_sq += sums[2]
+    f.sum_abs += sums[3]
+    f.max_abs = max(f.max_abs, sums[4])
+    f.outside += int(sums[5])
+    f.nonfinite += int(sums[6])
     return f, seq_sum, seq_n
-
-
-def reduce_pairs(jobs: Iterable[Callable[[], tuple]], eps: float, workers: int = 2) -> list:
-    """reduce_pair over jobs (each returns (a, b, mask)), `workers` at a time; results in order."""
-    def one(job):
-        a, b, mask = job()
-        return reduce_pair(a, b, eps, mask)
-
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(one, jobs))

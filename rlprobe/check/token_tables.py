@@ -1,31 +1,48 @@
 """Token-level tables from the saved tensors: each log-prob pair reduced by the kernel
 (rlprobe/check/token_kernel.py) and merged per (pair, step, rank), and GRPO advantages per group.
 
-Pairs (a: the trainer's recomputation, b: the other side, Δ = b − a), matched on (step, rank,
-micro_step, index) and equal shapes only, masked by the response mask saved in the same call:
+Pairs (a: the trainer's recomputation, b: the other side, Δ = b − a), masked by the response mask:
 - `rollout_vs_old`: rollout_log_prob vs old_log_prob;
-- `rollout_vs_log_prob`: rollout_log_prob vs log_prob, at micro-step 0 where no old_log_prob is
-  saved (the checks keep its on-policy steps);
-both only in steps without `sample_ids`: trainers that save them (TRL) save the rollout and the
-shuffled update micro-batches in different calls, whose rows are other samples until pairs are
-aligned by sample id (issue 14);
-- `on_policy`: log_prob vs old_log_prob at micro-step 0.
+- `rollout_vs_log_prob`: rollout_log_prob vs log_prob where no old_log_prob is saved (the checks
+  keep its on-policy steps);
+  both by sample where the rollout's rows carry a sample identity (`save(..., sample_ids=...)`:
+  rlprobe/check/sample_pairs.py; TRL saves the rollout and the shuffled update micro-batches in
+  different calls), else within one save call (same step, rank, micro_step, index; micro-step 0
+  for log_prob; equal shapes);
+- `on_policy`: log_prob vs old_log_prob at micro-step 0 of one save call.
+The pairs of one (pair, step, rank) are one job: a kernel call per part, adding into one set of
+figures (no per-pair histogram or Python object per pair), jobs on a thread pool.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rlprobe.check.sample_pairs import sample_parts, samples_table
 from rlprobe.check.token_kernel import (N_POSITIONS, N_PROBABILITY, HALF, PairFigures, bin_lower_edges,
-                                        bin_upper_edges, position_bounds, reduce_pairs)
+                                        bin_upper_edges, position_bounds, reduce_pair)
 from rlprobe.lake.reader import Dump
 
-_WANTED = ("log_prob", "old_log_prob", "rollout_log_prob", "response_mask", "advantages", "group_ids", "sample_ids")
+_WANTED = ("log_prob", "old_log_prob", "rollout_log_prob", "response_mask", "advantages", "group_ids")
 QUANTILES = (("p50_abs", 0.5), ("p95_abs", 0.95), ("p99_abs", 0.99))
+
+
+class Part(NamedTuple):
+    """One kernel call: tensor rows a, b and the mask's (None: every token), and which of their
+    leading-dimension rows pair up (None: all, in order)."""
+
+    pair: str
+    a: dict
+    b: dict
+    mask: dict | None
+    a_rows: np.ndarray | None = None
+    b_rows: np.ndarray | None = None
+    mask_rows: np.ndarray | None = None
 
 
 def tensor_rows(stats: pa.Table) -> dict[tuple[str, int, int, int, str], dict[str, Any]]:
@@ -37,12 +54,14 @@ def tensor_rows(stats: pa.Table) -> dict[tuple[str, int, int, int, str], dict[st
     return {(r["canonical"], r["step"], r["rank"], r["micro_step"], r["index"]): r for r in rows}
 
 
-def pairs(rows: dict[tuple, dict[str, Any]]) -> list[tuple[str, dict, dict, dict | None]]:
-    """(pair name, row a, row b, mask row or None) of every pair of equal shape."""
-    found = []
+def pairs(rows: dict[tuple, dict[str, Any]], samples: pa.Table | None = None) -> list[Part]:
+    """Every pair: rollout rows by sample where the dump saved their identity, else within a call."""
+    by_sample = sample_parts(samples, rows) if samples is not None and samples.num_rows else []
+    aligned = {(p.b["step"], p.b["rank"], p.b["micro_step"], p.b["index"]) for p in by_sample}
+    found = list(by_sample)
     for (name, step, rank, micro, index), b in rows.items():
         if name == "rollout_log_prob":
-            if _has_sample_ids(rows, step, rank):
+            if (step, rank, micro, index) in aligned:
                 continue
             a = rows.get(("old_log_prob", step, rank, micro, index))
             pair = "rollout_vs_old"
@@ -52,43 +71,54 @@ def pairs(rows: dict[tuple, dict[str, Any]]) -> list[tuple[str, dict, dict, dict
             a, pair = rows.get(("old_log_prob", step, rank, micro, index)), "on_policy"
         else:
             continue
-        if a is None or a["shape"] != b["shape"] or not _is_float(a) or not _is_float(b):
+        if a is None or a["shape"] != b["shape"] or not is_float(a) or not is_float(b):
             continue
         mask = (rows.get(("response_mask", step, rank, micro, index))
                 or rows.get(("response_mask", step, rank, micro, "")))
         if mask is not None and int(np.prod(mask["shape"] or [1])) != int(np.prod(a["shape"] or [1])):
             mask = None
-        found.append((pair, a, b, mask))
+        found.append(Part(pair, a, b, mask))
     return found
 
 
-def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2) -> dict[str, pa.Table]:
-    """token_steps, token_hist, token_positions, token_probability and token_sequences."""
-    rows = tensor_rows(stats)
-    work = pairs(rows)
+def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samples: pa.Table | None = None
+                 ) -> dict[str, pa.Table]:
+    """token_steps, token_hist, token_positions, token_probability and token_sequences
+    (`samples`: samples_table(dump), when the caller has it already)."""
+    work: dict[tuple[str, int, int], list[Part]] = {}
+    for part in pairs(tensor_rows(stats), samples_table(dump) if samples is None else samples):
+        work.setdefault((part.pair, part.a["step"], part.a["rank"]), []).append(part)
 
-    def job(a, b, mask):
-        return lambda: (dump.load_tensor(a["tensor_file"], a["dtype"], mmap=True),
-                        dump.load_tensor(b["tensor_file"], b["dtype"], mmap=True),
-                        None if mask is None else dump.load_tensor(mask["tensor_file"], mask["dtype"], mmap=True))
+    def job(parts: list[Part]) -> tuple[PairFigures, list]:
+        figures, sequences, loaded = PairFigures(), [], {}
 
-    results = reduce_pairs([job(a, b, m) for _, a, b, m in work], eps, workers)
+        def load(row: dict, picks: np.ndarray | None) -> np.ndarray:
+            if row["tensor_file"] not in loaded:
+                loaded[row["tensor_file"]] = dump.load_tensor(row["tensor_file"], row["dtype"], mmap=True)
+            x = loaded[row["tensor_file"]]
+            return x if picks is None else np.asarray(x)[picks]
+
+        for p in parts:
+            mask = None if p.mask is None else load(p.mask, p.mask_rows)
+            _, seq_sum, seq_n = reduce_pair(load(p.a, p.a_rows), load(p.b, p.b_rows), eps, mask, into=figures)
+            rows = np.arange(len(seq_sum)) if p.a_rows is None else p.a_rows
+            sequences.append((p.a["micro_step"], rows, seq_n, seq_sum))
+        return figures, sequences
+
+    keys = sorted(work)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        results = list(pool.map(job, (work[k] for k in keys)))
     merged: dict[tuple[str, int, int], tuple[PairFigures, dict]] = {}
-    sequences: dict[str, list] = {k: [] for k in ("pair", "step", "rank", "micro_step", "sequence", "tokens",
-                                                   "log_ratio")}
-    for (pair, a, b, mask), (figures, seq_sum, seq_n) in zip(work, results):
-        key = (pair, a["step"], a["rank"])
-        if key not in merged:
-            merged[key] = (PairFigures(), {"dtype_a": a["dtype"], "dtype_b": b["dtype"], "masked": False,
-                                           "first_micro_step": a["micro_step"]})
-        merged[key][0].add(figures)
-        merged[key][1]["masked"] |= mask is not None
-        n = len(seq_sum)
-        for name, values in (("pair", [pair] * n), ("step", [a["step"]] * n), ("rank", [a["rank"]] * n),
-                             ("micro_step", [a["micro_step"]] * n), ("sequence", range(n)),
-                             ("tokens", seq_n.tolist()), ("log_ratio", seq_sum.tolist())):
-            sequences[name].extend(values)
-    return {**_step_tables(merged, eps), "token_sequences": pa.table(sequences, schema=SEQUENCES)}
+    columns: dict[str, list[np.ndarray]] = {k: [] for k in SEQUENCES.names}
+    for key, (figures, sequences) in zip(keys, results):
+        parts = work[key]
+        merged[key] = (figures, {"dtype_a": parts[0].a["dtype"], "dtype_b": parts[0].b["dtype"],
+                                 "masked": any(p.mask is not None for p in parts)})
+        for micro, rows, seq_n, seq_sum in sequences:
+            n = len(seq_sum)
+            _extend(columns, key[0], key[1], key[2], micro_step=np.full(n, micro, np.int64), sequence=rows,
+                    tokens=seq_n, log_ratio=seq_sum)
+    return {**_step_tables(merged, eps), "token_sequences": _table(columns, SEQUENCES)}
 
 
 SEQUENCES = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("micro_step", pa.int64()),
@@ -141,7 +171,7 @@ def _step_tables(merged: dict[tuple[str, int, int], tuple[PairFigures, dict]], e
 
 
 def _extend(columns: dict[str, list[np.ndarray]], pair: str, step: int, rank: int, **values: np.ndarray) -> None:
-    size = len(values["lo"])
+    size = len(next(iter(values.values())))
     columns["pair"].append(np.full(size, pair, dtype=object))
     columns["step"].append(np.full(size, step, np.int64))
     columns["rank"].append(np.full(size, rank, np.int64))
@@ -157,32 +187,34 @@ def _table(columns: dict[str, list[np.ndarray]], schema: pa.Schema) -> pa.Table:
 
 
 GROUPS = pa.schema([("step", pa.int64()), ("rank", pa.int64()), ("micro_step", pa.int64()), ("index", pa.string()),
-                    ("group_id", pa.int64()), ("sequences", pa.int64()), ("advantage_sum", pa.float64()),
+                    ("group_id", pa.string()), ("sequences", pa.int64()), ("advantage_sum", pa.float64()),
                     ("advantage_mean", pa.float64()), ("advantage_abs_mean", pa.float64()),
                     ("group_source", pa.string())])
 
 
-def group_advantages(dump: Dump, stats: pa.Table, group_size: int | None) -> pa.Table:
+def group_advantages(dump: Dump, stats: pa.Table, group_size: int | None, samples: pa.Table | None = None
+                     ) -> pa.Table:
     """Per GRPO group: the sum and mean of the sequences' advantages (a sequence's advantage is the
-    mean over its tokens). Groups from a `group_ids` tensor saved in the same call, else from
-    consecutive rows of `group_size` (a config key)."""
+    mean over its tokens). Groups from the advantages' sample rows (`save(..., group_ids=...)`),
+    else from a `group_ids` tensor saved in the same call (older dumps), else from consecutive rows
+    of `group_size` (a config key)."""
     rows = tensor_rows(stats)
+    saved_groups = _sample_groups(samples_table(dump) if samples is None else samples)
     out: list[dict] = []
     for (name, step, rank, micro, index), row in sorted(rows.items(), key=lambda kv: kv[0][1:]):
         if name != "advantages":
             continue
         adv = dump.load_tensor(row["tensor_file"], row["dtype"]).astype(np.float64)
         per_seq = adv.reshape(adv.shape[0], -1).mean(axis=1) if adv.ndim > 1 else adv.ravel()
+        ids, source = saved_groups.get((step, rank, micro, index)), "save(group_ids=...)"
         ids_row = rows.get(("group_ids", step, rank, micro, index)) or rows.get(("group_ids", step, rank, micro, ""))
-        ids = None
-        if ids_row is not None:
-            ids = dump.load_tensor(ids_row["tensor_file"], ids_row["dtype"]).ravel().astype(np.int64)
-            source = "saved group_ids"
+        if (ids is None or ids.size != per_seq.size) and ids_row is not None:
+            ids, source = dump.load_tensor(ids_row["tensor_file"], ids_row["dtype"]).ravel(), "saved group_ids"
         if ids is None or ids.size != per_seq.size:
             if not group_size:
                 continue
             ids, source = np.arange(per_seq.size) // group_size, f"config group size {group_size}"
-        groups, inverse = np.unique(ids, return_inverse=True)
+        groups, inverse = np.unique(np.asarray(ids).astype(str), return_inverse=True)
         count = np.bincount(inverse)
         total = np.bincount(inverse, weights=per_seq)
         absolute = np.bincount(inverse, weights=np.abs(per_seq))
@@ -193,10 +225,17 @@ def group_advantages(dump: Dump, stats: pa.Table, group_size: int | None) -> pa.
     return pa.Table.from_pylist(out, schema=GROUPS)
 
 
-def _has_sample_ids(rows: dict[tuple, dict[str, Any]], step: int, rank: int) -> bool:
-    return any(k[0] == "sample_ids" and k[1] == step and k[2] == rank for k in rows)
+def _sample_groups(samples: pa.Table) -> dict[tuple[int, int, int, str], np.ndarray]:
+    """(step, rank, micro_step, index) of each advantages tensor -> its rows' group ids, from save(group_ids=...)."""
+    if samples.num_rows == 0:
+        return {}
+    table = samples.filter(pc.and_(pc.equal(samples["canonical"], "advantages"), pc.is_valid(samples["group_id"])))
+    found: dict[tuple[int, int, int, str], dict[int, str]] = {}
+    for r in table.select(["step", "rank", "micro_step", "index", "row", "group_id"]).to_pylist():
+        found.setdefault((r["step"], r["rank"], r["micro_step"], r["index"]), {})[r["row"]] = r["group_id"]
+    return {k: np.array([v[i] for i in sorted(v)], dtype=object) for k, v in found.items()}
 
 
-def _is_float(row: dict[str, Any]) -> bool:
+def is_float(row: dict[str, Any]) -> bool:
     dtype = (row.get("dtype") or "float").lower()
     return "float" in dtype or "bf16" in dtype or "half" in dtype or "double" in dtype

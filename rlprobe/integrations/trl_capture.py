@@ -5,9 +5,9 @@ Per optimizer step S (TRL's `state.global_step` when the step begins) the probe 
 
 - the rollout, once per generation, in generation order: prompts, prompt_mask, responses,
   response_mask, rewards (the weighted total) and `rewards/<function>`, advantages,
-  ref_log_prob, rollout_log_prob (None where TRL has none), sample_ids and group_ids;
-- the update, once per micro-batch, in the order TRL shuffled them: sample_ids, old_log_prob
-  (None where TRL did not compute it), log_prob, entropies, loss.
+  ref_log_prob, rollout_log_prob (None where TRL has none), with save(sample_ids=, group_ids=);
+- the update, once per micro-batch, in the order TRL shuffled them: old_log_prob (None where TRL
+  did not compute it), log_prob, entropies, loss, with save(sample_ids=) (the rows' own ids).
 
 Module stages follow the probe's rlprobe_config: `rollout_generate` (generation),
 `actor_compute_log_prob` (old log-probs), `reference_compute_log_prob`, `reward_compute`
@@ -29,18 +29,11 @@ SAMPLE_IDS = "_rlprobe_sample_ids"  # travels with TRL's batch through its shuff
 OLD_LOG_PROB = "_rlprobe_old_log_prob"  # per-token old log-probs where TRL keeps only sums (RLOO)
 
 
-def alignment_keys(sample_ids: Any, group_ids: Any = None) -> dict[str, Any]:
-    """The per-row sample (and GRPO group) ids of one save call. Until `probe.save(data,
-    sample_ids=..., group_ids=...)` exists (issue 14) they are saved as ordinary keys of the
-    same call; switching is this one function."""
-    keys = {"sample_ids": sample_ids}
-    if group_ids is not None:
-        keys["group_ids"] = group_ids
-    return keys
-
-
 def save_rows(probe: Any, data: dict[str, Any], sample_ids: Any, group_ids: Any = None) -> None:
-    probe.save({**data, **alignment_keys(sample_ids, group_ids)})
+    """One save call whose batch rows carry their sample (and GRPO group) ids: the dump's `sample`
+    rows (docs/dump-format.md), which align the rollout with TRL's shuffled micro-batches."""
+    probe.save(data, sample_ids=sample_ids.detach().cpu(),
+               group_ids=None if group_ids is None else group_ids.detach().cpu())
 
 
 class StepCallback(TrainerCallback):

@@ -1,13 +1,14 @@
 -- Check rollout_vs_recompute (fails): the rollout engine's log-probs of the sampled tokens
 -- (rollout_log_prob; verl rollout_log_probs, TRL sampling_per_token_logps) agree with the trainer's
 -- recomputation of the same tokens: old_log_prob, or log_prob at an on-policy micro-batch (micro-step
--- 0 of a generating step, see on_policy.sql) where no old_log_prob is saved; only in steps that save
--- no sample_ids (such trainers, TRL, save rollout and shuffled update micro-batches in different calls,
--- whose rows are other samples until pairs are aligned by sample id). One row per step and rank
--- that exceeds a threshold. Token level (token_steps: masked by the response mask where saved; Δ =
--- rollout - trainer): mean |Δ|, the share of tokens whose ratio exp(Δ) is outside [1-eps, 1+eps]
+-- 0 of a generating step, see on_policy.sql) where no old_log_prob is saved. Token level, rollout and
+-- trainer rows are paired by sample where the dump saved sample identity (TRL saves the rollout and the
+-- shuffled update micro-batches in different calls; rlprobe/check/sample_pairs.py), else within one
+-- save call. One row per step and rank that exceeds a threshold. Token level (token_steps: masked by
+-- the response mask where saved; Δ = rollout - trainer): mean |Δ|, the share of tokens whose ratio exp(Δ) is outside [1-eps, 1+eps]
 -- (eps: the run's clip range from its config, else 0.2; `--param eps=...`), max |Δ|. Statistics
--- level (no tensors): |mean(rollout) - mean(trainer)| per batch, a lower bound of mean |Δ|.
+-- level (no tensors): |mean(rollout) - mean(trainer)| per batch saved in one call, a lower bound of
+-- mean |Δ| (statistics-only dumps whose rollout and trainer calls differ are not compared).
 -- Reads: stats, run_info, token_steps.
 -- param max_mean_abs_delta = 0.001 : largest mean |Δ| (nats) a step may show
 -- param max_outside_share = 0.001 : largest share of tokens whose ratio is outside [1-eps, 1+eps]
@@ -27,7 +28,6 @@ rollout AS (
 trainer AS (
   SELECT * FROM stats WHERE canonical IN ('old_log_prob', 'log_prob') AND NOT coalesce(absent, false)
 ),
-with_ids AS (SELECT DISTINCT step, rank FROM stats WHERE key = 'sample_ids'),
 with_old AS (SELECT DISTINCT step, rank, micro_step FROM trainer WHERE canonical = 'old_log_prob'),
 with_tokens AS (SELECT DISTINCT step, rank FROM token_steps WHERE pair IN ('rollout_vs_old', 'rollout_vs_log_prob')),
 stat_pairs AS (
@@ -38,7 +38,6 @@ stat_pairs AS (
   FROM rollout AS r
   JOIN trainer AS o ON o.step = r.step AND o.rank = r.rank AND o.micro_step = r.micro_step AND o."index" = r."index"
   CROSS JOIN info
-  ANTI JOIN with_ids AS i ON i.step = r.step AND i.rank = r.rank
   ANTI JOIN with_tokens AS w ON w.step = r.step AND w.rank = r.rank
   LEFT JOIN with_old AS x ON x.step = r.step AND x.rank = r.rank AND x.micro_step = r.micro_step
   WHERE r.shape IS NOT DISTINCT FROM o.shape

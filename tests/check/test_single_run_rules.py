@@ -113,7 +113,7 @@ def test_grpo_advantages_per_saved_group_ids_and_per_config_group_size(tmp_path)
     groups = np.array([0, 0, 1, 1, 2, 2])
     result = rlprobe.check(write(tmp_path / "d", [[{"advantages": adv, "group_ids": groups}]]))
     rows = result.rows["grpo_advantages"].to_pylist()
-    assert [(r["group_id"], r["advantage_sum"], r["group_source"]) for r in rows] == [(2, 1.0, "saved group_ids")]
+    assert [(r["group_id"], r["advantage_sum"], r["group_source"]) for r in rows] == [("2", 1.0, "saved group_ids")]
     result = rlprobe.check(write(tmp_path / "e", [[{"advantages": adv[:4]}]], {"grpo": {"num_generations": 2}}))
     assert statuses(result)["grpo_advantages"] == "pass" and result.info["group_size"] == 2
 

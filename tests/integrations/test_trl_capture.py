@@ -14,8 +14,8 @@ import rlprobe
 from rlprobe.errors import ProbeError
 
 ROLLOUT = {"prompts", "prompt_mask", "responses", "response_mask", "rewards", "rewards/even_words",
-           "rewards/short_answer", "advantages", "ref_log_prob", "rollout_log_prob", "sample_ids", "group_ids"}
-UPDATE = {"sample_ids", "old_log_prob", "log_prob", "entropies", "loss"}
+           "rewards/short_answer", "advantages", "ref_log_prob", "rollout_log_prob"}
+UPDATE = {"old_log_prob", "log_prob", "entropies", "loss"}
 
 
 def rows(dump, key: str, step: int) -> list[dict]:
@@ -27,15 +27,22 @@ def tensor(dump, key: str, step: int, micro_step: int = 0) -> np.ndarray:
     return rlprobe.open(dump).tensor(key, step=step, rank=0, micro_step=micro_step)
 
 
+def sample_ids(dump, key: str, step: int, micro_step: int = 0, field: str = "sample_id") -> list[int]:
+    """The ids save(sample_ids=..., group_ids=...) gave the rows of one saved tensor, in row order."""
+    table = rlprobe.open(dump).arrow("sample").to_pylist()
+    found = sorted((r["row"], r[field]) for r in table
+                   if r["key"] == key and r["step"] == step and r["micro_step"] == micro_step and r["rank"] == 0)
+    return [int(v) for _, v in found]
+
+
 def aligned(dump, step: int, key: str) -> tuple[np.ndarray, np.ndarray]:
     """The rollout's `key` rows in the order of the update's micro-batches (by sample id), and
     the update's log_prob rows stacked in that order."""
-    rollout_ids = tensor(dump, "sample_ids", step, 0)
-    position = {int(s): i for i, s in enumerate(rollout_ids)}
+    position = {s: i for i, s in enumerate(sample_ids(dump, "responses", step))}
     picked, log_prob = [], []
     for m in range(len(rows(dump, "log_prob", step))):
-        ids = tensor(dump, "sample_ids", step, m + 1)  # micro_step 0 is the rollout's call
-        picked.append(tensor(dump, key, step, 0)[[position[int(s)] for s in ids]])
+        ids = sample_ids(dump, "log_prob", step, m)
+        picked.append(tensor(dump, key, step, 0)[[position[s] for s in ids]])
         log_prob.append(tensor(dump, "log_prob", step, m))
     return np.concatenate(picked), np.concatenate(log_prob)
 
@@ -52,9 +59,9 @@ def test_each_step_holds_the_rollout_and_every_micro_batch(trl_runs):
         # TRL computes no old log-probs with num_iterations=1, nor sampling log-probs without vLLM
         assert [r["absent"] for r in rows(dump, "old_log_prob", step)] == [True, True]
         assert [r["absent"] for r in rows(dump, "rollout_log_prob", step)] == [True]
-    ids = [tensor(dump, "sample_ids", s, 0).tolist() for s in range(3)]
+    ids = [sample_ids(dump, "responses", s) for s in range(3)]
     assert ids == [list(range(8 * s, 8 * s + 8)) for s in range(3)]
-    assert tensor(dump, "group_ids", 1, 0).tolist() == [2, 2, 2, 2, 3, 3, 3, 3]  # num_generations=4
+    assert sample_ids(dump, "responses", 1, field="group_id") == [2, 2, 2, 2, 3, 3, 3, 3]  # num_generations=4
 
 
 def test_rewards_are_the_reward_functions_of_the_saved_responses(trl_runs):
@@ -74,7 +81,8 @@ def test_rewards_are_the_reward_functions_of_the_saved_responses(trl_runs):
 def test_advantages_are_the_group_normalised_rewards(trl_runs):
     dump = trl_runs.get("base")
     for step in range(3):
-        rewards, groups = tensor(dump, "rewards", step).astype(np.float64), tensor(dump, "group_ids", step)
+        rewards, groups = (tensor(dump, "rewards", step).astype(np.float64),
+                           np.array(sample_ids(dump, "rewards", step, field="group_id")))
         expected = np.empty_like(rewards)
         for g in np.unique(groups):
             r = rewards[groups == g]
@@ -89,7 +97,7 @@ def test_sample_ids_align_the_shuffled_micro_batches_with_the_rollout(trl_runs):
     ref, log_prob = aligned(dump, 0, "ref_log_prob")
     mask, _ = aligned(dump, 0, "response_mask")
     assert np.abs(ref - log_prob)[mask.astype(bool)].max() < 1e-5
-    order = np.concatenate([tensor(dump, "sample_ids", 0, m) for m in (1, 2)])
+    order = np.concatenate([sample_ids(dump, "log_prob", 0, m) for m in (0, 1)])
     assert sorted(order.tolist()) == list(range(8)) and order.tolist() != list(range(8))  # shuffled, all there
 
 

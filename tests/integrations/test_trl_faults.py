@@ -25,7 +25,8 @@ def test_two_seeded_runs_do_not_diverge(trl_runs, tmp_path):
     trl_runs.get("base")
     summary = compare(trl_runs, "base", "base_again", tmp_path)
     assert summary["first_divergence"] is None
-    assert summary["counts"].get("mismatch", 0) == 0 and summary["counts"]["match"] > 50
+    # 45 (key, step, call) pairs: sample and group ids are sample rows now (save(sample_ids=)), not keys
+    assert summary["counts"].get("mismatch", 0) == 0 and summary["counts"]["match"] >= 45
     # old_log_prob (TRL computes none with num_iterations=1) is absent in both, not a divergence
     assert summary["counts"]["absent_in_both"] > 0
 
