@@ -3,6 +3,7 @@
     python benchmarks/grad_overhead.py                   # everything (about 5 minutes on 2 cores)
     python benchmarks/grad_overhead.py --no-compare      # step time and sign bytes only (~2.5 minutes)
     python benchmarks/grad_overhead.py --no-steps --compare-steps 100   # the comparison only
+    python benchmarks/grad_overhead.py --params          # parameter fingerprints vs plain steps only
 
 Workload (issue 4, "Speed"): nn.Sequential of 6 Linear(1024, 1024) with ReLU between, AdamW,
 batch 256, MSE loss; torch threads = 2 in every process (`--threads`). The model, data and step
@@ -99,6 +100,45 @@ def run_rlprobe(dump: Path, level: str, steps: int, warmup: int, seed: int = 0, 
             "bytes_on_disk": sum(f.stat().st_size for f in dump.rglob("*") if f.is_file())}
 
 
+def run_params(dump: Path, steps: int, warmup: int, seed: int = 0, lr: float = 1e-3) -> dict:
+    """The workload with parameter fingerprints only (`monitor_params`, no gradient monitor)."""
+    model, opt, step = make_workload(seed, lr, torch)
+    probe = rlprobe.Probe(dump)
+    probe.monitor_params(model, optimizer=opt, name="mlp")
+    for i in range(warmup):
+        step(i)
+        probe.step()
+    times = []
+    for i in range(warmup, warmup + steps):
+        s0 = time.perf_counter()
+        step(i)
+        probe.step()
+        times.append(time.perf_counter() - s0)
+    probe.close()
+    return {"step_s": times}
+
+
+def param_overhead(args: argparse.Namespace) -> int:
+    """--params: plain vs fingerprints, alternating, `--repeat` pairs; the per-step median of each
+    run, the median over repetitions and the median of the paired ratios."""
+    plain, params, ratios, log = [], [], [], []
+    for r in range(args.repeat):
+        wait_idle(args.min_idle, args.idle_timeout, log)
+        p = med(run_plain(args.steps, args.warmup)["step_s"])
+        with tempfile.TemporaryDirectory() as d:
+            f = med(run_params(Path(d) / "dump", args.steps, args.warmup)["step_s"])
+        plain.append(p)
+        params.append(f)
+        ratios.append(f / p)
+        print(f"rep {r}: plain {p * 1e3:.1f} ms, fingerprints {f * 1e3:.1f} ms, ratio {f / p:.4f}", flush=True)
+    result = {"plain_ms": med(plain) * 1e3, "fingerprints_ms": med(params) * 1e3, "paired_ratio": med(ratios),
+              "ratio_min": min(ratios), "ratio_max": max(ratios), "idle": log}
+    print(json.dumps(result, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
 def run_msprobe(args: list[str]) -> dict:
     proc = subprocess.run([str(MSPROBE_PY), str(WORKLOAD), *args], capture_output=True, text=True)
     if proc.returncode != 0:
@@ -191,10 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-every-param", action="store_true",
                     help="rlprobe draws a PNG per parameter too (--plot-every-param), as msprobe always does")
     ap.add_argument("--json", default=None, help="write the raw figures here")
+    ap.add_argument("--params", action="store_true",
+                    help="only the cost of parameter fingerprints (monitor_params) against plain steps")
     ap.add_argument("--min-idle", type=float, default=0.9,
                     help="before each timed run wait until this share of the CPU was idle for 1 s (0: never wait)")
     ap.add_argument("--idle-timeout", type=float, default=120.0)
     args = ap.parse_args(argv)
+    if args.params:
+        torch.set_num_threads(args.threads)
+        return param_overhead(args)
     if not MSPROBE_PY.exists():
         sys.exit(f"{MSPROBE_PY} missing: run benchmarks/setup_msprobe_venv.sh first")
     torch.set_num_threads(args.threads)

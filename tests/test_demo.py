@@ -60,7 +60,7 @@ def test_learning_rate_change_shows_after_the_first_update(tmp_path):
     r = demo("lr", tmp_path)
     first = r["key_data"]["first_divergence"]
     assert (first["key"], first["step"]) == ("responses", 1)
-    assert "parameter update after step 0" in r["key_data"]["suspect"]
+    assert "the update of step 0 differs for model 'actor'" in r["key_data"]["suspect"]  # parameter fingerprints
     out = tmp_path / "lr" / "compare"
     rows = pq.read_table(out / "key_data.parquet").to_pylist()
     assert {x["status"] for x in rows if x["step"] == 0} == {"match"}  # all key data of step 0

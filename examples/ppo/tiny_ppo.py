@@ -255,6 +255,8 @@ def train(cfg: dict[str, Any], out: str | None = None, fault: str | None = None,
     probe.save_config(cfg)
     probe.monitor_grads(actor, optimizer=actor_opt, name="actor", level="L1")
     probe.monitor_grads(critic, optimizer=critic_opt, name="critic", level="L0")
+    probe.monitor_params(actor, optimizer=actor_opt, name="actor")  # the weights after each update
+    probe.monitor_params(critic, optimizer=critic_opt, name="critic")
 
     global_batch, micro = p["batch_size"], p["micro_batches"]
     if global_batch % (world * micro):

@@ -1,6 +1,6 @@
 """`rlprobe.from_config(cfg)`: the training-config switch (MindSpeed-RL's `msprobe_config` keys accepted as is).
 
-Training code calls `save`, `save_config`, `log_metrics`, `stage`, `monitor_grads` and
+Training code calls `save`, `save_config`, `log_metrics`, `stage`, `monitor_grads`, `monitor_params` and
 `step` unconditionally; what each does is decided once, here, by the config. A switch that
 is off makes its call a plain method that returns at once (`stage` returns a shared null
 context manager), and with nothing switched on no probe is created at all: no files.
@@ -19,7 +19,8 @@ ACTOR_STAGES = ("actor_compute_log_prob", "actor_update")
 REFERENCE_STAGES = ("reference_compute_log_prob",)
 KEYS = {
     "enable": bool, "msprobe": bool, "dump_path": str, "key_data_dump": bool, "configurations_dump": bool,
-    "actor_train_dump": bool, "reference_dump": bool, "grads_dump": bool, "metrics_dump": bool,
+    "actor_train_dump": bool, "reference_dump": bool, "grads_dump": bool, "param_fingerprints": bool,
+    "metrics_dump": bool,
     "step_start": int, "step_end": int, "stages": list, "tensors": bool, "mode": str, "flush_interval": float,
 }
 
@@ -33,6 +34,7 @@ class ProbeConfig:
     key_data_dump: bool = False
     configurations_dump: bool = False
     grads_dump: bool = False
+    param_fingerprints: bool = False
     metrics_dump: bool | None = None  # None: follows key_data_dump
     stages: frozenset[str] = field(default_factory=frozenset)
     step_start: int | None = None
@@ -44,7 +46,7 @@ class ProbeConfig:
     @property
     def any_switch(self) -> bool:
         return self.enabled and bool(self.key_data_dump or self.configurations_dump or self.grads_dump
-                                     or self.metrics_dump or self.stages)
+                                     or self.param_fingerprints or self.metrics_dump or self.stages)
 
     def in_steps(self, step: int) -> bool:
         return (self.step_start is None or step >= self.step_start) and (self.step_end is None or step <= self.step_end)
@@ -93,6 +95,7 @@ def parse_config(cfg: Any) -> ProbeConfig:
         key_data_dump=bool(values.get("key_data_dump", False)),
         configurations_dump=bool(values.get("configurations_dump", False)),
         grads_dump=bool(values.get("grads_dump", False)),
+        param_fingerprints=bool(values.get("param_fingerprints", False)),
         metrics_dump=values.get("metrics_dump"),
         stages=frozenset(stages), step_start=start, step_end=end,
         tensors=bool(values.get("tensors", False)), mode=values.get("mode"),
@@ -164,6 +167,9 @@ class DisabledProbe:
     def monitor_grads(self, *args: Any, **kwargs: Any) -> None:
         return None
 
+    def monitor_params(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
     def stage(self, name: str, model: Any = None, **kwargs: Any) -> Any:
         return NULL_STAGE
 
@@ -201,6 +207,8 @@ class ConfiguredProbe:
             self.log_metrics = _noop
         if not config.grads_dump:
             self.monitor_grads = _noop
+        if not config.param_fingerprints:
+            self.monitor_params = _noop
 
     @property
     def current_step(self) -> int:
@@ -217,6 +225,9 @@ class ConfiguredProbe:
 
     def monitor_grads(self, *args: Any, **kwargs: Any) -> Any:
         return self.probe.monitor_grads(*args, **kwargs)
+
+    def monitor_params(self, *args: Any, **kwargs: Any) -> Any:
+        return self.probe.monitor_params(*args, **kwargs)
 
     def stage(self, name: str, model: Any = None, *, steps: Any = None, backward: bool | None = None,
               tensors: bool | None = None) -> Any:

@@ -29,6 +29,7 @@ from rlprobe.lake.samples import call_identity
 
 if TYPE_CHECKING:
     from rlprobe.capture.grads import GradMonitor
+    from rlprobe.capture.params import ParamMonitor
 
 Mode = Literal["new", "overwrite", "append"]
 OnError = Literal["raise", "warn"]
@@ -289,6 +290,18 @@ class Probe:
         self._usable(f"rank {self.rank}: monitor_grads(name={name!r})")
         monitor = GradMonitor(self, model, optimizer, name=name, level=level, bounds=bounds, params=params,
                               steps=steps, ranks=ranks)
+        self.__dict__.setdefault("_grad_monitors", []).append(monitor)
+        return monitor
+
+    def monitor_params(self, model: Any = None, optimizer: Any = None, *, name: str = "default",
+                       params: list[str] | None = None, steps: Any = None, ranks: Any = None) -> "ParamMonitor":
+        """Record a fingerprint of every parameter (digest of its bytes, sum, norm) after each step
+        of the optimizer that steps `model`'s parameters; returns a removable handle
+        (docs/dump-format.md, "param")."""
+        from rlprobe.capture.params import ParamMonitor
+
+        self._usable(f"rank {self.rank}: monitor_params(name={name!r})")
+        monitor = ParamMonitor(self, model, optimizer, name=name, params=params, steps=steps, ranks=ranks)
         self.__dict__.setdefault("_grad_monitors", []).append(monitor)
         return monitor
 

@@ -75,6 +75,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
                                       "max_abs_err", "max_rel_err", "message")},
         "module_first_divergence": None,
         "grad_first_flagged": None,
+        "param_first_difference": None,
         **verdict,
         "on_policy_recompute": within.on_policy,
         "rollout_vs_trainer": within.rollout,
@@ -108,6 +109,9 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
                                                                    steps=steps, ranks=ranks, **(grads or {}))
         tables.update(grad_tables)
     explain_beyond_key_data(summary, _grad_probe_step(tables.get("grads"), summary["grad_first_flagged"]))
+    from rlprobe.compare.params import add_param_comparison
+
+    add_param_comparison(tables, summary, dump_a, dump_b, first and first["canonical_key"], read_errors, steps, ranks)
     from rlprobe.compare.config_diff import diff_configs, explain_config, saved_configs
     from rlprobe.compare.key_aliases import flow_warning
     from rlprobe.compare.verdict_modules import follow_up

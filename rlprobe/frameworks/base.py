@@ -2,7 +2,7 @@
 
 Capture code (rlprobe.capture) asks these questions and never names a framework: is this a
 tensor, what dtype, a snapshot of these tensors, which rank, rank 0's value on every rank, hook
-this module, hook this optimizer's step, gradient statistics of these tensors. An adapter
+this module, hook this optimizer's step, gradient statistics and parameter fingerprints. An adapter
 subclasses `Adapter`, answers what its framework can (the defaults say "not supported"), and is
 registered by one line in `rlprobe.frameworks.ADAPTERS`.
 """
@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from rlprobe.lake.grad_stats import GradBatch
+from rlprobe.lake.param_stats import ParamBatch
 
 
 @dataclass
@@ -144,4 +145,10 @@ class Adapter:
         """Queue the statistics of one step's gradients (lake/grad_stats.host_batch's semantics);
         returns the function the writer calls for the host batch, and the bytes in flight.
         `state` is one dict per monitor, kept between steps (device buffers, compiled kernels)."""
+        raise NotImplementedError
+
+    def param_fingerprints(self, params: Sequence[Any]) -> tuple[Callable[[], ParamBatch], int]:
+        """Queue the fingerprints of parameters just updated (lake/param_stats.host_fingerprints'
+        semantics) on their device, without waiting for it; returns the function the writer calls
+        for the host batch, and the bytes in flight."""
         raise NotImplementedError

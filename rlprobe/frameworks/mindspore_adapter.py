@@ -92,6 +92,11 @@ class MindSporeAdapter(Adapter):
 
         return host_grad_stats(grads, level, bounds)
 
+    def param_fingerprints(self, params: Sequence[Any]):
+        from rlprobe.frameworks.mindspore_grads import host_param_fingerprints
+
+        return host_param_fingerprints(params)
+
 
 def mindspore_rank_and_world() -> tuple[int, int] | None:
     try:

@@ -1,4 +1,4 @@
-"""Gradient monitoring of a MindSpore optimizer (pynative mode, CPU).
+"""Gradient monitoring and parameter fingerprints of a MindSpore optimizer (pynative mode, CPU).
 
 A forward pre-hook on the optimizer cell sees the gradient tuple it is called with, in the
 order of `optimizer.parameters` (whose names are the parameter names); a forward hook runs once
@@ -9,13 +9,14 @@ refused with a ProbeError.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import mindspore as ms
 
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks.base import GradFinish, OptimizerHooks, OptimizerStep, ParamFilter, StepCallback
 from rlprobe.lake.grad_stats import host_batch
+from rlprobe.lake.param_stats import ParamBatch, host_fingerprints
 
 
 class MindSporeOptimizerHooks(OptimizerHooks):
@@ -63,3 +64,10 @@ def host_grad_stats(grads: Sequence[Any], level: str, bounds: Sequence[float]) -
     arrays = [g.asnumpy() for g in grads]
     batch = host_batch(arrays, level, bounds)
     return (lambda: batch), sum(a.nbytes for a in arrays) // 8
+
+
+def host_param_fingerprints(params: Sequence[Any]) -> tuple[Callable[[], ParamBatch], int]:
+    """The numpy reference on host copies of the updated parameters (on the CPU, the device)."""
+    arrays = [p.asnumpy() for p in params]
+    batch = host_fingerprints(arrays)
+    return (lambda: batch), 24 * len(arrays)

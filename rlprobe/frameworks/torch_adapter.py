@@ -269,6 +269,11 @@ class TorchAdapter(Adapter):
 
         return launch(grads, level, bounds, state)
 
+    def param_fingerprints(self, params: Sequence[Any]):
+        from rlprobe.frameworks.torch_params import launch
+
+        return launch(params)
+
 
 def torch_rank_and_world() -> tuple[int, int] | None:
     if "torch" not in sys.modules:

@@ -8,8 +8,8 @@ GRPOTrainer and RLOOTrainer (and online trainers sharing their code path): per o
 micro-batch and rank, the rollout (prompts, responses, masks, rewards per function and in
 total, advantages, ref and rollout log-probs, sample and group ids) and the update
 (old_log_prob, log_prob, entropies, loss); TRL's logged metrics as scalars at their step; the
-trainer's arguments and model configs; gradients once the optimizer exists; module stages as
-the rlprobe_config switches them. RewardTrainer: chosen and rejected rewards and the loss.
+trainer's arguments and model configs; gradients and parameter fingerprints once the optimizer
+exists; module stages as the rlprobe_config switches them. RewardTrainer: chosen and rejected rewards and the loss.
 Nothing is installed on the trainer's class: the wrappers sit on this one trainer instance.
 """
 
@@ -88,7 +88,8 @@ def attach(trainer: Any, config: Any = None, *, dump_path: str | os.PathLike[str
                          "inside the config's rlprobe_config section)")
     if config is None:
         config = {"rlprobe_config": {"dump_path": os.fspath(dump_path), "key_data_dump": True,
-                                     "configurations_dump": True, "metrics_dump": True, "grads_dump": True}}
+                                     "configurations_dump": True, "metrics_dump": True, "grads_dump": True,
+                                     "param_fingerprints": True}}
     accelerator = trainer.accelerator
     probe_kwargs.setdefault("rank", accelerator.process_index)
     probe_kwargs.setdefault("world_size", accelerator.num_processes)

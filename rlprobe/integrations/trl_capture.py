@@ -114,10 +114,13 @@ class Capture:
     def train_begin(self, state: Any) -> None:
         self.check_step(state.global_step)
         self.probe.save_config(self._snapshot())
+        optimizer = getattr(self.trainer.optimizer, "optimizer", self.trainer.optimizer)  # accelerate's wrapper
+        name = "reward_model" if self.kind == "reward" else "actor"
         if self.grad_level is not None:
-            optimizer = getattr(self.trainer.optimizer, "optimizer", self.trainer.optimizer)  # accelerate's wrapper
-            self.probe.monitor_grads(self._unwrap(self.trainer.model), optimizer=optimizer,
-                                     name="reward_model" if self.kind == "reward" else "actor", level=self.grad_level)
+            self.probe.monitor_grads(self._unwrap(self.trainer.model), optimizer=optimizer, name=name,
+                                     level=self.grad_level)
+        # a no-op unless rlprobe_config switches param_fingerprints on
+        self.probe.monitor_params(self._unwrap(self.trainer.model), optimizer=optimizer, name=name)
 
     def check_step(self, global_step: int) -> None:
         if self._step_checked:

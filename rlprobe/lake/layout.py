@@ -10,7 +10,7 @@ from pathlib import Path
 from rlprobe.errors import DumpReadError, ProbeError
 
 FORMAT_VERSION = 1
-KINDS = ("key_data", "grad", "module", "scalar", "sample")
+KINDS = ("key_data", "grad", "module", "scalar", "sample", "param")
 RUN_MANIFEST = "rlprobe.json"
 PLAIN_TENSOR_FILE = "_"  # file stem for index '' (a plain tensor, not a list/dict item)
 

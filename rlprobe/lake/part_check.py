@@ -23,6 +23,7 @@ ROW_KEYS = {
     "scalar": ("step", "name", "value"),
     "module": ("stage", "step", "module", "call", "direction", "io", "index", "seq"),
     "grad": ("monitor", "param", "step"),
+    "param": ("monitor", "param", "step", "digest"),
 }
 
 

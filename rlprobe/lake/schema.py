@@ -84,9 +84,28 @@ GRAD = pa.schema(
     ]
 )
 
+# parameter fingerprints after each optimizer step (capture/params.py; docs/dump-format.md, "param")
+PARAM = pa.schema(
+    [
+        pa.field("monitor", pa.string()),
+        pa.field("param", pa.string()),
+        pa.field("position", pa.int64()),  # the parameter's place in the model's order: "first parameter"
+        pa.field("step", pa.int64()),  # this optimizer's step count; the weights after that step
+        pa.field("probe_step", pa.int64()),
+        pa.field("framework", pa.string()),
+        pa.field("dtype", pa.string()),
+        pa.field("shape", pa.list_(pa.int64())),
+        pa.field("numel", pa.int64()),
+        pa.field("digest", pa.string()),  # mix64 of the raw bytes: bit-exact on one device
+        pa.field("digest_algo", pa.string()),
+        pa.field("sum", pa.float64()),  # float statistics, compared within a tolerance across layouts
+        pa.field("norm", pa.float64()),
+    ]
+)
+
 # sample identity and per-row statistics of batch tensors (lake/samples.py; docs/dump-format.md)
 SCHEMAS: dict[str, pa.Schema] = {"key_data": KEY_DATA, "scalar": SCALAR, "module": MODULE, "grad": GRAD,
-                                 "sample": SAMPLE}
+                                 "sample": SAMPLE, "param": PARAM}
 # rank added by readers from the hive path
 RANK_FIELD = pa.field("rank", pa.int64())
 
@@ -97,8 +116,8 @@ def with_rank(schema: pa.Schema) -> pa.Schema:
 
 def step_column(kind: str) -> str:
     """The column holding the probe step a row belongs to (what `committed_steps` counts):
-    gradient rows keep their optimizer's own count in `step`."""
-    return "probe_step" if kind == "grad" else "step"
+    gradient and parameter rows keep their optimizer's own count in `step`."""
+    return "probe_step" if kind in ("grad", "param") else "step"
 
 
 def schema_for(kind: str) -> pa.Schema:

@@ -41,7 +41,7 @@ class ReportOptions:
 
 def write_tables(folder: Path, tables: dict[str, pa.Table]) -> dict[str, Any]:
     """key_data.parquet and the module and gradient comparisons that ran: modules.parquet,
-    grads.parquet, grad_steps.parquet and grads/.../similarities.csv. Returns the keyword
+    grads.parquet, grad_steps.parquet, grads/.../similarities.csv and params.parquet. Returns the keyword
     arguments of write_report_xlsx that add their sheets."""
     pq.write_table(tables["key_data"], folder / "key_data.parquet", compression="zstd")
     extra_sheets: dict[str, pa.Table] = {}
@@ -60,8 +60,15 @@ def write_tables(folder: Path, tables: dict[str, pa.Table]) -> dict[str, Any]:
                              pc.invert(pc.is_in(grads["status"], pa.array(["compared", "stats_only"]))))
         extra_sheets["Grad flags"] = grads.filter(pc.fill_null(noted, True)).select(
             [c for c in GRAD_FLAG_COLUMNS if c in grads.column_names])
+    if "params" in tables:  # parameter fingerprints (docs/compare.md, "Parameter updates"): the sheet shows
+        import pyarrow.compute as pc  # the pairs that do not match, params.parquet every pair
+
+        params = tables["params"]
+        pq.write_table(params, folder / "params.parquet", compression="zstd")
+        extra_sheets["Param updates"] = params.filter(pc.invert(pc.is_in(params["status"], pa.array(["match"]))))
     return {"extra_sheets": extra_sheets,
-            "extra_files": {"Modules": "modules.parquet", "Grads": "grad_steps.parquet", "Grad flags": "grads.parquet"},
+            "extra_files": {"Modules": "modules.parquet", "Grads": "grad_steps.parquet", "Grad flags": "grads.parquet",
+                            "Param updates": "params.parquet"},
             "grad_matrix": (tables["grads"], tables["grad_steps"]) if "grads" in tables else None}
 
 

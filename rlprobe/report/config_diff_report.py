@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from rlprobe.lake.configs import value_text
+from rlprobe.report.param_report import param_line
 
 MAX_LINES = 30  # the console and summary.md; summary.json and the xlsx have every path
 COLUMNS = ("path", "value_a", "value_b", "family")
@@ -41,12 +42,12 @@ def console_lines(summary: Mapping[str, Any]) -> list[str]:
         lines.append("config: the saved configs agree" + (f" ({summary['config_ignored']} ignored path(s) differ)"
                                                          if summary.get("config_ignored") else ""))
     lines += [f"warning: {w}" for w in summary.get("warnings") or []]
-    return lines
+    return lines + [x for x in [param_line(summary)] if x]
 
 
 def markdown_lines(summary: Mapping[str, Any], escape) -> list[str]:
     """summary.md's 'Config diff' section and warnings (`escape`: the Markdown escaper)."""
-    lines = []
+    lines = [f"**{escape(param_line(summary))}**", ""] if param_line(summary) else []
     for warning in summary.get("warnings") or []:
         lines += [f"**Warning:** {escape(str(warning))}", ""]
     rows = summary.get("config_diff") or []

@@ -1,8 +1,7 @@
 """Planted faults in a real TRL GRPO run (examples/trl_grpo) and what `rlprobe compare` says.
 
-The config diff (issue 14) names the changed setting of each fault; the verdict that needs
-parameter fingerprints (naming the update) is a strict xfail: it passes, and so fails here, once
-they land."""
+The config diff (issue 14) names the changed setting of each fault; parameter fingerprints name
+the update that differs."""
 
 from __future__ import annotations
 
@@ -73,7 +72,7 @@ def test_beta_names_the_loss(trl_runs, tmp_path):
 def test_learning_rate_names_the_update_after_step_0(trl_runs, tmp_path):
     summary = compare(trl_runs, "base", "fault_lr", tmp_path)
     assert first(summary) == ("responses", 1)
-    assert "the parameter update after step 0" in summary["suspect"]
+    assert "responses diverges first at step 1" in summary["suspect"]
 
 
 @pytest.mark.parametrize("fault, setting", [("ref-bf16", "model_init_kwargs"), ("beta", "beta"),
@@ -85,7 +84,7 @@ def test_the_changed_setting_is_named(trl_runs, tmp_path, fault, setting):
     assert f'"{setting}"' in beyond_advice or f"{setting}:" in beyond_advice or f"{setting} " in beyond_advice
 
 
-@pytest.mark.xfail(strict=True, reason="needs issue 14: parameter fingerprints naming the update that differs")
 def test_learning_rate_names_the_update_by_its_fingerprint(trl_runs, tmp_path):
     summary = compare(trl_runs, "base", "fault_lr", tmp_path)
-    assert "the update of step 0 differs" in summary["suspect"]
+    assert "the update of step 0 differs for model 'actor' (first parameter " in summary["suspect"]
+    assert summary["param_first_difference"]["probe_step"] == 0

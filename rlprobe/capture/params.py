@@ -1,0 +1,111 @@
+"""probe.monitor_params(): a fingerprint of every parameter after each optimizer step
+(docs/dump-format.md, "param"; docs/compare.md, "Parameter updates").
+
+The framework's adapter hooks the optimizer's step (after it, so the weights are the updated
+ones) and queues the fingerprints on the parameters' device from the training thread; the host
+copy is awaited and the rows written by the probe's background writer. The step is the count of
+the hooked optimizer's own `step()` calls, as for the gradient monitor; it works without one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from rlprobe.errors import ProbeError
+from rlprobe.frameworks import adapter_for_optimizer, optimizer_kinds
+from rlprobe.frameworks.base import OptimizerStep, ParamFilter
+from rlprobe.lake.grad_stats import GradSpec
+from rlprobe.lake.layout import check_text
+from rlprobe.lake.param_stats import ParamBatch, param_rows
+from rlprobe.selection import parse_int_set
+
+if TYPE_CHECKING:
+    from rlprobe.capture.probe import Probe
+
+
+class ParamMonitor:
+    """A removable parameter-fingerprint monitor (what `Probe.monitor_params` returns)."""
+
+    def __init__(self, probe: "Probe", model: Any = None, optimizer: Any = None, *, name: str = "default",
+                 params: Any = None, steps: Any = None, ranks: Any = None):
+        where = f"monitor_params(name={name!r})"
+        if not isinstance(name, str) or not name.strip() or "/" in name or ".." in name:
+            raise ProbeError(f"{where}: name must be a plain non-empty string such as 'actor'")
+        check_text(name, "monitor name", where)
+        try:
+            self.steps = None if steps is None else set(parse_int_set(steps, "steps") or []) or None
+            self.ranks = None if ranks is None else set(parse_int_set(ranks, "ranks") or []) or None
+        except ValueError as e:
+            raise ProbeError(f"{where}: {e}") from None
+        if model is None and optimizer is None:
+            raise ProbeError(f"{where}: give a model, an optimizer or both "
+                             "(monitor_params(model, optimizer=opt) or, for MindSpore, monitor_params(optimizer=opt))")
+        adapter = adapter_for_optimizer(model, optimizer)
+        if adapter is None:
+            raise ProbeError(f"{where}: expected {optimizer_kinds()}; "
+                             f"got model={type(model).__name__}, optimizer={type(optimizer).__name__}")
+        self._filter = ParamFilter([params] if isinstance(params, str) else list(params or []))
+        self.probe, self.name, self.adapter, self.framework = probe, name, adapter, adapter.name
+        self.count = 0  # this optimizer's step() calls seen so far
+        self._removed = False
+        self._specs: list[GradSpec] | None = None  # parameters keep their names, dtypes and shapes
+        self._hooks = adapter.hook_optimizer(model, optimizer, self._filter, where, _nothing, self._after_step)
+
+    @property
+    def optimizer(self) -> Any:
+        """The hooked optimizer; None while a model's optimizer has not stepped yet."""
+        return self._hooks.optimizer
+
+    def _after_step(self, at: OptimizerStep) -> None:
+        """The hooked optimizer has stepped: queue the fingerprints of the weights it left."""
+        step = self.count
+        self.count += 1
+        if self._removed or self.probe.closed or (self.steps is not None and step not in self.steps) \
+                or (self.ranks is not None and self.probe.rank not in self.ranks):
+            return
+        named = at.params()
+        if not named:
+            return
+        if self._specs is None or len(self._specs) != len(named):
+            self._specs = [GradSpec(n, self.adapter.dtype_name(p), tuple(p.shape)) for n, p in named]
+        finish, nbytes = self.adapter.param_fingerprints([p for _, p in named])
+        self._submit(step, self._specs, finish, nbytes)
+
+    def _submit(self, step: int, specs: list[GradSpec], finish: Callable[[], ParamBatch], nbytes: int) -> None:
+        probe = self.probe
+        writer, monitor, framework, probe_step = probe._writer, self.name, self.framework, probe.current_step
+
+        def job() -> None:
+            sink = writer.sink
+            try:
+                batch = finish()
+            except Exception as e:
+                msg = f"monitor_params {monitor!r} step {step}: fingerprints failed: {type(e).__name__}: {e}"
+                sink.record_error(msg, {"kind": "param", "monitor": monitor, "step": step, "what": "rows"})
+                writer.report([msg])
+                return
+            for row in param_rows(batch, specs, range(len(specs)), monitor=monitor, step=step,
+                                  probe_step=probe_step, framework=framework):
+                sink.add_row("param", row)
+
+        writer.submit(job, nbytes)
+        probe._step_has_data = True
+        probe._raise_background_errors()
+
+    def remove(self) -> None:
+        """Remove every hook this monitor installed (also done by `Probe.close()`)."""
+        self._removed = True
+        self._hooks.remove()
+
+    def __enter__(self) -> "ParamMonitor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        return f"ParamMonitor({self.name!r}, {self.framework}, step {self.count})"
+
+
+def _nothing(at: OptimizerStep) -> None:
+    """The before-step callback: fingerprints are taken after the step only."""

@@ -1,0 +1,124 @@
+"""Parameter updates: both runs' fingerprints after each optimizer step matched in SQL
+(param_diff.sql, param_first_difference.sql), and the verdict that names an update that differs
+before it blames a forward (docs/compare.md, "Parameter updates")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from rlprobe.compare.sample_alignment import layout_rtol
+from rlprobe.lake.reader import Dump
+from rlprobe.lake.schema import PARAM, with_rank
+from rlprobe.lake.sql_runner import run
+
+# which model's forward produces a key: words one of its monitor names contains
+KEY_MODELS = {
+    "values": ("critic", "value"),
+    "responses": ("actor", "policy"), "rollout_log_prob": ("actor", "policy"),
+    "old_log_prob": ("actor", "policy"), "log_prob": ("actor", "policy"), "entropy": ("actor", "policy"),
+    "rewards": ("reward",), "token_level_scores": ("reward",),
+}
+UPDATE_KEYS = {"log_prob", "entropy", "ratio", "pg_loss", "vf_loss", "loss"}  # made by the model being updated
+
+
+def add_param_comparison(tables: dict[str, pa.Table], summary: dict[str, Any], dump_a: Dump, dump_b: Dump,
+                         canonical_key: str | None, read_errors: list[str], steps: Any, ranks: Any) -> None:
+    """Where either run recorded fingerprints: tables["params"], summary's params_compared and
+    param_first_difference, and the verdict of a differing update (explain_update)."""
+    if not (has_params(dump_a) or has_params(dump_b)):
+        return
+    exact = not (summary.get("layout") or {}).get("per_sample")
+    tables["params"], firsts = compare_params(dump_a, dump_b, exact=exact, read_errors=read_errors,
+                                              steps=steps, ranks=ranks)
+    summary["params_compared"] = tables["params"].num_rows
+    explain_update(summary, firsts, canonical_key)
+
+
+def has_params(dump: Dump) -> bool:
+    return dump.format == "rlprobe" and bool(dump.parts("param"))
+
+
+def param_table(dump: Dump, errors: list[str] | None = None) -> pa.Table:
+    schema = with_rank(PARAM)
+    table = dump.arrow("param", errors=errors)
+    return table.select(schema.names).cast(schema) if table.num_rows else schema.empty_table()
+
+
+def compare_params(dump_a: Dump, dump_b: Dump, *, exact: bool, read_errors: list[str] | None = None,
+                   steps: list[int] | None = None, ranks: list[int] | None = None
+                   ) -> tuple[pa.Table, list[dict[str, Any]]]:
+    """(the `params` table: every fingerprint pair with its status, the first differing update
+    per monitor, earliest first). `exact`: the runs share a layout, so equal weights have equal bytes."""
+    import duckdb
+
+    con = duckdb.connect()
+    for name, dump, side in (("params_a", dump_a, "A"), ("params_b", dump_b, "B")):
+        errors: list[str] = []
+        table = param_table(dump, errors)
+        if read_errors is not None:
+            read_errors.extend(f"run {side}: {e}" for e in errors)
+        con.register(name, _narrowed(table, steps, ranks))
+    params = run(con, "param_diff.sql", exact=exact, rtol=layout_rtol("float32"))
+    con.register("params", params)
+    return params, run(con, "param_first_difference.sql").to_pylist()
+
+
+def _narrowed(table: pa.Table, steps: list[int] | None, ranks: list[int] | None) -> pa.Table:
+    import pyarrow.compute as pc
+
+    if steps:
+        table = table.filter(pc.is_in(table["probe_step"], pa.array(steps, pa.int64())))
+    if ranks:
+        table = table.filter(pc.is_in(table["rank"], pa.array(ranks, pa.int64())))
+    return table
+
+
+def suspect_update(firsts: list[dict[str, Any]], first: dict[str, Any] | None,
+                   canonical_key: str | None) -> dict[str, Any] | None:
+    """The first differing update that explains the first key-data divergence: one of the model
+    whose forward produced the key (a monitor named after it, or the only monitor), taken at a
+    probe step before the divergence (an update at the same step is a consequence: it used the
+    data already diverging); with no key-data divergence, the earliest differing update."""
+    if not firsts:
+        return None
+    if first is None:
+        return firsts[0]
+    words = KEY_MODELS.get(canonical_key or "")
+    step = first["step"]
+    for f in firsts:
+        if f["probe_step"] is None or f["probe_step"] >= step:
+            continue
+        named = words is not None and any(w in str(f["monitor"]).lower() for w in words)
+        only = len(firsts) == 1 and (words is not None or canonical_key in UPDATE_KEYS)
+        if named or only:
+            return f
+    return None
+
+
+def explain_update(summary: dict[str, Any], firsts: list[dict[str, Any]], canonical_key: str | None) -> None:
+    """Put a differing update before a forward in `summary` (suspect, advice, next_config), in place."""
+    summary["param_first_difference"] = firsts[0] if firsts else None
+    if summary.get("first_divergence") is None and summary.get("module_first_divergence") is not None:
+        return  # the module dumps name a module: that is the finer finding
+    found = suspect_update(firsts, summary.get("first_divergence"), canonical_key)
+    if found is None:
+        return
+    monitor, step, param = found["monitor"], found["probe_step"], found["param"]
+    optimizer_step = "" if found["step"] == step else f", its optimizer step {found['step']}"
+    what = (f"the update of step {step} differs for model {monitor!r} (first parameter {param!r}{optimizer_step}, "
+            f"rank {found['rank']}): its weights after that optimizer step differ"
+            f"{' while every fingerprint before matched' if found['matched_rows'] else ', the first fingerprinted'}")
+    grad = summary.get("grad_first_flagged")
+    if grad is not None and grad.get("monitor") == monitor:
+        cause = (f"its gradients already part ways (monitor {monitor!r}, optimizer step {grad['step']}): "
+                 "find why in the backward of that update")
+    else:
+        cause = ("check the optimizer and its settings (learning rate and schedule, betas, weight decay, "
+                 "gradient clipping), then the gradients (monitor_grads) of that step")
+    old = summary.get("suspect") or ""
+    head = old.split(" -> ", 1)[0] + " -> " if " -> " in old and summary.get("first_divergence") else ""
+    summary["suspect"] = head + what
+    summary["advice"] = f"the forward is not the suspect, the update before it is: {cause}; see the config diff"
+    summary["next_config"] = None

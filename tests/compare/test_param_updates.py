@@ -1,0 +1,65 @@
+"""Parameter updates in the comparison (rlprobe/compare/params.py): real PPO runs of
+examples/ppo/tiny_ppo.py whose fingerprints name the update that differs before a forward is blamed."""
+
+from __future__ import annotations
+
+import openpyxl
+import pyarrow.parquet as pq
+import pytest
+
+import rlprobe
+from rlprobe.demo import load_config, load_example_module
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ppo_params")
+    example = load_example_module()
+    made = {}
+
+    def get(name: str, fault: str | None = None, **overrides):
+        if name not in made:
+            made[name] = example.train(load_config({"ppo.steps": 2, **overrides}), str(root / name), fault=fault)
+        return made[name]
+    return get
+
+
+def test_a_changed_critic_lr_names_the_critic_update_of_step_0_not_its_forward(runs, tmp_path):
+    summary = rlprobe.compare(runs("base"), runs("critic_lr", **{"ppo.critic_lr": 0.003}), tmp_path / "o")
+    assert (summary["first_divergence"]["key"], summary["first_divergence"]["step"]) == ("values", 1)
+    assert "-> the update of step 0 differs for model 'critic' (first parameter 'embed.weight'" in summary["suspect"]
+    assert "the critic's forward" not in summary["suspect"] and summary["next_config"] is None
+    assert "learning rate changed: ppo.critic_lr" in summary["suspect"]  # the config diff still leads
+    found = summary["param_first_difference"]
+    assert (found["monitor"], found["probe_step"], found["param"], found["status"]) == \
+        ("critic", 0, "embed.weight", "differs")
+    params = pq.read_table(tmp_path / "o" / "params.parquet").to_pylist()
+    # the actor's step-0 update saw the same data; from step 1 the advantages (made from values) differ
+    assert {r["status"] for r in params if r["monitor"] == "actor" and r["step"] == 0} == {"match"}
+    md = (tmp_path / "o" / "summary.md").read_text(encoding="utf-8")
+    assert "parameter updates: the update of step 0 differs first for model 'critic'" in md
+    sheet = openpyxl.load_workbook(tmp_path / "o" / "report.xlsx", read_only=True)["Param updates"]
+    assert next(sheet.iter_rows(values_only=True))[:4] == ("monitor", "rank", "step", "param")
+
+
+def test_a_changed_actor_lr_names_the_actor_update_before_the_new_responses(runs, tmp_path):
+    summary = rlprobe.compare(runs("base"), runs("actor_lr", fault="lr"), tmp_path / "o")
+    assert (summary["first_divergence"]["key"], summary["first_divergence"]["step"]) == ("responses", 1)
+    assert "the update of step 0 differs for model 'actor' (first parameter 'embed.weight'" in summary["suspect"]
+    assert summary["param_first_difference"]["monitor"] == "actor"
+
+
+def test_a_clean_pair_has_equal_fingerprints(runs, tmp_path):
+    summary = rlprobe.compare(runs("base"), runs("base_again"), tmp_path / "o")
+    assert summary["first_divergence"] is None and summary["param_first_difference"] is None
+    params = pq.read_table(tmp_path / "o" / "params.parquet")
+    assert params.num_rows == summary["params_compared"] > 0
+    assert set(params["status"].to_pylist()) == {"match"}
+
+
+def test_runs_without_fingerprints_have_no_param_finding(runs, tmp_path):
+    off = runs("off", **{"rlprobe_config.param_fingerprints": False})
+    assert rlprobe.open(off).arrow("param").num_rows == 0
+    summary = rlprobe.compare(off, off, tmp_path / "o")
+    assert "params_compared" not in summary and summary["param_first_difference"] is None
+    assert not (tmp_path / "o" / "params.parquet").exists()
