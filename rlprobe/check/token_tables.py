@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rlprobe.check.mapped_tensors import map_tensor
 from rlprobe.check.sample_pairs import sample_parts, samples_table
 from rlprobe.check.token_kernel import (N_POSITIONS, N_PROBABILITY, HALF, PairFigures, bin_lower_edges,
                                         bin_upper_edges, position_bounds, reduce_pair)
@@ -94,7 +95,7 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
 
         def load(row: dict, picks: np.ndarray | None) -> np.ndarray:
             if row["tensor_file"] not in loaded:
-                loaded[row["tensor_file"]] = dump.load_tensor(row["tensor_file"], row["dtype"], mmap=True)
+                loaded[row["tensor_file"]] = map_tensor(dump, row)
             x = loaded[row["tensor_file"]]
             return x if picks is None else np.asarray(x)[picks]
 
@@ -153,9 +154,10 @@ def _step_tables(merged: dict[tuple[str, int, int], tuple[PairFigures, dict]], e
                "masked": meta["masked"], "tokens": n, "nonfinite": f.nonfinite, "mean_delta": mean, "sd_delta": sd,
                "mean_abs": f.sum_abs / n if n else None, "max_abs": f.max_abs if n else None, "eps": eps,
                "outside_share": f.outside / n if n else None}
-        row.update({name: f.quantile(q, upper) for name, q in QUANTILES})
+        row.update(zip((name for name, _ in QUANTILES), f.quantiles(tuple(q for _, q in QUANTILES), upper)))
         steps.append(row)
-        pos, neg = np.flatnonzero(f.hist[:HALF]), np.flatnonzero(f.hist[HALF:])  # Δ >= 0; Δ < 0 negated
+        filled = np.flatnonzero(f.abs_hist())  # the few hundred filled bins of 16,384 magnitudes
+        pos, neg = filled[f.hist[filled] > 0], filled[f.hist[HALF + filled] > 0]  # Δ >= 0; Δ < 0 negated
         _extend(hist, pair, step, rank, lo=np.concatenate([lower[pos], -upper[neg]]),
                 hi=np.concatenate([upper[pos], -lower[neg]]),
                 tokens=np.concatenate([f.hist[pos], f.hist[HALF + neg]]))
@@ -170,20 +172,23 @@ def _step_tables(merged: dict[tuple[str, int, int], tuple[PairFigures, dict]], e
             "token_probability": _table(buckets["prob"], BUCKETS)}
 
 
-def _extend(columns: dict[str, list[np.ndarray]], pair: str, step: int, rank: int, **values: np.ndarray) -> None:
+def _extend(columns: dict[str, list], pair: str, step: int, rank: int, **values: np.ndarray) -> None:
     size = len(next(iter(values.values())))
-    columns["pair"].append(np.full(size, pair, dtype=object))
+    columns["pair"].append((pair, size))  # a string column of repeats is built in _table, in Arrow
     columns["step"].append(np.full(size, step, np.int64))
     columns["rank"].append(np.full(size, rank, np.int64))
     for name, array in values.items():
         columns[name].append(np.asarray(array))
 
 
-def _table(columns: dict[str, list[np.ndarray]], schema: pa.Schema) -> pa.Table:
+def _table(columns: dict[str, list], schema: pa.Schema) -> pa.Table:
     if not columns["pair"]:
         return schema.empty_table()
-    return pa.table({n: pa.array(np.concatenate(columns[n]), schema.field(n).type) for n in schema.names},
-                    schema=schema)
+    names = sorted({pair for pair, _ in columns["pair"]})
+    codes = np.concatenate([np.full(size, names.index(pair), np.int32) for pair, size in columns["pair"]])
+    pairs = pa.DictionaryArray.from_arrays(codes, pa.array(names, pa.string())).cast(pa.string())
+    return pa.table({n: pairs if n == "pair" else pa.array(np.concatenate(columns[n]), schema.field(n).type)
+                     for n in schema.names}, schema=schema)
 
 
 GROUPS = pa.schema([("step", pa.int64()), ("rank", pa.int64()), ("micro_step", pa.int64()), ("index", pa.string()),
