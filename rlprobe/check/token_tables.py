@@ -35,15 +35,15 @@ QUANTILES = (("p50_abs", 0.5), ("p95_abs", 0.95), ("p99_abs", 0.99))
 
 class Part(NamedTuple):
     """One kernel call: tensor rows a, b and the mask's (None: every token), and which of their
-    leading-dimension rows pair up (None: all, in order)."""
+    leading-dimension rows pair up (None: all, in order; a slice: those, split_rows())."""
 
     pair: str
     a: dict
     b: dict
     mask: dict | None
-    a_rows: np.ndarray | None = None
-    b_rows: np.ndarray | None = None
-    mask_rows: np.ndarray | None = None
+    a_rows: np.ndarray | slice | None = None
+    b_rows: np.ndarray | slice | None = None
+    mask_rows: np.ndarray | slice | None = None
 
 
 def tensor_rows(stats: pa.Table) -> dict[tuple[str, int, int, int, str], dict[str, Any]]:
@@ -93,7 +93,7 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
     def job(parts: list[Part]) -> tuple[PairFigures, list]:
         figures, sequences, loaded = PairFigures(), [], {}
 
-        def load(row: dict, picks: np.ndarray | None) -> np.ndarray:
+        def load(row: dict, picks: np.ndarray | slice | None) -> np.ndarray:
             if row["tensor_file"] not in loaded:
                 loaded[row["tensor_file"]] = map_tensor(dump, row)
             x = loaded[row["tensor_file"]]
@@ -102,24 +102,62 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
         for p in parts:
             mask = None if p.mask is None else load(p.mask, p.mask_rows)
             _, seq_sum, seq_n = reduce_pair(load(p.a, p.a_rows), load(p.b, p.b_rows), eps, mask, into=figures)
-            rows = np.arange(len(seq_sum)) if p.a_rows is None else p.a_rows
+            rows = p.a_rows if isinstance(p.a_rows, np.ndarray) else np.arange(len(seq_sum))
+            if isinstance(p.a_rows, slice):
+                rows = rows + p.a_rows.start
             sequences.append((p.a["micro_step"], rows, seq_n, seq_sum))
         return figures, sequences
 
     keys = sorted(work)
+    count = max(1, workers) if len(keys) < max(1, workers) else 1  # few jobs: split them so every thread works
+    jobs = [(key, piece) for key in keys for piece in split_rows(work[key], count)]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        results = list(pool.map(job, (work[k] for k in keys)))
+        results = list(pool.map(job, (piece for _, piece in jobs)))
     merged: dict[tuple[str, int, int], tuple[PairFigures, dict]] = {}
     columns: dict[str, list[np.ndarray]] = {k: [] for k in SEQUENCES.names}
-    for key, (figures, sequences) in zip(keys, results):
+    for (key, _), (figures, sequences) in zip(jobs, results):
         parts = work[key]
-        merged[key] = (figures, {"dtype_a": parts[0].a["dtype"], "dtype_b": parts[0].b["dtype"],
-                                 "masked": any(p.mask is not None for p in parts)})
+        if key in merged:
+            merged[key][0].add(figures)
+        else:
+            merged[key] = (figures, {"dtype_a": parts[0].a["dtype"], "dtype_b": parts[0].b["dtype"],
+                                     "masked": any(p.mask is not None for p in parts)})
         for micro, rows, seq_n, seq_sum in sequences:
             n = len(seq_sum)
             _extend(columns, key[0], key[1], key[2], micro_step=np.full(n, micro, np.int64), sequence=rows,
                     tokens=seq_n, log_ratio=seq_sum)
     return {**_step_tables(merged, eps), "token_sequences": _table(columns, SEQUENCES)}
+
+
+MIN_PIECE = 1 << 16  # tokens: a smaller piece's own histogram (and its merge) costs more than a thread saves
+
+
+def split_rows(parts: list[Part], count: int) -> list[list[Part]]:
+    """The parts of one job as up to `count` jobs, each part cut into row ranges of at least
+    MIN_PIECE tokens where its tensors (and mask) share the leading dimension (a single large pair
+    then keeps every thread busy); sequences keep their row numbers."""
+    if count <= 1:
+        return [parts]
+    pieces: list[list[Part]] = [[] for _ in range(count)]
+    for p in parts:
+        shape = p.a["shape"] or []
+        rows = len(p.a_rows) if p.a_rows is not None else (shape[0] if len(shape) > 1 else 1)
+        mask_shape = None if p.mask is None else p.mask["shape"] or []
+        same_rows = p.a_rows is not None or mask_shape is None or (len(mask_shape) > 1 and mask_shape[0] == rows)
+        size = rows * int(np.prod(shape[1:])) if len(shape) > 1 else 0
+        cuts = min(count, rows, size // MIN_PIECE) if len(shape) > 1 and same_rows else 1
+        if cuts <= 1:
+            pieces[0].append(p)
+            continue
+        bounds = np.linspace(0, rows, cuts + 1).astype(int)
+        for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+            if p.a_rows is None:
+                pieces[i].append(p._replace(a_rows=slice(lo, hi), b_rows=slice(lo, hi),
+                                            mask_rows=None if p.mask is None else slice(lo, hi)))
+            else:
+                pieces[i].append(p._replace(a_rows=p.a_rows[lo:hi], b_rows=p.b_rows[lo:hi],
+                                            mask_rows=None if p.mask_rows is None else p.mask_rows[lo:hi]))
+    return [piece for piece in pieces if piece]
 
 
 SEQUENCES = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("micro_step", pa.int64()),
