@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     kernel = kernel_speed(tensors, args.repeat)
     print(f"kernel alone, pairs in memory: 1 thread {kernel['kernel_1thread_gb_s']:.2f} GB/s "
           f"({kernel['kernel_1thread_cpu_gb_s']:.2f} GB/s of thread CPU time), 2 threads "
-          f"{kernel['kernel_2threads_gb_s']:.2f} GB/s: scaling {kernel['kernel_scaling']:.2f} (median of {args.repeat})")
+          f"{kernel['kernel_2threads_gb_s']:.2f} GB/s: scaling {kernel['kernel_scaling']:.2f} "
+          f"(median of {args.repeat})")
     if args.json:
         args.json.write_text(json.dumps({"sql_s": sql, "read_s": read, "token_s": token_s, "gb_per_s": rate,
                                          "nonfinite": nan_row, **kernel}))

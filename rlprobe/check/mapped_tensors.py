@@ -10,8 +10,8 @@ import os
 
 import numpy as np
 
-from rlprobe.lake.encoding import restore
 from rlprobe.errors import DumpReadError
+from rlprobe.lake.encoding import restore
 from rlprobe.lake.reader import Dump
 
 _FORMAT = np.lib.format

@@ -17,6 +17,7 @@ figures (no per-pair histogram or Python object per pair), jobs on a thread pool
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -149,8 +150,8 @@ def split_rows(parts: list[Part], count: int) -> list[list[Part]]:
         if cuts <= 1:
             pieces[0].append(p)
             continue
-        bounds = np.linspace(0, rows, cuts + 1).astype(int)
-        for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        bounds = np.linspace(0, rows, cuts + 1).astype(int).tolist()
+        for i, (lo, hi) in enumerate(pairwise(bounds)):
             if p.a_rows is None:
                 pieces[i].append(p._replace(a_rows=slice(lo, hi), b_rows=slice(lo, hi),
                                             mask_rows=None if p.mask is None else slice(lo, hi)))

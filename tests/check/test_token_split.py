@@ -8,7 +8,13 @@ import pytest
 
 import rlprobe
 from rlprobe.check.inputs import stats_table
-from rlprobe.check.token_tables import MIN_PIECE, pairs, split_rows, tensor_rows, token_tables
+from rlprobe.check.token_tables import (
+    MIN_PIECE,
+    pairs,
+    split_rows,
+    tensor_rows,
+    token_tables,
+)
 from rlprobe.lake.reader import open_dump
 
 
