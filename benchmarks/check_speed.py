@@ -9,6 +9,9 @@
 2. Tensors: a dump of PAIRS rollout_log_prob/old_log_prob pairs of ROWS x COLS float32 (with a
    response mask); after a warm-up check of a small dump (numba's compile is start-up), the token
    phase's throughput in bytes of log-prob pairs per second (goal >= 1 GB/s on 2 cores).
+3. Kernel: the same pairs read into memory first, reduced by the kernel alone on 1 thread and on
+   2 (the pairs split between them): GB/s and the 2-thread scaling, wall clock and the 1-thread
+   figure also in thread CPU time (what the kernel costs when other processes share the cores).
 
     python benchmarks/check_speed.py [--steps 1000 --ranks 64 --micro 2] [--pairs 64 --rows 64 --cols 4096]
                                      [--cache DIR] [--repeat 3] [--smoke] [--json FILE]
@@ -23,7 +26,7 @@ import shutil
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +96,45 @@ def tensor_dump(path: Path, pairs: int, rows: int, cols: int) -> int:
     return pairs * 2 * old.nbytes
 
 
+def kernel_speed(path: Path, repeat: int) -> dict[str, float]:
+    """GB/s of the kernel alone on the dump's rollout/old pairs, in memory: 1 thread (wall and thread
+    CPU time), 2 threads (wall), scaling = 2-thread / 1-thread wall GB/s."""
+    from rlprobe.check.inputs import stats_table
+    from rlprobe.check.token_kernel import PairFigures, reduce_pair
+    from rlprobe.check.token_tables import tensor_rows
+    from rlprobe.lake.reader import open_dump
+
+    dump = open_dump(path)
+    tensors = {(name, step): np.array(dump.load_tensor(row["tensor_file"], row["dtype"]))
+               for (name, step, _, _, _), row in tensor_rows(stats_table(dump)).items()}
+    steps = sorted({step for _, step in tensors})
+    triples = [(tensors[("old_log_prob", s)], tensors[("rollout_log_prob", s)], tensors[("response_mask", s)])
+               for s in steps]
+    nbytes = sum(a.nbytes + b.nbytes for a, b, _ in triples)
+
+    def run(share: list) -> float:
+        figures, cpu = PairFigures(), time.thread_time()
+        for a, b, mask in share:
+            reduce_pair(a, b, 0.2, mask, into=figures)
+        return time.thread_time() - cpu
+
+    run(triples[:1])  # compiled kernel loaded
+    one, one_cpu, two = [], [], []
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(repeat):
+            t = time.perf_counter()
+            one_cpu.append(run(triples))
+            one.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            list(pool.map(run, (triples[0::2], triples[1::2])))
+            two.append(time.perf_counter() - t)
+    figures = {"kernel_1thread_gb_s": nbytes / statistics.median(one) / 1e9,
+               "kernel_1thread_cpu_gb_s": nbytes / statistics.median(one_cpu) / 1e9,
+               "kernel_2threads_gb_s": nbytes / statistics.median(two) / 1e9}
+    figures["kernel_scaling"] = figures["kernel_2threads_gb_s"] / figures["kernel_1thread_gb_s"]
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=1000)
@@ -133,9 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     rate = nbytes / token_s / 1e9
     print(f"tensors: {args.pairs} pairs of {args.rows} x {args.cols} float32 ({nbytes / 1e9:.2f} GB of pairs): "
           f"token phase {token_s:.2f} s = {rate:.2f} GB/s (median of {args.repeat})")
+    kernel = kernel_speed(tensors, args.repeat)
+    print(f"kernel alone, pairs in memory: 1 thread {kernel['kernel_1thread_gb_s']:.2f} GB/s "
+          f"({kernel['kernel_1thread_cpu_gb_s']:.2f} GB/s of thread CPU time), 2 threads "
+          f"{kernel['kernel_2threads_gb_s']:.2f} GB/s: scaling {kernel['kernel_scaling']:.2f} "
+          f"(median of {args.repeat})")
     if args.json:
         args.json.write_text(json.dumps({"sql_s": sql, "read_s": read, "token_s": token_s, "gb_per_s": rate,
-                                         "nonfinite": nan_row}))
+                                         "nonfinite": nan_row, **kernel}))
     return 0
 
 

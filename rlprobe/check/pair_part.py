@@ -10,15 +10,15 @@ import numpy as np
 
 class Part(NamedTuple):
     """One kernel call: tensor rows a, b and the mask's (None: every token), and which of their
-    leading-dimension rows pair up (None: all, in order)."""
+    leading-dimension rows pair up (None: all, in order; a slice: those, split_rows())."""
 
     pair: str
     a: dict
     b: dict
     mask: dict | None
-    a_rows: np.ndarray | None = None
-    b_rows: np.ndarray | None = None
-    mask_rows: np.ndarray | None = None
+    a_rows: np.ndarray | slice | None = None
+    b_rows: np.ndarray | slice | None = None
+    mask_rows: np.ndarray | slice | None = None
 
 
 def is_float(row: dict[str, Any]) -> bool:

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
 
 N_BINS = 1 << 15  # float32 bits >> 17: bins 0..16383 are Δ >= 0, 16384.. are Δ < 0
 HALF = N_BINS // 2
@@ -79,20 +81,53 @@ class PairFigures:
     def quantile(self, q: float, upper: np.ndarray | None = None) -> float | None:
         """The upper edge of the |Δ| bin holding quantile q, at most max |Δ| (None without tokens);
         `upper`: bin_upper_edges(), when the caller has it already."""
+        return self.quantiles((q,), upper)[0]
+
+    def quantiles(self, qs: tuple[float, ...], upper: np.ndarray | None = None) -> list[float | None]:
+        """quantile() of each of qs, from one pass over the histogram (its nonzero bins only)."""
         counts = self.abs_hist()
-        total = int(counts.sum())
-        if total == 0:
-            return None
-        index = int(np.searchsorted(np.cumsum(counts), max(1, math.ceil(q * total))))
-        return float(min((bin_upper_edges() if upper is None else upper)[index], self.max_abs))
+        filled = np.flatnonzero(counts)
+        if filled.size == 0:
+            return [None] * len(qs)
+        cumulative = np.cumsum(counts[filled])
+        total = int(cumulative[-1])
+        index = filled[np.searchsorted(cumulative, [max(1, math.ceil(q * total)) for q in qs])]
+        edges = (bin_upper_edges() if upper is None else upper)[index]
+        return [float(min(edge, self.max_abs)) for edge in edges]
+
+
+@intrinsic
+def _float32_bits(typingctx, x):  # pragma: no cover - compiled
+    """The bits of a float32 as uint32 (a register move: no memory round trip per token)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.uint32(types.float32), codegen
+
+
+def _probability_table() -> np.ndarray:
+    """Probability bucket of each float32 bit bucket of a (bits >> 17, as the Δ histogram), -1
+    where the bucket's values (or the float64 values that round into it) straddle a threshold
+    log(k/10), or are not finite: the kernel compares those tokens with the thresholds."""
+    bits = np.arange(N_BINS, dtype=np.uint32) << np.uint32(17)
+    with np.errstate(all="ignore"):  # the top buckets hold inf and NaN
+        near, far = bits.view(np.float32), (bits | np.uint32(0x1FFFF)).view(np.float32)
+        low = np.nextafter(np.minimum(near, far), np.float32(-np.inf))
+        high = np.nextafter(np.maximum(near, far), np.float32(np.inf))
+    below = (low.astype(np.float64)[:, None] >= _LOG_THRESHOLDS).sum(axis=1)
+    above = (high.astype(np.float64)[:, None] >= _LOG_THRESHOLDS).sum(axis=1)
+    finite = np.isfinite(near) & np.isfinite(far) & np.isfinite(low) & np.isfinite(high)
+    return np.where(finite & (below == above), below, -1).astype(np.int8)
+
+
+_PROBABILITY_OF = _probability_table()
 
 
 @numba.njit(cache=True, nogil=True)
-def _reduce(a, b, mask, lo, hi, position_of, thr, sums, hist, pos_count, pos_sum, pos_max, prob_count, prob_sum,
+def _reduce(a, b, mask, lo, hi, prob_of, thr, sums, hist, pos_count, pos_sum, pos_max, prob_count, prob_sum,
             seq_sum, seq_n):  # pragma: no cover - compiled
+    """One pass over the tokens, row by row and, within a row, position bucket by position bucket
+    (its figures kept in registers, not read and written back per token)."""
     rows, width = a.shape
-    scratch = np.empty(width, np.float32)
-    bits = scratch.view(np.uint32)
     total = 0.0
     sq = 0.0
     absolute = 0.0
@@ -100,34 +135,46 @@ def _reduce(a, b, mask, lo, hi, position_of, thr, sums, hist, pos_count, pos_sum
     outside = 0
     bad = 0
     for r in range(rows):
-        for t in range(width):
-            scratch[t] = np.float32(b[r, t]) - np.float32(a[r, t])
         s = 0.0
         n = 0
-        for t in range(width):
-            if mask[r, t] == 0:
-                continue
-            x = np.float64(a[r, t])
-            d = np.float64(b[r, t]) - x
-            if not math.isfinite(d):
-                bad += 1
-                continue
-            ad = abs(d)
-            n += 1
-            s += d
-            sq += d * d
-            absolute += ad
-            largest = max(largest, ad)
-            outside += (d < lo) | (d > hi)
-            hist[bits[t] >> 17] += 1
-            p = position_of[t]
-            pos_count[p] += 1
-            pos_sum[p] += ad
-            pos_max[p] = max(pos_max[p], ad)
-            q = ((x >= thr[0]) + (x >= thr[1]) + (x >= thr[2]) + (x >= thr[3]) + (x >= thr[4]) + (x >= thr[5])
-                 + (x >= thr[6]) + (x >= thr[7]) + (x >= thr[8]))
-            prob_count[q] += 1
-            prob_sum[q] += ad
+        start = 0
+        for p in range(N_POSITIONS):
+            if start >= width:
+                break
+            stop = width if p == N_POSITIONS - 1 else min(width, 1 << p)
+            count = 0
+            bucket_sum = 0.0
+            bucket_max = 0.0
+            for t in range(start, stop):
+                if mask[r, t] == 0:
+                    continue
+                x = a[r, t]
+                d = np.float64(b[r, t]) - np.float64(x)
+                if not math.isfinite(d):
+                    bad += 1
+                    continue
+                ad = abs(d)
+                count += 1
+                s += d
+                sq += d * d
+                bucket_sum += ad
+                bucket_max = max(bucket_max, ad)
+                outside += (d < lo) | (d > hi)
+                hist[_float32_bits(np.float32(b[r, t]) - np.float32(x)) >> 17] += 1
+                q = prob_of[_float32_bits(np.float32(x)) >> 17]
+                if q < 0:
+                    x64 = np.float64(x)
+                    q = ((x64 >= thr[0]) + (x64 >= thr[1]) + (x64 >= thr[2]) + (x64 >= thr[3]) + (x64 >= thr[4])
+                         + (x64 >= thr[5]) + (x64 >= thr[6]) + (x64 >= thr[7]) + (x64 >= thr[8]))
+                prob_count[q] += 1
+                prob_sum[q] += ad
+            pos_count[p] += count
+            pos_sum[p] += bucket_sum
+            pos_max[p] = max(pos_max[p], bucket_max)
+            absolute += bucket_sum
+            largest = max(largest, bucket_max)
+            n += count
+            start = stop
         seq_sum[r] = s
         seq_n[r] = n
         total += s
@@ -146,14 +193,6 @@ def as_rows(x: np.ndarray) -> np.ndarray:
     if x.ndim == 0:
         return x.reshape(1, 1)
     return x.reshape(x.shape[0] if x.ndim > 1 else 1, -1)
-
-
-@lru_cache(maxsize=64)
-def _positions(width: int) -> np.ndarray:
-    position_of = np.zeros(width, np.int64)
-    if width > 1:
-        position_of[1:] = np.minimum(np.floor(np.log2(np.arange(1, width))).astype(np.int64) + 1, N_POSITIONS - 1)
-    return position_of
 
 
 def reduce_pair(a: np.ndarray, b: np.ndarray, eps: float, mask: np.ndarray | None = None,
@@ -176,7 +215,7 @@ def reduce_pair(a: np.ndarray, b: np.ndarray, eps: float, mask: np.ndarray | Non
     seq_sum = np.zeros(a2.shape[0])
     seq_n = np.zeros(a2.shape[0], np.int64)
     lo = math.log(1.0 - eps) if eps < 1 else -math.inf
-    _reduce(a2, b2, m2, lo, math.log(1.0 + eps), _positions(a2.shape[1]), _LOG_THRESHOLDS, sums, f.hist, f.pos_count,
+    _reduce(a2, b2, m2, lo, math.log(1.0 + eps), _PROBABILITY_OF, _LOG_THRESHOLDS, sums, f.hist, f.pos_count,
             f.pos_sum, f.pos_max, f.prob_count, f.prob_sum, seq_sum, seq_n)
     f.tokens += int(sums[0])
     f.sum_delta += sums[1]

@@ -17,12 +17,14 @@ figures (no per-pair histogram or Python object per pair), jobs on a thread pool
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rlprobe.check.mapped_tensors import map_tensor
 from rlprobe.check.pair_part import Part, is_float
 from rlprobe.check.sample_pairs import sample_parts, samples_table
 from rlprobe.check.token_kernel import (N_POSITIONS, N_PROBABILITY, HALF, PairFigures, bin_lower_edges,
@@ -80,33 +82,71 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
     def job(parts: list[Part]) -> tuple[PairFigures, list]:
         figures, sequences, loaded = PairFigures(), [], {}
 
-        def load(row: dict, picks: np.ndarray | None) -> np.ndarray:
+        def load(row: dict, picks: np.ndarray | slice | None) -> np.ndarray:
             if row["tensor_file"] not in loaded:
-                loaded[row["tensor_file"]] = dump.load_tensor(row["tensor_file"], row["dtype"], mmap=True)
+                loaded[row["tensor_file"]] = map_tensor(dump, row)
             x = loaded[row["tensor_file"]]
             return x if picks is None else np.asarray(x)[picks]
 
         for p in parts:
             mask = None if p.mask is None else load(p.mask, p.mask_rows)
             _, seq_sum, seq_n = reduce_pair(load(p.a, p.a_rows), load(p.b, p.b_rows), eps, mask, into=figures)
-            rows = np.arange(len(seq_sum)) if p.a_rows is None else p.a_rows
+            rows = p.a_rows if isinstance(p.a_rows, np.ndarray) else np.arange(len(seq_sum))
+            if isinstance(p.a_rows, slice):
+                rows = rows + p.a_rows.start
             sequences.append((p.a["micro_step"], rows, seq_n, seq_sum))
         return figures, sequences
 
     keys = sorted(work)
+    count = max(1, workers) if len(keys) < max(1, workers) else 1  # few jobs: split them so every thread works
+    jobs = [(key, piece) for key in keys for piece in split_rows(work[key], count)]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        results = list(pool.map(job, (work[k] for k in keys)))
+        results = list(pool.map(job, (piece for _, piece in jobs)))
     merged: dict[tuple[str, int, int], tuple[PairFigures, dict]] = {}
     columns: dict[str, list[np.ndarray]] = {k: [] for k in SEQUENCES.names}
-    for key, (figures, sequences) in zip(keys, results):
+    for (key, _), (figures, sequences) in zip(jobs, results):
         parts = work[key]
-        merged[key] = (figures, {"dtype_a": parts[0].a["dtype"], "dtype_b": parts[0].b["dtype"],
-                                 "masked": any(p.mask is not None for p in parts)})
+        if key in merged:
+            merged[key][0].add(figures)
+        else:
+            merged[key] = (figures, {"dtype_a": parts[0].a["dtype"], "dtype_b": parts[0].b["dtype"],
+                                     "masked": any(p.mask is not None for p in parts)})
         for micro, rows, seq_n, seq_sum in sequences:
             n = len(seq_sum)
             _extend(columns, key[0], key[1], key[2], micro_step=np.full(n, micro, np.int64), sequence=rows,
                     tokens=seq_n, log_ratio=seq_sum)
     return {**_step_tables(merged, eps), "token_sequences": _table(columns, SEQUENCES)}
+
+
+MIN_PIECE = 1 << 16  # tokens: a smaller piece's own histogram (and its merge) costs more than a thread saves
+
+
+def split_rows(parts: list[Part], count: int) -> list[list[Part]]:
+    """The parts of one job as up to `count` jobs, each part cut into row ranges of at least
+    MIN_PIECE tokens where its tensors (and mask) share the leading dimension (a single large pair
+    then keeps every thread busy); sequences keep their row numbers."""
+    if count <= 1:
+        return [parts]
+    pieces: list[list[Part]] = [[] for _ in range(count)]
+    for p in parts:
+        shape = p.a["shape"] or []
+        rows = len(p.a_rows) if p.a_rows is not None else (shape[0] if len(shape) > 1 else 1)
+        mask_shape = None if p.mask is None else p.mask["shape"] or []
+        same_rows = p.a_rows is not None or mask_shape is None or (len(mask_shape) > 1 and mask_shape[0] == rows)
+        size = rows * int(np.prod(shape[1:])) if len(shape) > 1 else 0
+        cuts = min(count, rows, size // MIN_PIECE) if len(shape) > 1 and same_rows else 1
+        if cuts <= 1:
+            pieces[0].append(p)
+            continue
+        bounds = np.linspace(0, rows, cuts + 1).astype(int).tolist()
+        for i, (lo, hi) in enumerate(pairwise(bounds)):
+            if p.a_rows is None:
+                pieces[i].append(p._replace(a_rows=slice(lo, hi), b_rows=slice(lo, hi),
+                                            mask_rows=None if p.mask is None else slice(lo, hi)))
+            else:
+                pieces[i].append(p._replace(a_rows=p.a_rows[lo:hi], b_rows=p.b_rows[lo:hi],
+                                            mask_rows=None if p.mask_rows is None else p.mask_rows[lo:hi]))
+    return [piece for piece in pieces if piece]
 
 
 SEQUENCES = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("micro_step", pa.int64()),
@@ -141,9 +181,10 @@ def _step_tables(merged: dict[tuple[str, int, int], tuple[PairFigures, dict]], e
                "masked": meta["masked"], "tokens": n, "nonfinite": f.nonfinite, "mean_delta": mean, "sd_delta": sd,
                "mean_abs": f.sum_abs / n if n else None, "max_abs": f.max_abs if n else None, "eps": eps,
                "outside_share": f.outside / n if n else None}
-        row.update({name: f.quantile(q, upper) for name, q in QUANTILES})
+        row.update(zip((name for name, _ in QUANTILES), f.quantiles(tuple(q for _, q in QUANTILES), upper)))
         steps.append(row)
-        pos, neg = np.flatnonzero(f.hist[:HALF]), np.flatnonzero(f.hist[HALF:])  # Δ >= 0; Δ < 0 negated
+        filled = np.flatnonzero(f.abs_hist())  # the few hundred filled bins of 16,384 magnitudes
+        pos, neg = filled[f.hist[filled] > 0], filled[f.hist[HALF + filled] > 0]  # Δ >= 0; Δ < 0 negated
         _extend(hist, pair, step, rank, lo=np.concatenate([lower[pos], -upper[neg]]),
                 hi=np.concatenate([upper[pos], -lower[neg]]),
                 tokens=np.concatenate([f.hist[pos], f.hist[HALF + neg]]))
@@ -158,20 +199,23 @@ def _step_tables(merged: dict[tuple[str, int, int], tuple[PairFigures, dict]], e
             "token_probability": _table(buckets["prob"], BUCKETS)}
 
 
-def _extend(columns: dict[str, list[np.ndarray]], pair: str, step: int, rank: int, **values: np.ndarray) -> None:
+def _extend(columns: dict[str, list], pair: str, step: int, rank: int, **values: np.ndarray) -> None:
     size = len(next(iter(values.values())))
-    columns["pair"].append(np.full(size, pair, dtype=object))
+    columns["pair"].append((pair, size))  # a string column of repeats is built in _table, in Arrow
     columns["step"].append(np.full(size, step, np.int64))
     columns["rank"].append(np.full(size, rank, np.int64))
     for name, array in values.items():
         columns[name].append(np.asarray(array))
 
 
-def _table(columns: dict[str, list[np.ndarray]], schema: pa.Schema) -> pa.Table:
+def _table(columns: dict[str, list], schema: pa.Schema) -> pa.Table:
     if not columns["pair"]:
         return schema.empty_table()
-    return pa.table({n: pa.array(np.concatenate(columns[n]), schema.field(n).type) for n in schema.names},
-                    schema=schema)
+    names = sorted({pair for pair, _ in columns["pair"]})
+    codes = np.concatenate([np.full(size, names.index(pair), np.int32) for pair, size in columns["pair"]])
+    pairs = pa.DictionaryArray.from_arrays(codes, pa.array(names, pa.string())).cast(pa.string())
+    return pa.table({n: pairs if n == "pair" else pa.array(np.concatenate(columns[n]), schema.field(n).type)
+                     for n in schema.names}, schema=schema)
 
 
 GROUPS = pa.schema([("step", pa.int64()), ("rank", pa.int64()), ("micro_step", pa.int64()), ("index", pa.string()),
