@@ -5,7 +5,7 @@
 -- Parameters: $keys, $steps, $ranks (lists, NULL = all), $stats_rtol (relative tolerance for
 -- statistics-only rows). Keys not in key_order come after its last position.
 WITH joined AS (
-    SELECT p.*, r AS kernel, r.file_a IS NOT NULL AS compared
+    SELECT p.*, COLUMNS(r.* EXCLUDE (pair_id, file_a, file_b)) AS 'kernel_\0', r.file_a IS NOT NULL AS compared
     FROM key_data_pairs($keys, $steps, $ranks) AS p
     LEFT JOIN pair_results AS r ON r.file_a = p.file_a AND r.file_b = p.file_b
 ),
@@ -24,20 +24,26 @@ stats_agree AS (
     FROM joined
 ),
 statused AS (
-    SELECT j.*, pair_status(j) AS status FROM stats_agree AS j
+    SELECT j.*, pair_status(j.in_a, j.in_b, j.absent_a, j.absent_b, j.shape_a, j.shape_b, j.dtype_a, j.dtype_b,
+                           j.compared, j.kernel_error, j.kernel_numel, j.kernel_equal_count, j.stats_equal) AS status
+    FROM stats_agree AS j
 )
 SELECT
     s.key, s.step, s.rank, s.micro_step, s."index", s.status,
     s.shape_a, s.shape_b, s.dtype_a, s.dtype_b,
-    unnest(compared_metrics(s)),
-    pair_message(s,
+    unnest(compared_metrics(s.compared, s.kernel_numel, s.numel_a, s.numel_b, s.kernel_equal_count,
+                            s.kernel_first_mismatch_index, s.kernel_max_abs_err, s.kernel_max_rel_err,
+                            s.kernel_within_1e3_count, s.kernel_within_1e2_count, s.kernel_cosine,
+                            s.kernel_nan_mismatch_count)),
+    pair_message(s.status, s.absent_a, s.absent_b, s.shape_a, s.shape_b, s.dtype_a, s.dtype_b,
         CASE WHEN s.status NOT IN ('only_in_a', 'only_in_b', 'shape_mismatch', 'absent_in_a', 'absent_in_b',
                                    'absent_in_both') AND NOT s.compared
                   AND (s.file_a IS NULL OR s.file_b IS NULL)
              THEN CASE WHEN s.hash_a IS NOT NULL AND s.hash_b IS NOT NULL THEN 'statistics only: compared by hash'
-                       ELSE 'statistics only: compared by min/max/mean/norm' END END
+                       ELSE 'statistics only: compared by min/max/mean/norm' END END,
+        s.kernel_nan_mismatch_count, s.kernel_error
     )                                                                     AS message,
-    unnest(side_statistics(s)),
+    COLUMNS(lambda c: side_statistic(c)),
     coalesce(o.canonical, s.key)                                          AS canonical_key,
     coalesce(o.position, (SELECT coalesce(max(position) + 1, 0) FROM key_order)) AS flow_position
 FROM statused AS s

@@ -5,7 +5,7 @@
 --         module_tolerance (dtype -> relative tolerance of statistics-only rows).
 -- Macros: pair_macros.sql. Parameter: $stats_rtol (NULL = the dtype's tolerance from module_tolerance).
 WITH joined AS (
-    SELECT p.*, r AS kernel, r.pair_id IS NOT NULL AS compared,
+    SELECT p.*, COLUMNS(r.* EXCLUDE (pair_id)) AS 'kernel_\0', r.pair_id IS NOT NULL AS compared,
            coalesce($stats_rtol, t.rtol, 0.0) AS rtol
     FROM module_pairs AS p
     LEFT JOIN module_results AS r USING (pair_id)
@@ -29,7 +29,8 @@ stats_agree AS (
     FROM joined
 ),
 statused AS (
-    SELECT j.*, pair_status(j) AS status,
+    SELECT j.*, pair_status(j.in_a, j.in_b, j.absent_a, j.absent_b, j.shape_a, j.shape_b, j.dtype_a, j.dtype_b,
+                           j.compared, j.kernel_error, j.kernel_numel, j.kernel_equal_count, j.stats_equal) AS status,
         CASE j.io WHEN 'input' THEN 0 WHEN 'output' THEN 1 WHEN 'grad_output' THEN 2 WHEN 'grad_input' THEN 3
                   ELSE 4 END AS io_order
     FROM stats_agree AS j
@@ -39,16 +40,20 @@ SELECT
     coalesce(s.seq_a, s.seq_b)                                            AS seq,
     s.seq_b, s.status,
     s.shape_a, s.shape_b, s.dtype_a, s.dtype_b,
-    unnest(compared_metrics(s)),
-    pair_message(s,
+    unnest(compared_metrics(s.compared, s.kernel_numel, s.numel_a, s.numel_b, s.kernel_equal_count,
+                            s.kernel_first_mismatch_index, s.kernel_max_abs_err, s.kernel_max_rel_err,
+                            s.kernel_within_1e3_count, s.kernel_within_1e2_count, s.kernel_cosine,
+                            s.kernel_nan_mismatch_count)),
+    pair_message(s.status, s.absent_a, s.absent_b, s.shape_a, s.shape_b, s.dtype_a, s.dtype_b,
         CASE WHEN s.status NOT IN ('only_in_a', 'only_in_b', 'shape_mismatch') AND NOT s.compared
              THEN CASE WHEN s.hash_a IS NOT NULL AND s.hash_b IS NOT NULL AND s.hash_a = s.hash_b
                            THEN 'statistics only: compared by hash'
                        WHEN s.hash_a IS NOT NULL AND s.hash_b IS NOT NULL AND s.rtol = 0
                            THEN 'statistics only: compared by hash (bits differ)'
-                       ELSE format('statistics only: compared by min/max/mean/norm, rtol {}', s.rtol) END END
+                       ELSE format('statistics only: compared by min/max/mean/norm, rtol {}', s.rtol) END END,
+        s.kernel_nan_mismatch_count, s.kernel_error
     )                                                                     AS message,
-    unnest(side_statistics(s)),
+    COLUMNS(lambda c: side_statistic(c)),
     s.io_order
 FROM statused AS s
 ORDER BY s.step, coalesce(s.seq_a, s.seq_b), s.io_order, s.rank, s.stage, s."index"
