@@ -14,6 +14,17 @@ from rlprobe.compare.modules import compare_modules
 from tiny_models import tiny_lm, token_ids
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Two unperturbed runs must agree bit for bit. With several threads the BLAS may pick how many
+    to use at run time (fewer on a loaded machine), which splits the sums differently and changed
+    attention's last bits between runs A and B: one thread keeps the runs equal, as the tests mean."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def run(path, perturb=None, *, tensors=False, stage="reference_compute_log_prob", update=False,
         dtype=torch.float32, steps=2, save_loss=True):
     model = tiny_lm(layers=3).to(dtype)
