@@ -1,10 +1,11 @@
 """report.xlsx (a Summary sheet, then one sheet per key, then extra tables such as Grads) and
-msprobe-style `<key>.xlsx` files, one per key, written with openpyxl.
+msprobe-style `<key>.xlsx` files, one per key, written by rlprobe.report.workbook.
 
-openpyxl writes about 2,500 rows of 31 styled columns a second, so a key sheet of report.xlsx
-holds at most `max_sheet_rows` rows (MAX_SHEET_ROWS by default): the rows that differ first,
-then matching ones, in the table's order; the sheet's last row and the Summary say what was left
-out, and key_data.csv / key_data.parquet keep every row. The per-key files hold every row.
+Table sheets are written a column at a time with pyarrow.compute (about a million cells a
+second); still, a key sheet of report.xlsx holds at most `max_sheet_rows` rows (MAX_SHEET_ROWS by
+default), so that the workbook stays one people can open: the rows that differ first, then
+matching ones, in the table's order; the sheet's last row and the Summary say what was left out,
+and key_data.csv / key_data.parquet keep every row. The per-key files hold every row.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
-from openpyxl.utils import get_column_letter
+import pyarrow.compute as pc
 
 from rlprobe.errors import ProbeError
 from rlprobe.lake.layout import safe_component
@@ -24,7 +25,8 @@ from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, diffe
                                          rollup_columns, verdict, yaml_lines)
 from rlprobe.report.column_widths import MAX_WIDTH, MIN_WIDTH, column_width, display_width, shown_text
 from rlprobe.report.grad_matrix_sheet import write_grad_matrix
-from rlprobe.report.workbook import FILLS, MAX_ROWS, CellFormat, SheetNames, Workbook
+from rlprobe.report.workbook import FILLS, MAX_ROWS, CellFormat, SheetNames, Workbook, family_styles
+from rlprobe.report.xlsx_cells import column_letter
 
 SUMMARY_SHEET = "Summary"
 ROWS_PER_SHEET = MAX_ROWS - 1  # one row is the header
@@ -164,8 +166,8 @@ def write_per_key_xlsx(out_dir: str | Path, key_data: pa.Table, lang: str = "zh"
             n += 1
         stem = stem if n == 1 else f"{stem}~{n}"
         taken.add(stem.casefold())
-        columns = [_column_values(table, column) for _, column in MSPROBE_LAYOUT]
-        columns[3] = [_msprobe_id(i) for i in columns[3]]
+        columns: list[Any] = [_column_values(table, column) for _, column in MSPROBE_LAYOUT]
+        columns[3] = [_msprobe_id(i) for i in columns[3].to_pylist()]
         families = _row_families(table, marks.get(key))
         formats = [number_format(column) for _, column in MSPROBE_LAYOUT]
 
@@ -286,8 +288,8 @@ def _write_table_sheets(book: Workbook, sheet_names: Sequence[str], table: pa.Ta
         at = columns.index("status") + 1 if "status" in columns else len(columns)
         columns.insert(at, "first_divergence")
     marker = label("first_divergence_marker", lang)
-    values = [[marker if m else None for m in marks] if c == "first_divergence" else _column_values(table, c)
-              for c in columns]
+    values = [pa.array([marker if m else None for m in marks], pa.string()) if c == "first_divergence"
+              else _column_values(table, c) for c in columns]
     families = _row_families(table, marks)
     formats = [number_format(c) for c in columns]
     heads = [header(c, lang) for c in columns]
@@ -298,31 +300,33 @@ def _write_table_sheets(book: Workbook, sheet_names: Sequence[str], table: pa.Ta
                     note if part == len(sheet_names) - 1 else None)
 
 
-def _write_grid(book: Workbook, name: str, heads: list[str], columns: list[list[Any]], families: list[int],
-                formats: list[str | None], widths: list[float], note: str | None = None) -> None:
+def _write_grid(book: Workbook, name: str, heads: list[str], columns: list[pa.Array | list[Any]],
+                families: pa.Array, formats: list[str | None], widths: list[float], note: str | None = None) -> None:
     """A header row (frozen, with an autofilter) over rows filled by family; then, after an empty
     row, `note` in bold if there is one."""
     head = book.style(CellFormat(bold=True, fill=FILLS["header"]))
     by_family = [[book.style(CellFormat(bold=fam == "first", fill=FILLS.get(fam), number_format=fmt))
-                  for fmt in formats] for fam in FAMILIES]
-    ws = book.add_sheet(name, widths, freeze="A2", autofilter=f"A1:{get_column_letter(len(heads))}{len(families) + 1}")
+                  for fam in FAMILIES] for fmt in formats]
+    ws = book.add_sheet(name, widths, freeze="A2", autofilter=f"A1:{column_letter(len(heads) - 1)}{len(families) + 1}")
     ws.append(heads, head)
-    for family, values in zip(families, zip(*columns)):
-        ws.append(values, by_family[family])
+    ws.append_columns(columns, [family_styles(styles, families) for styles in by_family])
     if note is not None:
         ws.blank_row()
         ws.append([note], book.style(CellFormat(bold=True)))
 
 
-def _row_families(table: pa.Table, marks: list[bool] | None) -> list[int]:
-    """Per row, the index into FAMILIES: 0 plain, 1 bad, 2 missing, 3 first divergence."""
+def _row_families(table: pa.Table, marks: list[bool] | None) -> pa.Array:
+    """Per row, the index into FAMILIES (int32): 0 plain, 1 bad, 2 missing, 3 first divergence."""
+    families = pa.nulls(table.num_rows, pa.int32())
     if "status" in table.column_names:
-        index = {s: FAMILIES.index(f) for s, f in STATUS_FAMILY.items()}
-        families = [index.get(s, 0) for s in table.column("status").to_pylist()]
-    else:
-        families = [0] * table.num_rows
+        status = table.column("status").combine_chunks()
+        if pa.types.is_dictionary(status.type):
+            status = status.cast(status.type.value_type)
+        at = pc.index_in(status, value_set=pa.array(list(STATUS_FAMILY), status.type))
+        families = pc.take(pa.array([FAMILIES.index(f) for f in STATUS_FAMILY.values()], pa.int32()), at)
+    families = pc.fill_null(families, 0)
     if marks:
-        families = [3 if m else f for f, m in zip(families, marks)]
+        families = pc.if_else(pa.array(marks, pa.bool_()), pa.scalar(3, pa.int32()), families)
     return families
 
 
@@ -351,14 +355,15 @@ def _split_by_key(table: pa.Table, order: Sequence[Any]) -> dict[str, pa.Table]:
     return {key: table.take(pa.array(idx, pa.int64())) for key, idx in rows.items() if idx}
 
 
-def _column_values(table: pa.Table, column: str) -> list[Any]:
-    col = table.column(column)
+def _column_values(table: pa.Table, column: str) -> pa.Array:
+    """A column as its cells show it: lists as "[4, 16]" text, dictionaries decoded."""
+    col = table.column(column).combine_chunks()
     if pa.types.is_dictionary(col.type):
         col = col.cast(col.type.value_type)
     t = col.type
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return [None if v is None else list_text(v) for v in col.to_pylist()]
-    return col.to_pylist()
+        return pa.array([None if v is None else list_text(v) for v in col.to_pylist()], pa.string())
+    return col
 
 
 def _msprobe_id(index: Any) -> Any:
