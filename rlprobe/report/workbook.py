@@ -23,11 +23,11 @@ from typing import IO, Any, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from rlprobe.report import xlsx_parts
 from rlprobe.report.safe_cells import xlsx_cell
-from rlprobe.report.xlsx_cells import cell_xml, column_cells, column_letter, join
+from rlprobe.report.arrow_text import join, write_all
+from rlprobe.report.xlsx_cells import cell_xml, column_cells, column_letter
 
 # Row fills by status family (the first-divergence row is bold on its own fill) and headers
 FILLS = {"bad": "FFC7CE", "missing": "FFEB9C", "first": "FF7C80", "header": "D9D9D9"}
@@ -151,16 +151,18 @@ class Sheet:
         self._columns = max(self._columns, len(cells))
         self._rows.write(f'<row r="{self._row}">{"".join(cells)}</row>'.encode())
 
-    def append_columns(self, columns: Sequence[pa.Array | list[Any]], styles: Sequence[pa.Array]) -> None:
-        """Rows given as columns of equal length: column j's values (an Arrow array, or a list of
-        mixed values) with `styles[j]`, each row's cell format (int32)."""
-        n_rows = len(columns[0]) if columns else 0
+    def append_columns(self, columns: Sequence[pa.Array | list[Any]], styles: Sequence[Sequence[Style]],
+                       families: pa.Array) -> None:
+        """Rows given as columns of equal length (Arrow arrays, or lists of mixed values); row i of
+        column j has the style `styles[j][families[i]]` (families: int32, one per row)."""
+        n_rows = len(families)
+        formats = [[s or 0 for s in column_styles] for column_styles in styles]
         for start in range(0, n_rows, ROWS_PER_CHUNK):
             stop = min(n_rows, start + ROWS_PER_CHUNK)
             rows = pa.array(np.arange(self._row + 1 + start, self._row + 1 + stop)).cast(pa.large_string())
-            cells = [column_cells(column_letter(j), rows, values[start:stop], style[start:stop])
-                     for j, (values, style) in enumerate(zip(columns, styles))]
-            self._write_text(join('<row r="', rows, '">', *cells, "</row>"))
+            cells = [column_cells(column_letter(j), rows, values[start:stop], fmt, families[start:stop])
+                     for j, (values, fmt) in enumerate(zip(columns, formats))]
+            write_all(self._rows, join('<row r="', rows, '">', *cells, "</row>"))
         self._row += n_rows
         self._columns = max(self._columns, len(columns))
 
@@ -184,16 +186,6 @@ class Sheet:
 
     def discard(self) -> None:
         self._rows.close()
-
-    def _write_text(self, text: pa.Array) -> None:
-        """The rows of `text` (a large_string array without nulls) one after another."""
-        offsets = np.frombuffer(text.buffers()[1], np.int64)[text.offset: text.offset + len(text) + 1]
-        self._rows.write(memoryview(text.buffers()[2])[offsets[0]: offsets[-1]])
-
-
-def family_styles(styles: Sequence[Style], families: pa.Array) -> pa.Array:
-    """Each row's cell format: `styles[families[i]]` (int32)."""
-    return pc.take(pa.array([s or 0 for s in styles], pa.int32()), families)
 
 
 def quoted_sheet(name: str) -> str:

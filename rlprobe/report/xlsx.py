@@ -21,11 +21,11 @@ from rlprobe.lake.layout import safe_component
 from rlprobe.report.config_diff_report import COLUMNS, xlsx_records
 from rlprobe.report.headers import MSPROBE_LAYOUT, check_lang, header, label, msprobe_headers
 from rlprobe.report.output_file import write_report_file
-from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, differs, list_text, ordered_counts,
+from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, differs, list_texts, ordered_counts,
                                          rollup_columns, verdict, yaml_lines)
 from rlprobe.report.column_widths import MAX_WIDTH, MIN_WIDTH, column_width, display_width, shown_text
 from rlprobe.report.grad_matrix_sheet import write_grad_matrix
-from rlprobe.report.workbook import FILLS, MAX_ROWS, CellFormat, SheetNames, Workbook, family_styles
+from rlprobe.report.workbook import FILLS, MAX_ROWS, CellFormat, SheetNames, Workbook
 from rlprobe.report.xlsx_cells import column_letter
 
 SUMMARY_SHEET = "Summary"
@@ -309,7 +309,7 @@ def _write_grid(book: Workbook, name: str, heads: list[str], columns: list[pa.Ar
                   for fam in FAMILIES] for fmt in formats]
     ws = book.add_sheet(name, widths, freeze="A2", autofilter=f"A1:{column_letter(len(heads) - 1)}{len(families) + 1}")
     ws.append(heads, head)
-    ws.append_columns(columns, [family_styles(styles, families) for styles in by_family])
+    ws.append_columns(columns, by_family, families)
     if note is not None:
         ws.blank_row()
         ws.append([note], book.style(CellFormat(bold=True)))
@@ -362,7 +362,7 @@ def _column_values(table: pa.Table, column: str) -> pa.Array:
         col = col.cast(col.type.value_type)
     t = col.type
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return pa.array([None if v is None else list_text(v) for v in col.to_pylist()], pa.string())
+        return list_texts(col)
     return col
 
 

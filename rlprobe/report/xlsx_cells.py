@@ -12,21 +12,22 @@ Numbers are their shortest round-trip text; booleans `t="b"`.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rlprobe.report.comparison_words import list_text
+from rlprobe.report.arrow_text import NOTHING, join, literal
+from rlprobe.report.comparison_words import list_texts
 from rlprobe.report.safe_cells import FORMULA_TRIGGERS, MAX_CELL_CHARS, xlsx_cell, xlsx_quote_prefix, xlsx_text
 
 _EXACT_INT = 2**53  # as safe_cells: larger integers are stored as text
 _NEEDS_FIXING = "[\x00-\x08\x0b\x0c\x0e-\x1f\r\ufffe\uffff]"  # what xlsx_text replaces (and CR)
 _XML_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 _ESCAPE = re.compile("[&<>]")
+_FORMULA_START = "^[=+@\t-]"  # FORMULA_TRIGGERS less CR, which never remains (xlsx_text)
 _TEXT_OPEN = ' t="inlineStr"><is><t xml:space="preserve">'
 _TEXT_CLOSE = "</t></is></c>"
-_NOTHING = pa.scalar("", pa.large_string())
 _NO_TEXT = pa.scalar(None, pa.large_string())
 
 
@@ -66,36 +67,43 @@ def cell_xml(ref: str, value: Any, style: int) -> str:
     return f'<c r="{ref}"{s}><v>{stored!r}</v></c>'
 
 
-def column_cells(letter: str, rows: pa.Array, values: pa.Array | list[Any], styles: pa.Array) -> pa.Array:
+def column_cells(letter: str, rows: pa.Array, values: pa.Array | list[Any], formats: Sequence[int],
+                 families: pa.Array) -> pa.Array:
     """Each row's cell of one column, as large_string ("" for an empty cell of the default look).
-    `rows`: the row numbers as text; `styles`: each row's cell format (int32, 0 the default look);
-    `values`: an Arrow array, or a Python list (cells of mixed types) written one value at a time."""
+    `rows`: the row numbers as text; row i has the cell format `formats[families[i]]` (0: the
+    default look); `values`: an Arrow array, or a Python list (cells of mixed types) written one
+    value at a time."""
     if isinstance(values, list) or not _vectorized(values.type):
         items = values if isinstance(values, list) else values.to_pylist()
-        return pa.array([cell_xml(f"{letter}{r}", v, s) for r, v, s in
-                         zip(rows.to_pylist(), items, styles.to_pylist())], pa.large_string())
+        return pa.array([cell_xml(f"{letter}{r}", v, formats[f]) for r, v, f in
+                         zip(rows.to_pylist(), items, families.to_pylist())], pa.large_string())
     number, text, flag = _split(values)
-    ref = join(letter, rows)
-    default = pc.equal(styles, 0)
-    plain = pc.if_else(default, _NOTHING, join(' s="', pc.cast(styles, pa.large_string()), '"'))
+    attr = _per_family([f' s="{s}"' if s else "" for s in formats], families)
     cells = []
-    if number is not None:
-        cells.append(join('<c r="', ref, '"', plain, "><v>", number, "</v></c>"))
-    if text is not None:
-        text_style = pc.add(styles, pc.cast(pc.fill_null(_formula_like(text), False), pa.int32()))
-        attr = pc.if_else(pc.equal(text_style, 0), _NOTHING, join(' s="', pc.cast(text_style, pa.large_string()), '"'))
-        cells.append(join('<c r="', ref, '"', attr, _TEXT_OPEN, _escaped(text), _TEXT_CLOSE))
-    if flag is not None:
-        bit = pc.if_else(flag, pa.scalar("1", pa.large_string()), pa.scalar("0", pa.large_string()))
-        cells.append(join('<c r="', ref, '"', plain, ' t="b"><v>', bit, "</v></c>"))
-    empty = pc.if_else(default, _NOTHING, join('<c r="', ref, '"', plain, "/>"))
-    return pc.coalesce(*cells, empty)
+    if _any(number):
+        cells.append(join('<c r="', letter, rows, '"', attr, "><v>", number, "</v></c>"))
+    if _any(text):
+        quoted = _per_family([f' s="{s + 1}"' for s in formats], families)
+        attr_text = pc.if_else(pc.fill_null(_formula_like(text), False), quoted, attr)
+        cells.append(join('<c r="', letter, rows, '"', attr_text, _TEXT_OPEN, _escaped(text), _TEXT_CLOSE))
+    if _any(flag):
+        bit = pc.if_else(flag, literal("1"), literal("0"))
+        cells.append(join('<c r="', letter, rows, '"', attr, ' t="b"><v>', bit, "</v></c>"))
+    cells = pc.coalesce(*cells) if len(cells) > 1 else cells[0] if cells else pa.nulls(len(rows), pa.large_string())
+    if not cells.null_count:
+        return cells
+    if not any(formats):  # empty cells of the default look need no element
+        return pc.fill_null(cells, NOTHING)
+    empty = join('<c r="', letter, rows, '"', attr, "/>")
+    return pc.coalesce(cells, pc.if_else(pc.equal(attr, ""), NOTHING, empty))
 
 
-def join(*parts: str | pa.Array) -> pa.Array:
-    """The parts (texts and large_string arrays) joined row by row; null where any part is null."""
-    return pc.binary_join_element_wise(*(pa.scalar(p, pa.large_string()) if isinstance(p, str) else p
-                                         for p in parts), _NOTHING)
+def _per_family(texts: Sequence[str], families: pa.Array) -> pa.Array:
+    return pc.take(pa.array(texts, pa.large_string()), families)
+
+
+def _any(values: pa.Array | None) -> bool:
+    return values is not None and values.null_count < len(values)
 
 
 def _vectorized(t: pa.DataType) -> bool:
@@ -112,7 +120,7 @@ def _split(values: pa.Array) -> tuple[pa.Array | None, pa.Array | None, pa.Array
     if pa.types.is_null(t):
         return None, None, None
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        values, t = pa.array([None if v is None else list_text(v) for v in values.to_pylist()], pa.large_string()), None
+        values, t = list_texts(values), None
     if t is None or pa.types.is_string(t) or pa.types.is_large_string(t):
         text = values.cast(pa.large_string())
         return None, _stored_text(pc.if_else(pc.equal(text, ""), _NO_TEXT, text)), None
@@ -144,12 +152,8 @@ def _stored_text(text: pa.Array) -> pa.Array:
 
 
 def _formula_like(text: pa.Array) -> pa.Array:
-    """xlsx_quote_prefix of each row (CR never remains after xlsx_text)."""
-    marks = [pc.starts_with(text, t) for t in FORMULA_TRIGGERS if t != "\r"]
-    quoted = marks[0]
-    for mark in marks[1:]:
-        quoted = pc.or_(quoted, mark)
-    return quoted
+    """xlsx_quote_prefix of each row."""
+    return pc.match_substring_regex(text, _FORMULA_START)
 
 
 def _escaped(text: pa.Array) -> pa.Array:
