@@ -133,7 +133,7 @@ def _split(values: pa.Array) -> tuple[pa.Array | None, pa.Array | None, pa.Array
         return pc.if_else(finite, as_text, _NO_TEXT), pc.if_else(finite, _NO_TEXT, as_text), None
     if pa.types.is_unsigned_integer(t):
         values = values.cast(pa.uint64())
-        exact = pc.less_equal(values, _EXACT_INT)
+        exact = pc.less_equal(values, pa.scalar(_EXACT_INT, pa.uint64()))
     else:
         values = values.cast(pa.int64())
         exact = pc.and_(pc.less_equal(values, _EXACT_INT), pc.greater_equal(values, -_EXACT_INT))
