@@ -7,7 +7,7 @@ Sheets are written one after another in tab order, each streamed to a temporary 
 into the package, so memory stays flat; a sheet's column widths and frozen header are given when
 it is added. Sheet.append_columns writes a whole table of rows with pyarrow.compute (no Python
 per cell): openpyxl took 20 s for the 900,000 cells of a 25,600-pair comparison, XlsxWriter 9 s,
-this about 1 s. A cell format is registered once as a named style ("rlprobe bold FFC7CE" and so
+this about 1 s (docs/reports.md). A cell format is registered once as a named style ("rlprobe bold FFC7CE" and so
 on, listed among Excel's cell styles) and cells refer to it by number.
 """
 

@@ -1,7 +1,6 @@
 """Cells of rlprobe's xlsx sheets as SpreadsheetML text, stored as rlprobe.report.safe_cells says:
 one value at a time (`cell_xml`, for small sheets) or a whole Arrow column at a time
-(`column_cells`: pyarrow.compute builds every cell's text, no Python per cell; a 25,600-row key
-table of 36 columns takes about half a second where openpyxl took 20 s).
+(`column_cells`: pyarrow.compute builds every cell's text, no Python per cell; docs/reports.md).
 
 Text is an inline string (`t="inlineStr"`, never a formula: no cell is ever written with `<f>`),
 quote-prefixed where xlsx_quote_prefix says so through the cell format's quoted twin, the xf
