@@ -157,7 +157,8 @@ def main() -> None:
                     return sum(r.values()) if writer == "total" else r[writer]
                 base = [get(r) for r in runs[workload, "baseline"]]
                 this = [get(r) for r in runs[workload, "this"]]
-                rows[writer] = {"baseline_s": round(statistics.median(base), 3), "this_s": round(statistics.median(this), 3),
+                rows[writer] = {"baseline_s": round(statistics.median(base), 3),
+                                "this_s": round(statistics.median(this), 3),
                                 "paired_ratio": round(statistics.median(t / b for t, b in zip(this, base) if b), 3)}
             report[workload] = rows
         print(json.dumps(report, indent=2))

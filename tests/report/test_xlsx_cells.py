@@ -73,7 +73,8 @@ def test_a_column_at_a_time_stores_what_one_value_at_a_time_stores(name, formats
     families = pa.array([i % 2 for i in range(n)], pa.int32())
     rows = pa.array([str(r) for r in range(7, 7 + n)], pa.large_string())
     got = column_cells("AB", rows, values, formats, families).to_pylist()
-    want = [cell_xml(f"AB{r}", v, formats[i % 2]) for i, (r, v) in enumerate(zip(range(7, 7 + n), _python_values(values)))]
+    want = [cell_xml(f"AB{r}", v, formats[i % 2])
+            for i, (r, v) in enumerate(zip(range(7, 7 + n), _python_values(values)))]
     assert len(got) == n
     for g, w in zip(got, want):
         g, w = _cell(g), _cell(w)
