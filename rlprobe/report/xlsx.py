@@ -128,15 +128,19 @@ def _empty_columns(table: pa.Table) -> tuple[str, ...]:
 
 def _pick_rows(table: pa.Table, marks: pa.Array | None, cap: int) -> pa.Array | None:
     """Indices of the rows a capped sheet shows, in table order; None when all fit. The first
-    divergence (`marks`, else the table's is_first_divergence) comes first, then flagged rows (gradient tables) and the other rows whose status
-    is not a match, then the rest, each in table order, until `cap` rows are chosen."""
+    divergence (`marks`, else the table's is_first_divergence) comes first, then flagged rows
+    (gradient tables) and the other rows whose status is not a match, then the rest, each in
+    table order, until `cap` rows are chosen."""
     if table.num_rows <= cap:
         return None
     if "flagged" in table.column_names:  # gradient rows: the flag, not the status, says what differs
         differ = pc.fill_null(table.column("flagged"), False)
     elif "status" in table.column_names:
-        status = table.column("status")
-        differ = pc.fill_null(pc.invert(pc.is_in(status, value_set=pa.array(sorted(MATCHING_STATUSES)))), False)
+        status = table.column("status").combine_chunks()
+        if pa.types.is_dictionary(status.type):
+            status = status.cast(status.type.value_type)
+        matching = pc.is_in(status, value_set=pa.array(sorted(MATCHING_STATUSES)))
+        differ = pc.and_(pc.is_valid(status), pc.invert(matching))  # no status: not a difference
     else:
         differ = pa.array([False] * table.num_rows)
     rank = pc.if_else(differ, pa.scalar(1, pa.int8()), pa.scalar(2, pa.int8()))
