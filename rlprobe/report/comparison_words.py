@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from rlprobe.report.headers import check_lang, header, label
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # summary.json roll-up columns that exist for sorting, not for readers
 HIDDEN_ROLLUP_COLUMNS = frozenset({"flow_position", "canonical_key"})
@@ -152,6 +155,19 @@ def ordered_counts(counts: Mapping[str, int] | None) -> list[tuple[str, int]]:
 def list_text(value: Sequence[Any]) -> str:
     """A list cell as msprobe writes shapes: "[4, 16]", "[]" for a scalar."""
     return "[" + ", ".join(str(v) for v in value) + "]"
+
+
+def list_texts(values: pa.Array) -> pa.Array:
+    """list_text of each list of an Arrow list array (null stays null), as a string array: lists of
+    integers (shapes) with pyarrow.compute, others one at a time."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    item = values.type.value_type
+    if pa.types.is_integer(item) and pc.list_flatten(values).null_count == 0:
+        joined = pc.binary_join(pc.cast(values, pa.list_(pa.string())), ", ")
+        return pc.binary_join_element_wise("[", joined, "]", "")
+    return pa.array([None if v is None else list_text(v) for v in values.to_pylist()], pa.string())
 
 
 def cell_text(value: Any) -> Any:

@@ -69,7 +69,8 @@ def xlsx_cell(value: Any) -> Any:
     Excel has no NaN or infinity: those floats become the text 'nan', 'inf', '-inf'; integers
     beyond 2**53 become text so no digit is lost; numpy scalars become Python numbers; other
     objects become their text. Strings must still be written with the string type (never as
-    formulas), quote-prefixed where xlsx_quote_prefix says so: see guard_openpyxl_cell."""
+    formulas), quote-prefixed where xlsx_quote_prefix says so, as report/xlsx_cells.py writes them
+    (guard_openpyxl_cell does it for an openpyxl cell)."""
     kind = type(value)
     if kind is float:
         return value if math.isfinite(value) else str(value)

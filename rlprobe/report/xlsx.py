@@ -1,10 +1,11 @@
 """report.xlsx (a Summary sheet, then one sheet per key, then extra tables such as Grads) and
-msprobe-style `<key>.xlsx` files, one per key, written with openpyxl.
+msprobe-style `<key>.xlsx` files, one per key, written by rlprobe.report.workbook.
 
-openpyxl writes about 2,500 rows of 31 styled columns a second, so a key sheet of report.xlsx
-holds at most `max_sheet_rows` rows (MAX_SHEET_ROWS by default): the rows that differ first,
-then matching ones, in the table's order; the sheet's last row and the Summary say what was left
-out, and key_data.csv / key_data.parquet keep every row. The per-key files hold every row.
+Table sheets are written a column at a time with pyarrow.compute (about a million cells a
+second); still, a key sheet of report.xlsx holds at most `max_sheet_rows` rows (MAX_SHEET_ROWS by
+default), so that the workbook stays one people can open: the rows that differ first, then
+matching ones, in the table's order; the sheet's last row and the Summary say what was left out,
+and key_data.csv / key_data.parquet keep every row. The per-key files hold every row.
 """
 
 from __future__ import annotations
@@ -12,19 +13,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
-from openpyxl.utils import get_column_letter
+import pyarrow.compute as pc
 
 from rlprobe.errors import ProbeError
 from rlprobe.lake.layout import safe_component
 from rlprobe.report.config_diff_report import COLUMNS, xlsx_records
 from rlprobe.report.headers import MSPROBE_LAYOUT, check_lang, header, label, msprobe_headers
 from rlprobe.report.output_file import write_report_file
-from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, differs, list_text, ordered_counts,
+from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, differs, list_texts, ordered_counts,
                                          rollup_columns, verdict, yaml_lines)
 from rlprobe.report.column_widths import MAX_WIDTH, MIN_WIDTH, column_width, display_width, shown_text
 from rlprobe.report.grad_matrix_sheet import write_grad_matrix
 from rlprobe.report.workbook import FILLS, MAX_ROWS, CellFormat, SheetNames, Workbook
+from rlprobe.report.xlsx_cells import column_letter
 
 SUMMARY_SHEET = "Summary"
 ROWS_PER_SHEET = MAX_ROWS - 1  # one row is the header
@@ -82,27 +85,25 @@ def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str
     summary_name = names.claim(SUMMARY_SHEET)
     extra_names = {title: names.claim(title) for title in extra_sheets}
     matrix_name = names.claim(GRAD_MATRIX_SHEET) if grad_matrix is not None else None
-    groups = _split_by_key(key_data, [r.get("key") for r in summary.get("keys") or []])
-    key_sheets = {key: names.claim(str(key)) for key in groups}
-    marks = _first_marks(key_data, summary.get("first_divergence"))
     empty = _empty_columns(key_data)
-    shown: dict[str, tuple[pa.Table, list[bool] | None]] = {}  # key -> the rows its sheet shows, their marks
+    marked = _with_first_marks(key_data, summary.get("first_divergence"))
+    groups = _split_by_key(marked, [r.get("key") for r in summary.get("keys") or []])
+    key_sheets = {key: names.claim(str(key)) for key in groups}
+    shown: dict[str, pa.Table] = {}  # key -> the rows its sheet shows
     left_out: dict[str, tuple[int, int]] = {}  # key -> (rows shown, rows) where the cap left rows out
     for key, table in groups.items():
-        key_marks = marks.get(key)
-        picked = _pick_rows(table, key_marks, max_sheet_rows)
+        picked = _pick_rows(table, None, max_sheet_rows)
         if picked is not None:
             left_out[key] = (len(picked), table.num_rows)
-            table = table.take(pa.array(picked, pa.int64()))
-            key_marks = None if key_marks is None else [key_marks[i] for i in picked]
-        shown[key] = (table, key_marks)
+            table = table.take(picked)
+        shown[key] = table
 
     def write(f) -> None:
         with Workbook(f) as book:
             _write_summary_sheet(book, summary_name, summary, key_sheets, lang, left_out)
-            for key, (table, key_marks) in shown.items():
+            for key, table in shown.items():
                 note = _rows_shown(*left_out[key], lang) if key in left_out else None
-                _write_table_sheets(book, [key_sheets[key]], table, lang, key_marks, drop=("key", *empty),
+                _write_table_sheets(book, [key_sheets[key]], table, lang, drop=("key", *empty),
                                     order=KEY_SHEET_COLUMNS, note=note)
             for title, table in extra_sheets.items():
                 picked = _pick_rows(table, None, max_sheet_rows)
@@ -110,8 +111,8 @@ def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str
                 if picked is not None:
                     note = label("rows_shown_in", lang).format(
                         shown=len(picked), total=table.num_rows, file=(extra_files or {}).get(title, "the Parquet file"))
-                    table = table.take(pa.array(picked, pa.int64()))
-                _write_table_sheets(book, [extra_names[title]], table, lang, None, drop=_empty_columns(table),
+                    table = table.take(picked)
+                _write_table_sheets(book, [extra_names[title]], table, lang, drop=_empty_columns(table),
                                     order=(), note=note)
             if grad_matrix is not None:
                 write_grad_matrix(book, matrix_name, *grad_matrix, lang=lang, max_rows=max_sheet_rows)
@@ -125,23 +126,29 @@ def _empty_columns(table: pa.Table) -> tuple[str, ...]:
     return tuple(c for c in table.column_names if table.num_rows and table.column(c).null_count == table.num_rows)
 
 
-def _pick_rows(table: pa.Table, marks: list[bool] | None, cap: int) -> list[int] | None:
+def _pick_rows(table: pa.Table, marks: pa.Array | None, cap: int) -> pa.Array | None:
     """Indices of the rows a capped sheet shows, in table order; None when all fit. The first
-    divergence comes first, then flagged rows (gradient tables) and the other rows whose status
-    is not a match, then the rest, each in table order, until `cap` rows are chosen."""
-    n = table.num_rows
-    if n <= cap:
+    divergence (`marks`, else the table's is_first_divergence) comes first, then flagged rows
+    (gradient tables) and the other rows whose status is not a match, then the rest, each in
+    table order, until `cap` rows are chosen."""
+    if table.num_rows <= cap:
         return None
-    statuses = table.column("status").to_pylist() if "status" in table.column_names else [None] * n
-    if marks is None and "is_first_divergence" in table.column_names:
-        marks = [bool(v) for v in table.column("is_first_divergence").to_pylist()]
-    marks = marks or [False] * n
     if "flagged" in table.column_names:  # gradient rows: the flag, not the status, says what differs
-        flags = [bool(v) for v in table.column("flagged").to_pylist()]
-        rank = [0 if m else (1 if f else 2) for f, m in zip(flags, marks)]
-        return sorted(sorted(range(n), key=rank.__getitem__)[:cap])
-    rank = [0 if m else (2 if s is None or s in MATCHING_STATUSES else 1) for s, m in zip(statuses, marks)]
-    return sorted(sorted(range(n), key=rank.__getitem__)[:cap])  # a stable sort keeps table order per rank
+        differ = pc.fill_null(table.column("flagged"), False)
+    elif "status" in table.column_names:
+        status = table.column("status").combine_chunks()
+        if pa.types.is_dictionary(status.type):
+            status = status.cast(status.type.value_type)
+        matching = pc.is_in(status, value_set=pa.array(sorted(MATCHING_STATUSES)))
+        differ = pc.and_(pc.is_valid(status), pc.invert(matching))  # no status: not a difference
+    else:
+        differ = pa.array([False] * table.num_rows)
+    rank = pc.if_else(differ, pa.scalar(1, pa.int8()), pa.scalar(2, pa.int8()))
+    marks = _marks(table) if marks is None else marks
+    if marks is not None:
+        rank = pc.if_else(marks, pa.scalar(0, pa.int8()), rank)
+    chosen = pc.sort_indices(rank).to_numpy()[:cap]  # a stable sort keeps table order per rank
+    return pa.array(np.sort(chosen))
 
 
 def _rows_shown(shown: int, total: int, lang: str) -> str:
@@ -157,16 +164,15 @@ def write_per_key_xlsx(out_dir: str | Path, key_data: pa.Table, lang: str = "zh"
     heads = msprobe_headers(lang)
     written: dict[str, Path] = {}
     taken: set[str] = set()
-    marks = _first_marks(key_data, None)
     for key, table in _split_by_key(key_data, []).items():
         stem, n = safe_component(key), 1
         while (stem if n == 1 else f"{stem}~{n}").casefold() in taken:  # case-insensitive file systems
             n += 1
         stem = stem if n == 1 else f"{stem}~{n}"
         taken.add(stem.casefold())
-        columns = [_column_values(table, column) for _, column in MSPROBE_LAYOUT]
-        columns[3] = [_msprobe_id(i) for i in columns[3]]
-        families = _row_families(table, marks.get(key))
+        columns: list[Any] = [_column_values(table, column) for _, column in MSPROBE_LAYOUT]
+        columns[3] = [_msprobe_id(i) for i in columns[3].to_pylist()]
+        families = _row_families(table, _marks(table))
         formats = [number_format(column) for _, column in MSPROBE_LAYOUT]
 
         def write(f, columns=columns, families=families, formats=formats, n_rows=table.num_rows) -> None:
@@ -273,20 +279,18 @@ def _rollup_family(record: Mapping[str, Any]) -> str | None:
 
 # -- table sheets -------------------------------------------------------------------------------
 def _write_table_sheets(book: Workbook, sheet_names: Sequence[str], table: pa.Table, lang: str,
-                        marks: list[bool] | None, drop: Sequence[str], order: Sequence[str],
-                        note: str | None = None) -> None:
+                        drop: Sequence[str], order: Sequence[str], note: str | None = None) -> None:
     """One table on one or more sheets (Excel holds 1,048,576 rows a sheet), styled by status;
     columns named in `order` first, the first-divergence marker right after the status; `note`,
     if any, is the last sheet's last row."""
     present = [c for c in table.column_names if c not in drop and c != "is_first_divergence"]
-    if marks is None and "is_first_divergence" in table.column_names:
-        marks = [bool(v) for v in table.column("is_first_divergence").to_pylist()]
+    marks = _marks(table)
     columns = [c for c in order if c in present] + [c for c in present if c not in order]
-    if marks is not None and any(marks):
+    if marks is not None and pc.any(marks).as_py():
         at = columns.index("status") + 1 if "status" in columns else len(columns)
         columns.insert(at, "first_divergence")
     marker = label("first_divergence_marker", lang)
-    values = [[marker if m else None for m in marks] if c == "first_divergence" else _column_values(table, c)
+    values = [pc.if_else(marks, marker, None) if c == "first_divergence" else _column_values(table, c)
               for c in columns]
     families = _row_families(table, marks)
     formats = [number_format(c) for c in columns]
@@ -298,67 +302,83 @@ def _write_table_sheets(book: Workbook, sheet_names: Sequence[str], table: pa.Ta
                     note if part == len(sheet_names) - 1 else None)
 
 
-def _write_grid(book: Workbook, name: str, heads: list[str], columns: list[list[Any]], families: list[int],
-                formats: list[str | None], widths: list[float], note: str | None = None) -> None:
+def _write_grid(book: Workbook, name: str, heads: list[str], columns: list[pa.Array | list[Any]],
+                families: pa.Array, formats: list[str | None], widths: list[float], note: str | None = None) -> None:
     """A header row (frozen, with an autofilter) over rows filled by family; then, after an empty
     row, `note` in bold if there is one."""
     head = book.style(CellFormat(bold=True, fill=FILLS["header"]))
     by_family = [[book.style(CellFormat(bold=fam == "first", fill=FILLS.get(fam), number_format=fmt))
-                  for fmt in formats] for fam in FAMILIES]
-    ws = book.add_sheet(name, widths, freeze="A2", autofilter=f"A1:{get_column_letter(len(heads))}{len(families) + 1}")
+                  for fam in FAMILIES] for fmt in formats]
+    ws = book.add_sheet(name, widths, freeze="A2", autofilter=f"A1:{column_letter(len(heads) - 1)}{len(families) + 1}")
     ws.append(heads, head)
-    for family, values in zip(families, zip(*columns)):
-        ws.append(values, by_family[family])
+    ws.append_columns(columns, by_family, families)
     if note is not None:
         ws.blank_row()
         ws.append([note], book.style(CellFormat(bold=True)))
 
 
-def _row_families(table: pa.Table, marks: list[bool] | None) -> list[int]:
-    """Per row, the index into FAMILIES: 0 plain, 1 bad, 2 missing, 3 first divergence."""
+def _row_families(table: pa.Table, marks: pa.Array | None) -> pa.Array:
+    """Per row, the index into FAMILIES (int32): 0 plain, 1 bad, 2 missing, 3 first divergence."""
+    families = pa.nulls(table.num_rows, pa.int32())
     if "status" in table.column_names:
-        index = {s: FAMILIES.index(f) for s, f in STATUS_FAMILY.items()}
-        families = [index.get(s, 0) for s in table.column("status").to_pylist()]
-    else:
-        families = [0] * table.num_rows
-    if marks:
-        families = [3 if m else f for f, m in zip(families, marks)]
+        status = table.column("status").combine_chunks()
+        if pa.types.is_dictionary(status.type):
+            status = status.cast(status.type.value_type)
+        at = pc.index_in(status, value_set=pa.array(list(STATUS_FAMILY), status.type))
+        families = pc.take(pa.array([FAMILIES.index(f) for f in STATUS_FAMILY.values()], pa.int32()), at)
+    families = pc.fill_null(families, 0)
+    if marks is not None:
+        families = pc.if_else(marks, pa.scalar(3, pa.int32()), families)
     return families
 
 
-def _first_marks(key_data: pa.Table, first: Mapping[str, Any] | None) -> dict[str, list[bool]]:
-    """key -> per-row first-divergence flags, from is_first_divergence, else from summary's first_divergence."""
-    keys = key_data.column("key").to_pylist() if "key" in key_data.column_names else []
-    if "is_first_divergence" in key_data.column_names:
-        flags = [bool(v) for v in key_data.column("is_first_divergence").to_pylist()]
-    elif first and first.get("key") is not None:
-        fields = [f for f in ("key", "step", "rank", "micro_step", "index") if f in key_data.column_names]
-        rows = zip(*(key_data.column(f).to_pylist() for f in fields))
-        flags = [all(v == first.get(f) for f, v in zip(fields, row)) for row in rows]
-    else:
-        return {}
-    marks: dict[str, list[bool]] = {}
-    for key, flag in zip(keys, flags):
-        marks.setdefault(key, []).append(flag)
-    return marks
+def _marks(table: pa.Table) -> pa.Array | None:
+    """Per row, whether it is the first divergence (is_first_divergence, null as false)."""
+    if "is_first_divergence" not in table.column_names:
+        return None
+    return pc.fill_null(table.column("is_first_divergence").combine_chunks(), False)
+
+
+def _with_first_marks(key_data: pa.Table, first: Mapping[str, Any] | None) -> pa.Table:
+    """key_data with is_first_divergence: its own, else the rows that summary's first_divergence names."""
+    if "is_first_divergence" in key_data.column_names or not first or first.get("key") is None:
+        return key_data
+    flags = pa.array([True] * key_data.num_rows)
+    for field in ("key", "step", "rank", "micro_step", "index"):
+        if field in key_data.column_names:
+            column, value = key_data.column(field), first.get(field)
+            try:
+                same = pc.is_null(column) if value is None else pc.fill_null(pc.equal(column, value), False)
+            except (pa.ArrowException, TypeError):  # a value of another type matches no row
+                same = pa.array([False] * key_data.num_rows)
+            flags = pc.and_(flags, same)
+    return key_data.append_column("is_first_divergence", flags)
 
 
 def _split_by_key(table: pa.Table, order: Sequence[Any]) -> dict[str, pa.Table]:
     """key -> its rows, keys in `order` first, then in order of first appearance; row order kept."""
-    rows: dict[str, list[int]] = {k: [] for k in order if k is not None}
-    for i, key in enumerate(table.column("key").to_pylist()):
-        rows.setdefault(key, []).append(i)
-    return {key: table.take(pa.array(idx, pa.int64())) for key, idx in rows.items() if idx}
+    key = table.column("key").combine_chunks()
+    if pa.types.is_dictionary(key.type):
+        key = key.cast(key.type.value_type)
+    codes = key.dictionary_encode()
+    keys = codes.dictionary.to_pylist()  # in order of first appearance
+    counts = np.bincount(pc.fill_null(codes.indices, len(keys)).to_numpy(), minlength=len(keys) + 1)
+    rows = table.take(pc.sort_indices(pc.fill_null(codes.indices, len(keys))))  # stable: table order per key
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    groups = {key: rows.slice(starts[i], counts[i]) for i, key in enumerate(keys + [None]) if counts[i]}
+    ranked = [k for k in order if k is not None and k in groups]
+    return {key: groups[key] for key in ranked + [k for k in groups if k not in ranked]}
 
 
-def _column_values(table: pa.Table, column: str) -> list[Any]:
-    col = table.column(column)
+def _column_values(table: pa.Table, column: str) -> pa.Array:
+    """A column as its cells show it: lists as "[4, 16]" text, dictionaries decoded."""
+    col = table.column(column).combine_chunks()
     if pa.types.is_dictionary(col.type):
         col = col.cast(col.type.value_type)
     t = col.type
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return [None if v is None else list_text(v) for v in col.to_pylist()]
-    return col.to_pylist()
+        return list_texts(col)
+    return col
 
 
 def _msprobe_id(index: Any) -> Any:

@@ -124,3 +124,47 @@ def test_guard_openpyxl_cell_keeps_text(tmp_path):
     back = openpyxl.load_workbook(io.BytesIO(buf.getvalue())).active
     assert back["A1"].value == "=1+1" and back["A1"].data_type == "s" and back["A1"].quotePrefix
     assert back["A2"].value == -2.5 and back["A2"].data_type == "n" and not back["A2"].quotePrefix
+
+
+# -- the rows are built with pyarrow.compute: the bytes must be what csv.writer writes ------------
+def _csv_module_bytes(table, lang="en") -> bytes:
+    """key_data.csv as Python's csv module writes csv_cell of each value (the writer before issue 18)."""
+    from rlprobe.report.comparison_words import list_text
+    from rlprobe.report.headers import header
+
+    out = io.StringIO(newline="")
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow([csv_text(header(c, lang)) for c in table.column_names])
+    for row in table.to_pylist():
+        writer.writerow([csv_cell(list_text(v) if isinstance(v, list) else v) for v in row.values()])
+    return out.getvalue().encode()
+
+
+def test_csv_bytes_are_what_the_csv_module_writes(tmp_path):
+    import pyarrow as pa
+
+    rows = [key_row("=k", 0, "mismatch", message='a,b "c"\r\nd', index="-1.5", max_abs_err=1e-05, max_rel_err=1e20,
+                    min_a=float("nan"), min_b=float("-inf"), max_a=100.0, max_b=-0.0, mean_a=5e-324,
+                    mean_b=123456789012345.6, norm_a=1e15, norm_b=0.0001, hash_a="", hash_b="\t=1"),
+            key_row("k", 1, "only_in_b", index="+x", dtype_b="中文", message="@SUM(1)")]
+    table = make_key_data(rows)
+    table = table.append_column("flag", pa.array([True, None])).append_column("when", pa.array([0, None], pa.date32()))
+    table = table.append_column("tag", pa.array(["a", "=b"]).dictionary_encode())
+    path = write_key_data_csv(tmp_path / "k.csv", table)
+    assert path.read_bytes() == _csv_module_bytes(table)
+
+
+def test_float_text_is_repr():
+    import random
+
+    import pyarrow as pa
+
+    from rlprobe.report.csv_report import float_reprs
+
+    rng = random.Random(18)
+    values = [0.0, -0.0, 1e-4, 9.99e-5, 1e15, 999999999999999.9, 1e16, 100.0, -3.0, 5e-324, 2.2250738585072014e-308,
+              1.7976931348623157e308, float("nan"), float("inf"), float("-inf"), 0.1, 1 / 3]
+    values += [rng.uniform(-1, 1) * 10.0 ** rng.randint(-320, 300) for _ in range(5000)]
+    values += [float(rng.randint(-10**17, 10**17)) for _ in range(500)]
+    got = float_reprs(pa.array(values + [None], pa.float64())).to_pylist()
+    assert got == [repr(v) for v in values] + [None]

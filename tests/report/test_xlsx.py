@@ -415,3 +415,16 @@ def test_extra_sheets_are_capped_flagged_rows_first_and_empty_columns_left_off(t
     assert rows[-1][0] == "5 of 50 rows shown (flagged and differing rows first); grads.parquet has all"
     small = write_report_xlsx(tmp_path / "s.xlsx", key_data, summary, extra_sheets={"Grad params": grads})
     assert len(_rows(openpyxl.load_workbook(small)["Grad params"])) == n + 1  # under the cap: every row, no note
+
+
+def test_a_capped_sheet_shows_the_first_divergence_then_rows_that_differ_in_table_order():
+    from rlprobe.report.xlsx import _pick_rows
+
+    status = pa.array([None, "match", "mismatch", "only_in_a", "match", "mismatch"]).dictionary_encode()
+    table = pa.table({"status": status, "is_first_divergence": [False, False, False, False, False, True]})
+    assert _pick_rows(table, None, 6) is None
+    assert _pick_rows(table, None, 3).to_pylist() == [2, 3, 5]  # a row without a status does not differ
+    assert _pick_rows(table, None, 1).to_pylist() == [5]
+    assert _pick_rows(table, None, 4).to_pylist() == [0, 2, 3, 5]
+    grads = pa.table({"status": ["compared"] * 3, "flagged": [None, True, False]})
+    assert _pick_rows(grads, None, 1).to_pylist() == [1]
