@@ -32,6 +32,7 @@ import numpy as np
 
 from rlprobe.compare.flat_sources import MappedPages, chunk_bounds, flat_slice
 from rlprobe.compare.pair_metrics import DEFAULT_CHUNK, Partial, chunk_partial, combine, common_dtype, ranges
+from rlprobe.compare.small_pairs import plan_jobs
 
 __all__ = ["DEFAULT_SPLIT_ELEMENTS", "PairTask", "run_pairs"]
 
@@ -282,6 +283,21 @@ def _run_part(split: _Split, start: int, stop: int, chunk: int):
         return "part", (split, start, stop, None, _error_text(exc))
 
 
+def _run_batch(batch: list[PairTask], io: str, chunk: int, split_elements: int):
+    """Job: a batch of pairs (rlprobe.compare.small_pairs); the small pairs it could not take (an
+    unreadable file, a mismatch, an unusual header) are compared here one by one, to name the problem."""
+    from rlprobe.compare.small_pairs import SMALL_FILE_BYTES, Batch, compare_small_pairs
+
+    try:  # a failure of the batch itself (numba cannot compile, say) leaves every pair to the path below
+        done = compare_small_pairs(batch, min(SMALL_FILE_BYTES, chunk))
+    except Exception:  # noqa: BLE001
+        done = Batch([], [], batch)
+    for task in done.rest:  # one worker: a small pair is never split
+        _, (task, metrics) = _open_pair(task, io, chunk, split_elements, 1)
+        done.done.append((task, metrics, _file_size(task.path_a) + _file_size(task.path_b)))
+    return "batch", done
+
+
 def _file_size(path: Any) -> int:
     try:
         return os.stat(path).st_size
@@ -308,9 +324,11 @@ def run_pairs(
     dtype cannot be compared. Arrays are compared flat, in C order.
 
     ``workers`` threads run the pairs; pairs of more than ``split_elements`` elements are
-    cut into ranges of about that size that run in parallel. ``progress(done_bytes,
-    total_bytes)`` is called from the calling thread after each finished job, with byte
-    counts of the files (both sides). ``chunk`` is the number of elements read and
+    cut into ranges of about that size that run in parallel; from ``small_pairs.BATCH_MIN``
+    pairs on, pairs go in batches and small ones are compared a batch at a time
+    (rlprobe.compare.small_pairs). ``progress(done_bytes, total_bytes)`` is called from the
+    calling thread after each finished job, with byte counts of the files (both sides); in
+    batches, a file's bytes join the total when its batch has read it. ``chunk`` is the number of elements read and
     compared at a time (memory per worker is a few chunks); ``io`` is ``"mmap"`` (read
     through the memory map, dropping pages after each chunk) or ``"pread"`` (read into a
     reused buffer).
@@ -333,7 +351,10 @@ def run_pairs(
             progress(0, 0)
         return results
 
-    pair_bytes = {t.task_id: _file_size(t.path_a) + _file_size(t.path_b) for t in tasks}
+    jobs = plan_jobs(tasks)
+    # bytes of each pair's files: up front for pairs compared one by one; a batch sizes its own files
+    # (GIL-free), so with batches the total grows as they report
+    pair_bytes = {t.task_id: _file_size(t.path_a) + _file_size(t.path_b) for t in jobs if isinstance(t, PairTask)}
     total = sum(pair_bytes.values())
     done_bytes = 0
     max_inflight = max(2, 2 * workers)  # bounds open files and queued work
@@ -341,16 +362,19 @@ def run_pairs(
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlprobe-compare")
     pending: set[Future] = set()
     open_splits: set[_Split] = set()
-    todo = iter(tasks)
+    todo = iter(jobs)
     exhausted = False
     try:
         while True:
             while not exhausted and len(pending) < max_inflight:
-                task = next(todo, None)
-                if task is None:
+                job = next(todo, None)
+                if job is None:
                     exhausted = True
                     break
-                pending.add(pool.submit(_open_pair, task, io, chunk, split_elements, workers))
+                if isinstance(job, PairTask):
+                    pending.add(pool.submit(_open_pair, job, io, chunk, split_elements, workers))
+                else:
+                    pending.add(pool.submit(_run_batch, job, io, chunk, split_elements))
             if not pending:
                 break
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -360,6 +384,15 @@ def run_pairs(
                     task, metrics = payload
                     results[task.task_id] = metrics
                     done_bytes += pair_bytes[task.task_id]
+                elif kind == "batch":
+                    for task, metrics, nbytes in payload.done:
+                        results[task.task_id] = metrics
+                        done_bytes += nbytes
+                        total += nbytes
+                    for task, nbytes in payload.large:
+                        pair_bytes[task.task_id] = nbytes
+                        total += nbytes
+                        pending.add(pool.submit(_open_pair, task, io, chunk, split_elements, workers))
                 elif kind == "split":
                     split = payload
                     open_splits.add(split)
