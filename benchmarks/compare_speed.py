@@ -196,7 +196,8 @@ def report_targets(runs: dict[str, list], dumps: dict, labels: list[str]) -> Non
                 line += "; target whole <= 2 s"
                 if f"msprobe/{wl}/call_s" in runs:
                     best = min(runs[f"msprobe/{wl}/call_s"])
-                    line += f"; msprobe (faster of two) {best:.2f} s: {best / beyond:.1f} x beyond start-up (target >= 15)"
+                    line += (f"; msprobe (faster of two) {best:.2f} s: {best / beyond:.1f} x beyond start-up "
+                             "(target >= 15)")
             if wl == "rlprobe_small":
                 line += "; targets whole <= 6 s, peak <= 500 MB"
             if wl == "large":

@@ -20,12 +20,12 @@ path: a small pair is one chunk, compared by the same kernel code.
 from __future__ import annotations
 
 import os
-from typing import Any, Hashable, NamedTuple, Sequence
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import numpy as np
 
 
-__all__ = ["SMALL_FILE_BYTES", "compare_small_pairs", "plan_jobs", "warm_up"]
+__all__ = ["SMALL_FILE_BYTES", "Batch", "compare_small_pairs", "plan_jobs", "run_batch", "warm_up"]
 
 #: files up to this size are read whole into a batch; larger ones keep the streaming path
 SMALL_FILE_BYTES = 1 << 20
@@ -137,6 +137,18 @@ def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> 
         done.append((tasks[i], combine([chunk_partial(ca, cb, 0)]), pair_bytes[i]))
     return Batch(done, [(tasks[i], pair_bytes[i]) for i in np.flatnonzero(large).tolist()],
                  [tasks[i] for i in np.flatnonzero(~ok & ~large).tolist()])
+
+
+def run_batch(batch: list[Any], chunk: int, compare_one: Callable[[Any], tuple[dict[str, Any], int]]):
+    """Executor job: compare_small_pairs over `batch`; each pair it could not take goes to
+    `compare_one` (the per-pair path: (metrics or error, bytes)), which names the problem."""
+    try:  # a failure of the batch itself (numba cannot compile, say) leaves every pair to compare_one
+        done = compare_small_pairs(batch, min(SMALL_FILE_BYTES, chunk))
+    except Exception:  # noqa: BLE001
+        done = Batch([], [], list(batch))
+    for task in done.rest:
+        done.done.append((task, *compare_one(task)))
+    return "batch", done
 
 
 def warm_up() -> None:

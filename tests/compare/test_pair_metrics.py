@@ -856,7 +856,9 @@ def test_batched_pairs_fall_back_to_the_per_pair_path(npy_pairs, tmp_path):
     filler = np.arange(10, dtype=np.float32)
     path = _save(tmp_path / "filler.npy", filler)
     tasks += [PairTask(f"filler{i}", path, path) for i in range(40)]  # enough pairs for batches
-    (tmp_path / "extra_key.npy").write_bytes(Path(path).read_bytes().replace(b"'shape': (10,), }", b"'shape': (10,), 'x': 1}"))
+    extra = Path(path).read_bytes().replace(b"'shape': (10,), }", b"'shape': (10,), 'x': 1}")
+    assert b"'x': 1" in extra
+    (tmp_path / "extra_key.npy").write_bytes(extra)
     tasks.append(PairTask("extra_key", str(tmp_path / "extra_key.npy"), path))
     results = run_pairs(tasks, workers=2, split_elements=50_000, chunk=8192)
     for name, (a, b) in good.items():
