@@ -1,6 +1,20 @@
 """Comparison speed: `rlprobe compare` vs msprobe 8.1.2's SingleComparator, same dumps, same run.
 
-    python benchmarks/compare_speed.py [--repeat 3] [--tmp DIR]
+    python benchmarks/compare_speed.py [--repeat 3] [--tmp DIR] [--workloads large,msprobe_small,rlprobe_small]
+                                       [--baseline /path/to/other/checkout] [--cache DIR]
+
+Workloads (issue 18 adds the two small ones, benchmarks/compare_workloads.py):
+- large: the 2 x 660 MB msprobe-format dumps below;
+- msprobe_small: 3,200 pairs of [4, 64] / [4, 512] float32 in msprobe format (100 steps x 4
+  micro-batches x 8 keys, ~47 MB), msprobe's SingleComparator timed on it too;
+- rlprobe_small: an rlprobe dump of 200 steps x 8 ranks x 16 keys of 4 x 64 float32 (25,600 pairs).
+Each rlprobe command runs with --workers 1 and 2 and its peak RSS (the child's ru_maxrss from
+wait4) is recorded; "beyond start-up" is a command's time minus the median start-up (two one-step
+dumps of one 4-element tensor). With --baseline, the same commands run from another checkout too
+(PYTHONPATH), alternating with this one, for paired ratios. Prints every target of issue 18 with
+its measured value. The small dumps are written once into --cache (default: a temp folder).
+
+The large workload:
 
 Makes two msprobe-format dumps (as msprobe's SingleSave writes them: float32 .npy + JSON
 statistics) of 8 keys — log_prob, old_log_prob, ref_log_prob, advantages (float32 256x4096),
@@ -60,15 +74,6 @@ def dump_bytes(root: Path) -> int:
     return sum(f.stat().st_size for f in root.rglob("*.npy"))
 
 
-def timed(cmd: list[str], **kw) -> tuple[float, str]:
-    t0 = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    elapsed = time.perf_counter() - t0
-    if out.returncode not in (0, 1):
-        raise RuntimeError(f"{cmd[:3]} failed ({out.returncode}): {out.stderr[-2000:]}")
-    return elapsed, out.stdout
-
-
 MSPROBE_SNIPPET = """
 import sys, time
 from msprobe.core import SingleComparator
@@ -78,58 +83,139 @@ print(time.perf_counter() - t0)
 """
 
 
+def run_child(cmd: list[str], env: dict | None = None) -> tuple[float, str, int]:
+    """(seconds, stdout, peak RSS in bytes) of one child process (its own rusage, from wait4)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}): {stderr[-2000:]}")
+    return elapsed, stdout, int(usage.ru_maxrss) * 1024
+
+
+def rlprobe_env(checkout: Path) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(checkout)
+    return env
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tmp", default=None)
+    ap.add_argument("--cache", default=None, help="folder for the small workloads' dumps (kept)")
+    ap.add_argument("--workloads", default="large,msprobe_small,rlprobe_small")
+    ap.add_argument("--baseline", default=None, help="another rlprobe checkout, run alternately for paired ratios")
     args = ap.parse_args()
+    sys.path.insert(0, str(HERE))
+    import compare_workloads
+
     msprobe_py = Path(os.environ.get("MSPROBE_PYTHON", HERE.parent / ".venv-msprobe" / "bin" / "python"))
-    rlprobe_cmd = [sys.executable, "-m", "rlprobe.cli"] if not shutil.which("rlprobe") else [shutil.which("rlprobe")]
+    if not msprobe_py.exists() and Path("/work/venv-msprobe/bin/python").exists():
+        msprobe_py = Path("/work/venv-msprobe/bin/python")
     work = Path(tempfile.mkdtemp(prefix="bench-compare-", dir=args.tmp))
+    cache = Path(args.cache) if args.cache else work / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    versions = {"rlprobe": HERE.parent} | ({"baseline": Path(args.baseline)} if args.baseline else {})
+    wanted = args.workloads.split(",")
     try:
-        a, b = work / "a", work / "b"
-        write_msprobe_dump(a, 0, None)
-        write_msprobe_dump(b, 0, 4)
-        tiny_a, tiny_b = work / "tiny_a", work / "tiny_b"
-        for root in (tiny_a, tiny_b):
-            d = root / "data" / "x" / "step0" / "rank0" / "micro_step0"
-            d.mkdir(parents=True)
-            np.save(d / "x.npy", np.ones(4, np.float32))
-        size = dump_bytes(a) + dump_bytes(b)
-        files = [str(f) for f in list(a.rglob("*.npy")) + list(b.rglob("*.npy"))]
-        results: dict[str, list[float]] = {"msprobe_call": [], "msprobe_process": [], "rlprobe": [], "startup": [], "cat": []}
+        dumps: dict[str, tuple[Path, Path]] = {"tiny": compare_workloads.tiny(cache)}
+        if "large" in wanted:
+            a, b = work / "a", work / "b"
+            write_msprobe_dump(a, 0, None)
+            write_msprobe_dump(b, 0, 4)
+            dumps["large"] = (a, b)
+        if "msprobe_small" in wanted:
+            dumps["msprobe_small"] = compare_workloads.msprobe_small(cache)
+        if "rlprobe_small" in wanted:
+            dumps["rlprobe_small"] = compare_workloads.rlprobe_small(cache)
+        runs: dict[str, list] = {}
+
+        def record(name: str, value) -> None:
+            runs.setdefault(name, []).append(value)
+
+        n = 0
         for i in range(args.repeat):
-            order = ("msprobe", "rlprobe") if i % 2 == 0 else ("rlprobe", "msprobe")
-            for tool in order:
-                out = work / f"out-{tool}-{i}"
-                if tool == "msprobe" and msprobe_py.exists():
-                    elapsed, stdout = timed([str(msprobe_py), "-c", MSPROBE_SNIPPET, str(a), str(b), str(out)])
-                    results["msprobe_process"].append(elapsed)
-                    results["msprobe_call"].append(float(stdout.strip().splitlines()[-1]))
-                elif tool == "rlprobe":
-                    elapsed, _ = timed([*rlprobe_cmd, "compare", str(a), str(b), "-o", str(out), "--workers", "2", "--quiet"])
-                    results["rlprobe"].append(elapsed)
-            elapsed, _ = timed([*rlprobe_cmd, "compare", str(tiny_a), str(tiny_b), "-o", str(work / f"tiny-{i}"), "--quiet"])
-            results["startup"].append(elapsed)
-            t0 = time.perf_counter()
-            subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
-            results["cat"].append(time.perf_counter() - t0)
-        med = {k: statistics.median(v) for k, v in results.items() if v}
-        gb = size / 1e9
-        report = {"bytes_compared": size, "medians_s": med}
-        r_work = med["rlprobe"] - med["startup"]
-        report["rlprobe_throughput_GBps"] = gb / r_work if r_work > 0 else None
-        report["cat_GBps"] = gb / med["cat"]
-        if "msprobe_call" in med:
-            report["msprobe_throughput_GBps"] = gb / med["msprobe_call"]
-            report["throughput_ratio"] = report["rlprobe_throughput_GBps"] / report["msprobe_throughput_GBps"]
-            report["whole_command_speedup_vs_msprobe_process"] = med["msprobe_process"] / med["rlprobe"]
-            report["whole_command_speedup_vs_msprobe_call"] = med["msprobe_call"] / med["rlprobe"]
-        report["rlprobe_fraction_of_cat_speed"] = report["rlprobe_throughput_GBps"] / report["cat_GBps"]
-        print(json.dumps(report, indent=2))
-        print("runs:", json.dumps(results))
+            order = list(versions.items()) if i % 2 == 0 else list(versions.items())[::-1]
+            for label, checkout in order:
+                env = rlprobe_env(checkout)
+                for wl, (a, b) in dumps.items():
+                    for workers in ((2,) if wl == "tiny" else (1, 2)):
+                        n += 1
+                        cmd = [sys.executable, "-m", "rlprobe.cli", "compare", str(a), str(b), "-o",
+                               str(work / f"out-{n}"), "--workers", str(workers), "--quiet"]
+                        elapsed, _, peak = run_child(cmd, env)
+                        record(f"{label}/{wl}/w{workers}/s", elapsed)
+                        record(f"{label}/{wl}/w{workers}/peak_MB", peak / 1e6)
+                        shutil.rmtree(work / f"out-{n}", ignore_errors=True)
+            if msprobe_py.exists() and i < 2:  # msprobe twice: the faster run is its figure
+                for wl in ("msprobe_small", "large"):
+                    if wl in dumps:
+                        n += 1
+                        a, b = dumps[wl]
+                        elapsed, stdout, peak = run_child([str(msprobe_py), "-c", MSPROBE_SNIPPET, str(a), str(b),
+                                                           str(work / f"out-{n}")])
+                        record(f"msprobe/{wl}/process_s", elapsed)
+                        record(f"msprobe/{wl}/call_s", float(stdout.strip().splitlines()[-1]))
+                        record(f"msprobe/{wl}/peak_MB", peak / 1e6)
+                        shutil.rmtree(work / f"out-{n}", ignore_errors=True)
+            if "large" in dumps:
+                files = [str(f) for d in dumps["large"] for f in d.rglob("*.npy")]
+                t0 = time.perf_counter()
+                subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
+                record("cat/large/s", time.perf_counter() - t0)
+        report_targets(runs, dumps, list(versions))
+        print("runs:", json.dumps(runs))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def report_targets(runs: dict[str, list], dumps: dict, labels: list[str]) -> None:
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    print(json.dumps({"medians": med}, indent=1))
+    print(f"load average: {os.getloadavg()}")
+    for label in labels:
+        start = med[f"{label}/tiny/w2/s"]
+        print(f"\n== {label} (start-up {start:.2f} s: target <= 1 s) ==")
+        for wl in ("msprobe_small", "rlprobe_small", "large"):
+            if wl not in dumps:
+                continue
+            w1, w2 = med[f"{label}/{wl}/w1/s"], med[f"{label}/{wl}/w2/s"]
+            peak = max(runs[f"{label}/{wl}/w2/peak_MB"] + runs[f"{label}/{wl}/w1/peak_MB"])
+            beyond = w2 - start
+            line = (f"{wl}: whole {w2:.2f} s (workers 2), {w1:.2f} s (workers 1); beyond start-up, 2 workers "
+                    f"{(w1 - start) / beyond if beyond > 0 else float('nan'):.2f} x faster than 1 (target >= 1.7); "
+                    f"peak {peak:.0f} MB")
+            if wl == "msprobe_small":
+                line += "; target whole <= 2 s"
+                if f"msprobe/{wl}/call_s" in runs:
+                    best = min(runs[f"msprobe/{wl}/call_s"])
+                    line += (f"; msprobe (faster of two) {best:.2f} s: {best / beyond:.1f} x beyond start-up "
+                             "(target >= 15)")
+            if wl == "rlprobe_small":
+                line += "; targets whole <= 6 s, peak <= 500 MB"
+            if wl == "large":
+                gb = sum(dump_bytes(d) for d in dumps["large"]) / 1e9
+                line += f"; {gb / beyond:.2f} GB/s beyond start-up (cat {gb / med['cat/large/s']:.2f} GB/s)"
+                if "msprobe/large/call_s" in runs:
+                    best = min(runs["msprobe/large/call_s"])
+                    line += (f"; throughput {best / beyond:.1f} x msprobe (target >= 10), whole command "
+                             f"{min(runs['msprobe/large/process_s']) / w2:.2f} x (target >= 3)")
+            print(line)
+        if label != labels[0]:
+            continue
+        for other in labels[1:]:
+            print(f"\npaired ratios {other} / {label} (medians of per-repeat ratios):")
+            for key in sorted(k for k in runs if k.startswith(f"{label}/") and k.endswith("/s")):
+                twin = other + key[len(label):]
+                ratios = [o / m for o, m in zip(runs[twin], runs[key])]
+                print(f"  {key[len(label) + 1:]}: {statistics.median(ratios):.2f} x")
 
 
 if __name__ == "__main__":

@@ -5,26 +5,26 @@ The pair kernels release the GIL (``nogil=True``), and so does reading with ``os
 :class:`concurrent.futures.ThreadPoolExecutor` gives real parallelism with no process
 start-up and no pickling. Pairs larger than ``split_elements`` are cut into ranges (at
 multiples of the chunk size, so the result is bit-identical to a one-shot pass) that run on
-all workers, so one big tensor does not serialise the run.
+all workers, so one big tensor does not serialise the run. Many small pairs go in batches
+(rlprobe.compare.small_pairs: no Python and no GIL per file).
 
 Memory stays bounded whatever the tensor sizes: files are opened with
 ``np.load(mmap_mode='r')`` (which validates the header and the file length) and compared
 chunk by chunk (``chunk`` elements) straight from the memory map (``io="mmap"``, the
 default), dropping the pages of each chunk from the process with ``madvise(MADV_DONTNEED)``
 once compared, because mapped file pages otherwise stay in the resident set until the map is
-closed. ``io="pread"`` copies each chunk into a reusable per-thread buffer with
-``os.preadv`` instead: since the kernel became vectorized that copy costs more than the page
-faults of the map (2 GB pair, 2 threads: 7.2 GB/s pread, 11.1 GB/s mmap;
-``benchmarks/pair_memory.py``), but it turns a file truncated *while* it is being compared
-into an error row where the map gives SIGBUS (rlprobe writes every file atomically, so only
-files rewritten in place by other tools can do that).
+closed. ``io="pread"`` copies each chunk into a reusable per-thread buffer (``os.preadv``):
+slower (2 GB pair, 2 threads: 7.2 GB/s, mmap 11.1 GB/s; ``benchmarks/pair_memory.py``), but a
+file truncated *while* it is compared becomes an error row where the map gives SIGBUS.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
+from functools import partial
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Hashable, Iterable, NamedTuple
 
@@ -32,6 +32,7 @@ import numpy as np
 
 from rlprobe.compare.flat_sources import MappedPages, chunk_bounds, flat_slice
 from rlprobe.compare.pair_metrics import DEFAULT_CHUNK, Partial, chunk_partial, combine, common_dtype, ranges
+from rlprobe.compare.small_pairs import plan_jobs, run_batch
 
 __all__ = ["DEFAULT_SPLIT_ELEMENTS", "PairTask", "run_pairs"]
 
@@ -50,10 +51,6 @@ class PairTask(NamedTuple):
 
 class PairError(Exception):
     """A pair that cannot be compared; the message becomes the result's ``error``."""
-
-
-# --------------------------------------------------------------------------------------
-# reading .npy files
 
 
 def _describe_bad_npy(path: str, exc: BaseException) -> str:
@@ -154,10 +151,8 @@ class _NpyFile:
                 raise PairError(f"cannot read {path}: {exc.strerror or exc}") from None
             del arr  # unmaps (the header and the length were checked by np.load)
             if _FADVISE:  # a larger read-ahead window for the sequential reads
-                try:
+                with contextlib.suppress(OSError):
                     os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                except OSError:
-                    pass
         else:
             self._arr = arr.reshape(-1) if c_order else arr
             self._pages = MappedPages(arr)
@@ -179,9 +174,8 @@ class _NpyFile:
         return buf.view(self.dtype)
 
     def release(self, start: int, stop: int) -> None:
-        """Drop the mapped pages of elements [start, stop) from the resident set (io="mmap").
-        Not for a file read in one piece: closing it unmaps the pages anyway, and each madvise
-        costs a TLB shootdown on the other cores."""
+        """Drop the mapped pages of [start, stop) (io="mmap"); not for a file read whole (closing unmaps
+        them, and each madvise costs a TLB shootdown on the other cores)."""
         if self._pages is not None and not (start == 0 and stop >= self.size):
             self._pages.release(start, stop)
 
@@ -209,10 +203,6 @@ def _compare_range(fa: _NpyFile, fb: _NpyFile, start: int, stop: int, chunk: int
         fa.release(bs, be)
         fb.release(bs, be)
     return out
-
-
-# --------------------------------------------------------------------------------------
-# scheduling
 
 
 class _Split:
@@ -282,6 +272,12 @@ def _run_part(split: _Split, start: int, stop: int, chunk: int):
         return "part", (split, start, stop, None, _error_text(exc))
 
 
+def _open_one(task: PairTask, io: str, chunk: int, split_elements: int) -> tuple[dict[str, Any], int]:
+    """A pair a batch could not take, compared the per-pair way (one worker: never split), and its bytes."""
+    _, (_, metrics) = _open_pair(task, io, chunk, split_elements, 1)
+    return metrics, _file_size(task.path_a) + _file_size(task.path_b)
+
+
 def _file_size(path: Any) -> int:
     try:
         return os.stat(path).st_size
@@ -298,22 +294,16 @@ def run_pairs(
     chunk: int = DEFAULT_CHUNK,
     io: str = "mmap",
 ) -> dict[Hashable, dict[str, Any]]:
-    """Compare every pair of ``.npy`` files; returns ``{task_id: metrics}``.
+    """Compare every pair of ``.npy`` files; returns ``{task_id: metrics}``: the dict of
+    :func:`rlprobe.compare.pair_metrics.combine`, or ``{"error": message}`` (a missing, truncated or
+    corrupt file, named; ``"shape mismatch: ..."``; a dtype that cannot be compared). Flat, C order.
 
-    ``metrics`` is :func:`rlprobe.compare.pair_metrics.combine`'s dict (``numel``,
-    ``equal_count``, ``first_mismatch_index``, ``max_abs_err``, ``max_rel_err``,
-    ``within_1e3_count``, ``within_1e2_count``, ``cosine``, ``nan_mismatch_count``), or
-    ``{"error": message}`` when a file is missing, truncated or corrupt (the message names
-    the file), when the two element counts differ (``"shape mismatch: ..."``) or when a
-    dtype cannot be compared. Arrays are compared flat, in C order.
-
-    ``workers`` threads run the pairs; pairs of more than ``split_elements`` elements are
-    cut into ranges of about that size that run in parallel. ``progress(done_bytes,
-    total_bytes)`` is called from the calling thread after each finished job, with byte
-    counts of the files (both sides). ``chunk`` is the number of elements read and
-    compared at a time (memory per worker is a few chunks); ``io`` is ``"mmap"`` (read
-    through the memory map, dropping pages after each chunk) or ``"pread"`` (read into a
-    reused buffer).
+    ``workers`` threads run the jobs: pairs one by one, pairs over ``split_elements`` elements cut
+    into ranges, and, from ``small_pairs.BATCH_MIN`` pairs on, batches of small pairs
+    (rlprobe.compare.small_pairs). ``progress(done_bytes, total_bytes)`` is called from this thread
+    after each job, in bytes of both files (in batches a file joins the total once read). ``chunk``:
+    elements read and compared at a time; ``io``: ``"mmap"`` (memory map, pages dropped per chunk)
+    or ``"pread"`` (a reused buffer).
     """
     tasks = list(tasks)
     if workers < 1:
@@ -324,8 +314,7 @@ def run_pairs(
         raise ValueError(f"io must be 'pread' or 'mmap', got {io!r}")
     ids = [t.task_id for t in tasks]
     if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise ValueError(f"duplicate task_id {dup!r}")
+        raise ValueError(f"duplicate task_id {next(i for i in ids if ids.count(i) > 1)!r}")
 
     results: dict[Hashable, dict[str, Any]] = {}
     if not tasks:
@@ -333,7 +322,10 @@ def run_pairs(
             progress(0, 0)
         return results
 
-    pair_bytes = {t.task_id: _file_size(t.path_a) + _file_size(t.path_b) for t in tasks}
+    jobs = plan_jobs(tasks)
+    # bytes of each pair's files: up front for pairs compared one by one; a batch sizes its own files
+    # (GIL-free), so with batches the total grows as they report
+    pair_bytes = {t.task_id: _file_size(t.path_a) + _file_size(t.path_b) for t in jobs if isinstance(t, PairTask)}
     total = sum(pair_bytes.values())
     done_bytes = 0
     max_inflight = max(2, 2 * workers)  # bounds open files and queued work
@@ -341,16 +333,20 @@ def run_pairs(
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlprobe-compare")
     pending: set[Future] = set()
     open_splits: set[_Split] = set()
-    todo = iter(tasks)
+    todo = iter(jobs)
     exhausted = False
     try:
         while True:
             while not exhausted and len(pending) < max_inflight:
-                task = next(todo, None)
-                if task is None:
+                job = next(todo, None)
+                if job is None:
                     exhausted = True
                     break
-                pending.add(pool.submit(_open_pair, task, io, chunk, split_elements, workers))
+                if isinstance(job, PairTask):
+                    pending.add(pool.submit(_open_pair, job, io, chunk, split_elements, workers))
+                else:
+                    pending.add(pool.submit(run_batch, job, chunk, partial(_open_one, io=io, chunk=chunk,
+                                                                           split_elements=split_elements)))
             if not pending:
                 break
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -360,6 +356,15 @@ def run_pairs(
                     task, metrics = payload
                     results[task.task_id] = metrics
                     done_bytes += pair_bytes[task.task_id]
+                elif kind == "batch":
+                    for task, metrics, nbytes in payload.done:
+                        results[task.task_id] = metrics
+                        done_bytes += nbytes
+                        total += nbytes
+                    for task, nbytes in payload.large:
+                        pair_bytes[task.task_id] = nbytes
+                        total += nbytes
+                        pending.add(pool.submit(_open_pair, task, io, chunk, split_elements, workers))
                 elif kind == "split":
                     split = payload
                     open_splits.add(split)

@@ -3,6 +3,7 @@ compared element-wise by the pair executor, each row's status, and the first div
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -59,8 +60,8 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     if files:  # the executor (and numba under it) is imported only when there is a pair to compare
         from rlprobe.compare.executor import PairTask, run_pairs
 
-        tasks = [PairTask(i, str(dump_a.path / file_a), str(dump_b.path / file_b))
-                 for i, (file_a, file_b) in enumerate(files)]
+        root_a, root_b = os.path.join(dump_a.path, ""), os.path.join(dump_b.path, "")  # no pathlib per pair
+        tasks = [PairTask(i, root_a + file_a, root_b + file_b) for i, (file_a, file_b) in enumerate(files)]
         results = (executor or run_pairs)(tasks, workers=workers, progress=progress)
     elif progress is not None:
         progress(0, 0)

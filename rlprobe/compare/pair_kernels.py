@@ -20,7 +20,7 @@ use_user_cache_dir()
 import numba  # noqa: E402  (after the cache dir is set)
 from numba import types as _nt  # noqa: E402
 
-__all__ = ["kernel_for", "warm_up"]
+__all__ = ["compiled_float_kernel", "compiled_int_kernel", "kernel_for", "warm_up"]
 
 # --------------------------------------------------------------------------------------
 # kernels (plain Python here; compiled lazily, see kernel_for())
@@ -251,6 +251,11 @@ def _int_kernel(a, b, start, stop):  # pragma: no cover - runs compiled
         if d <= 1e-2 * m:
             w2 += 1
     return (stop - start, eq, first, max_abs, max_rel, eq + w3, eq + w2, dot, sa, sb, 0)
+
+
+#: the kernels as numba functions that other compiled code calls (rlprobe.compare.small_pairs)
+compiled_float_kernel = numba.njit(nogil=True, cache=True)(_float_kernel)
+compiled_int_kernel = numba.njit(nogil=True, cache=True)(_int_kernel)
 
 
 def _array_type(dtype):

@@ -794,3 +794,77 @@ def test_memmap_pages_do_not_stay_resident(tmp_path, how):
         assert peak > 150 * 1024 * 1024, f"control: peak grew by only {peak / 2**20:.0f} MiB"
     else:
         assert peak < 40 * 1024 * 1024, f"peak RSS grew by {peak / 2**20:.0f} MiB"
+
+
+def _edge_pairs(rng, count):
+    """Pairs of many dtypes and shapes, with NaN, infinities, -0.0, huge values, empty and 0-d arrays."""
+    pairs = []
+    for i in range(count):
+        kind = i % 9
+        n = int(rng.integers(0, 700))
+        if kind == 0:
+            a, b = random_pair(rng, n, np.float32, np.float32)
+        elif kind == 1:
+            a, b = random_pair(rng, n, np.float64, np.float64)
+        elif kind == 2:
+            a, b = random_pair(rng, n, np.int64, np.int64)
+        elif kind == 3:
+            a, b = random_pair(rng, n, np.int32, np.int16)
+        elif kind == 4:
+            a, b = random_pair(rng, n, np.bool_, np.bool_)
+        elif kind == 5:
+            a, b = random_pair(rng, n, np.float16, np.float32)
+        elif kind == 6:
+            a = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 3e38, -3e38, 1.0] * (n // 8 + 1), np.float32)
+            b = a.copy()
+            b[::3] = np.float32(np.inf)
+            b[1::5] = -0.0
+        elif kind == 7:
+            a = np.zeros(n, np.float64)
+            b = np.full(n, 1e300 if i % 2 else 0.0)
+        else:
+            a = np.float32(rng.standard_normal())
+            b = np.float32(a if i % 2 else -a)
+        if kind != 8 and n % 4 == 0 and n:
+            a, b = a.reshape(4, -1), b.reshape(4, -1)
+        pairs.append((a, b))
+    return pairs
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_batched_small_pairs_equal_pair_metrics(tmp_path, workers):
+    """Pairs compared in batches (rlprobe.compare.small_pairs) give pair_metrics' result, bit for bit."""
+    rng = np.random.default_rng(18)
+    tasks, want = [], {}
+    for i, (a, b) in enumerate(_edge_pairs(rng, 300)):
+        tasks.append(PairTask(i, _save(tmp_path / f"{i}a.npy", a), _save(tmp_path / f"{i}b.npy", b)))
+        want[i] = pair_metrics(a, b)
+    seen = []
+    got = run_pairs(tasks, workers=workers, progress=lambda done, total: seen.append((done, total)))
+    for i in want:
+        assert_same(got[i], want[i])
+        assert {k: v for k, v in got[i].items() if v == v} == {k: v for k, v in want[i].items() if v == v}, i
+    total = sum(os.path.getsize(p) for t in tasks for p in (t.path_a, t.path_b))
+    assert seen[-1] == (total, total)
+    assert all(d1 <= d2 for (d1, _), (d2, _) in zip(seen, seen[1:]))
+
+
+def test_batched_pairs_fall_back_to_the_per_pair_path(npy_pairs, tmp_path):
+    """In a batch, bad files still get the per-pair path's message, and a big pair is still compared."""
+    files, good = npy_pairs
+    tasks = [PairTask(name, a, b) for name, (a, b) in files.items()]
+    filler = np.arange(10, dtype=np.float32)
+    path = _save(tmp_path / "filler.npy", filler)
+    tasks += [PairTask(f"filler{i}", path, path) for i in range(40)]  # enough pairs for batches
+    extra = Path(path).read_bytes().replace(b"'shape': (10,), }", b"'shape': (10,), 'x': 1}")
+    assert b"'x': 1" in extra
+    (tmp_path / "extra_key.npy").write_bytes(extra)
+    tasks.append(PairTask("extra_key", str(tmp_path / "extra_key.npy"), path))
+    results = run_pairs(tasks, workers=2, split_elements=50_000, chunk=8192)
+    for name, (a, b) in good.items():
+        assert results[name] == pair_metrics(np.load(a), np.load(b), chunk=8192), name
+    for name, (needle1, needle2) in EXPECTED_ERRORS.items():
+        err = results[name].get("error")
+        assert err and needle1 in err and needle2 in err, (name, results[name])
+    assert results["filler3"]["equal_count"] == 10
+    assert "extra_key.npy" in results["extra_key"]["error"]

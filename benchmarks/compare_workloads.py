@@ -1,0 +1,91 @@
+"""The dumps that benchmarks/compare_speed.py compares (issue 18): many small tensors.
+
+- ``msprobe_small``: msprobe-format (SingleSave) dumps of 100 steps x 4 micro-batches x 8 keys, four of
+  [4, 64] and four of [4, 512] float32 (3,200 pairs, ~47 MB for both runs); run B differs in one key from
+  step 50 on.
+- ``rlprobe_small``: rlprobe dumps of 200 steps x 8 ranks x 16 keys of 4 x 64 float32 (25,600 pairs),
+  written by real ``rlprobe.Probe`` objects, one per rank; run B differs in one key from step 100 on.
+- ``tiny``: one step, one 4-element tensor in each run (the command's start-up).
+
+Each is written once into a cache folder and reused while its parameters are unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+MS_STEPS, MS_MICRO = 100, 4
+MS_KEYS = {f"small{i}": (4, 64) for i in range(4)} | {f"wide{i}": (4, 512) for i in range(4)}
+RL_STEPS, RL_RANKS, RL_KEYS = 200, 8, 16
+
+
+def _cached(root: Path, params: dict, write) -> Path:
+    marker = root.with_suffix(".json")
+    if root.exists() and marker.exists() and json.loads(marker.read_text()) == params:
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    write(root)
+    marker.write_text(json.dumps(params))
+    return root
+
+
+def _msprobe_run(root: Path, perturb_from: int | None) -> None:
+    rng = np.random.default_rng(0)
+    for step in range(MS_STEPS):
+        for micro in range(MS_MICRO):
+            for key, shape in MS_KEYS.items():
+                value = rng.standard_normal(shape, dtype=np.float32)
+                if perturb_from is not None and key == "small1" and step >= perturb_from:
+                    value = value + np.float32(1e-4)
+                d = root / "data" / key / f"step{step}" / "rank0" / f"micro_step{micro}"
+                d.mkdir(parents=True, exist_ok=True)
+                np.save(d / f"{key}.npy", value)
+                stats = {"max": float(value.max()), "min": float(value.min()), "mean": float(value.mean()),
+                         "norm": float(np.linalg.norm(value)), "shape": list(value.shape)}
+                (d / f"{key}.json").write_text(json.dumps({"data": stats}, indent=4))
+
+
+def msprobe_small(cache: Path) -> tuple[Path, Path]:
+    params = {"steps": MS_STEPS, "micro": MS_MICRO, "keys": {k: list(v) for k, v in MS_KEYS.items()}, "v": 1}
+    a = _cached(cache / "ms_small_a", params, lambda p: _msprobe_run(p, None))
+    b = _cached(cache / "ms_small_b", params, lambda p: _msprobe_run(p, MS_STEPS // 2))
+    return a, b
+
+
+def _rlprobe_rank(root: Path, rank: int, perturb_from: int | None) -> None:
+    import rlprobe
+
+    rng = np.random.default_rng(rank)
+    keys = [f"key{k:02d}" for k in range(RL_KEYS)]
+    with rlprobe.Probe(str(root), rank=rank, world_size=RL_RANKS, run_id="bench-small", flush_interval=0) as p:
+        for step in range(RL_STEPS):
+            batch = {k: rng.standard_normal((4, 64), dtype=np.float32) for k in keys}
+            if perturb_from is not None and step >= perturb_from:
+                batch["key03"] = batch["key03"] + np.float32(1e-4)
+            p.save(batch)
+            p.step()
+
+
+def _rlprobe_run(root: Path, perturb_from: int | None) -> None:
+    for rank in range(RL_RANKS):  # rank 0 first: it writes the run manifest
+        _rlprobe_rank(root, rank, perturb_from)
+
+
+def rlprobe_small(cache: Path) -> tuple[Path, Path]:
+    params = {"steps": RL_STEPS, "ranks": RL_RANKS, "keys": RL_KEYS, "shape": [4, 64], "v": 1}
+    a = _cached(cache / "rl_small_a", params, lambda p: _rlprobe_run(p, None))
+    b = _cached(cache / "rl_small_b", params, lambda p: _rlprobe_run(p, RL_STEPS // 2))
+    return a, b
+
+
+def tiny(cache: Path) -> tuple[Path, Path]:
+    def write(root: Path) -> None:
+        d = root / "data" / "x" / "step0" / "rank0" / "micro_step0"
+        d.mkdir(parents=True)
+        np.save(d / "x.npy", np.ones(4, np.float32))
+
+    return _cached(cache / "tiny_a", {"v": 1}, write), _cached(cache / "tiny_b", {"v": 1}, write)

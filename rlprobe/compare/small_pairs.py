@@ -1,0 +1,170 @@
+"""Many small pairs of ``.npy`` files compared in one job, with no Python per file in the hot loop.
+
+RL dumps hold many small tensors (keys x micro-batches x ranks x steps): at a few KB a pair, opening
+files through ``np.load`` and scheduling one job per pair cost ~0.7 ms a pair where the kernel needs
+microseconds, and that Python held the GIL, so more workers made it slower (issue 18). Here one job
+takes a batch of pairs and one compiled call (numba, ``nogil``) opens, reads and closes every file
+with libc's ``open``/``pread``/``close`` into one buffer and parses each header; a second compiled
+call runs the element kernel of rlprobe.compare.pair_kernels over every pair whose two sides have
+the kernel's dtype (float32, float64, int64). Pairs of other dtypes (token ids in int32, bool
+masks, float16) are compared from the same buffer through ``chunk_partial``.
+
+Only headers written the way numpy writes them (``{'descr': '<f4', 'fortran_order': False,
+'shape': (4, 64), }``), little-endian or byte-sized, C order, are taken here. Anything else - a
+missing, unreadable, truncated or corrupt file, a Fortran-order array, another header text, a
+size or shape mismatch - is marked, and the executor compares that pair the per-pair way, which
+names the file and the problem exactly as before. A pair's result is bit-identical to the per-pair
+path: a small pair is one chunk, compared by the same kernel code.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
+
+import numpy as np
+
+
+__all__ = ["SMALL_FILE_BYTES", "Batch", "compare_small_pairs", "plan_jobs", "run_batch", "warm_up"]
+
+#: files up to this size are read whole into a batch; larger ones keep the streaming path
+SMALL_FILE_BYTES = 1 << 20
+BATCH_MIN = 16  # fewer small pairs than this go one by one (no batch functions to load)
+BATCH_PAIRS = 256  # pairs per batch job
+
+
+def plan_jobs(tasks: list[Any]) -> list:
+    """Jobs in task order: lists of up to BATCH_PAIRS pairs for compare_small_pairs, or, with fewer
+    than BATCH_MIN pairs, the tasks themselves (compared one by one: no batch functions to load)."""
+    if len(tasks) < BATCH_MIN:
+        return list(tasks)
+    return [tasks[i:i + BATCH_PAIRS] for i in range(0, len(tasks), BATCH_PAIRS)]
+
+
+def _dtype_of(code: int) -> np.dtype:
+    from rlprobe.compare.batch_kernels import KINDS
+
+    kind, item = KINDS[code // 16], code % 16
+    return np.dtype(f"{'|' if item == 1 else '<'}{kind}{item}")
+
+
+def _aligned(nbytes: int, align: int) -> np.ndarray:
+    raw = np.empty(nbytes + align, np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start:start + nbytes]
+
+
+def _path_bytes(paths: Sequence[Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """All paths NUL-terminated in one array, and where each starts (None: a path holds a NUL)."""
+    encoded = "\0".join(map(os.fspath, paths)).encode() if paths and isinstance(os.fspath(paths[0]), str) \
+        else None
+    if encoded is None:  # bytes paths or a mix: encode one by one
+        encoded = b"\0".join(os.fsencode(p) for p in paths)
+    arr = np.frombuffer(encoded + b"\0", np.uint8)
+    nul = np.flatnonzero(arr == 0)
+    if nul.size != len(paths):
+        return None
+    starts = np.empty(len(paths), np.int64)
+    starts[0] = 0
+    starts[1:] = nul[:-1] + 1
+    return arr, starts
+
+
+def _cosines(n: np.ndarray, dot: np.ndarray, sa: np.ndarray, sb: np.ndarray) -> list[float | None]:
+    """partials._cosine of each pair, vectorized (the same float64 operations, so the same bits)."""
+    with np.errstate(all="ignore"):
+        prod = sa * sb
+        denom = np.where((prod > 0.0) & (prod < np.inf), np.sqrt(prod), np.sqrt(sa) * np.sqrt(sb))
+        raw = dot / denom
+    cos = np.clip(raw, -1.0, 1.0)
+    cos[~(np.isfinite(sa) & np.isfinite(sb) & np.isfinite(dot) & np.isfinite(raw))] = np.nan
+    cos[(sa == 0.0) | (sb == 0.0)] = 0.0
+    cos[(sa == 0.0) & (sb == 0.0)] = 1.0
+    cos[n == 0] = np.nan
+    return [None if c != c else c for c in cos.tolist()]
+
+
+def _metrics(ints: np.ndarray, floats: np.ndarray) -> list[dict[str, Any]]:
+    """combine() of each pair's one partial (combine's exactly rounded sum of one value x is x + 0.0)."""
+    cosine = _cosines(ints[:, 0], floats[:, 2] + 0.0, floats[:, 3] + 0.0, floats[:, 4] + 0.0)
+    first = [None if f < 0 else f for f in ints[:, 2].tolist()]
+    return [{"numel": n, "equal_count": eq, "first_mismatch_index": f, "max_abs_err": mabs, "max_rel_err": mrel,
+             "within_1e3_count": w3, "within_1e2_count": w2, "cosine": c, "nan_mismatch_count": nanmis}
+            for (n, eq, _, w3, w2, nanmis), f, (mabs, mrel, _, _, _), c
+            in zip(ints.tolist(), first, floats.tolist(), cosine)]
+
+
+class Batch(NamedTuple):
+    """What compare_small_pairs did with a batch: `done` (task, metrics, bytes of both files) and the
+    tasks left to the per-pair path, `large` (a file over the limit: streamed, maybe split; with
+    both files' bytes) and `rest` (a file it could not take: the per-pair path names the problem)."""
+
+    done: list[tuple[Any, dict[str, Any], int]]
+    large: list[tuple[Any, int]]
+    rest: list[Any]
+
+
+def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> Batch:
+    """Compare the pairs (PairTask) whose files have at most ``limit`` bytes (at most the chunk size,
+    so that a pair is one chunk and its result is the per-pair path's, bit for bit) in one batch."""
+    from rlprobe.compare import batch_kernels as bk
+    from rlprobe.compare.pair_metrics import chunk_partial, combine
+
+    n = len(tasks)
+    located = _path_bytes([t.path_a for t in tasks] + [t.path_b for t in tasks]) if n else None
+    if located is None:
+        return Batch([], [], list(tasks))
+    paths, path_starts = located
+    info = np.zeros((2 * n, 4), np.int64)
+    sizes = np.empty(2 * n, np.int64)
+    buf = bk.read_files(paths, path_starts, limit, info, sizes)
+    a, b = info[:n], info[n:]
+    pair_bytes = (sizes[:n] + sizes[n:]).tolist()
+
+    ok = (a[:, 0] == bk.OK) & (b[:, 0] == bk.OK) & (a[:, 2] == b[:, 2])
+    fast = ok & (a[:, 1] == b[:, 1]) & np.isin(a[:, 1], (bk.F4, bk.F8, bk.I8))
+    large = ((a[:, 0] == bk.BIG) | (b[:, 0] == bk.BIG)) & (sizes[:n] >= 0) & (sizes[n:] >= 0)
+    done: list[tuple[Any, dict[str, Any], int]] = []
+    picked = np.flatnonzero(fast)
+    if picked.size:
+        ints = np.empty((picked.size, 6), np.int64)
+        floats = np.empty((picked.size, 5), np.float64)
+        bk.compare_batch(buf, info, picked, picked + n, ints, floats)
+        done = [(tasks[i], m, pair_bytes[i]) for i, m in zip(picked.tolist(), _metrics(ints, floats))]
+    for i in np.flatnonzero(ok & ~fast).tolist():  # other dtypes: converted by chunk_partial, from the buffer
+        ca = np.frombuffer(buf, _dtype_of(int(a[i, 1])), int(a[i, 2]), int(a[i, 3]))
+        cb = np.frombuffer(buf, _dtype_of(int(b[i, 1])), int(b[i, 2]), int(b[i, 3]))
+        done.append((tasks[i], combine([chunk_partial(ca, cb, 0)]), pair_bytes[i]))
+    return Batch(done, [(tasks[i], pair_bytes[i]) for i in np.flatnonzero(large).tolist()],
+                 [tasks[i] for i in np.flatnonzero(~ok & ~large).tolist()])
+
+
+def run_batch(batch: list[Any], chunk: int, compare_one: Callable[[Any], tuple[dict[str, Any], int]]):
+    """Executor job: compare_small_pairs over `batch`; each pair it could not take goes to
+    `compare_one` (the per-pair path: (metrics or error, bytes)), which names the problem."""
+    try:  # a failure of the batch itself (numba cannot compile, say) leaves every pair to compare_one
+        done = compare_small_pairs(batch, min(SMALL_FILE_BYTES, chunk))
+    except Exception:  # noqa: BLE001
+        done = Batch([], [], list(batch))
+    for task in done.rest:
+        done.done.append((task, *compare_one(task)))
+    return "batch", done
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's on-disk cache) the batch functions, on two tiny pairs of files."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rlprobe-warm-") as tmp:
+        tasks = []
+        for i, dtype in enumerate((np.float32, np.float64, np.int64)):
+            path = os.path.join(tmp, f"{i}.npy")
+            np.save(path, np.zeros(2, dtype))
+            tasks.append(_Task(i, path, path))
+        compare_small_pairs(tasks)
+
+
+class _Task(NamedTuple):
+    task_id: Hashable
+    path_a: str
+    path_b: str
