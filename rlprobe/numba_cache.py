@@ -1,5 +1,5 @@
 """Where numba keeps its compiled kernels: shared by the comparison kernels and the CPU gradient
-kernel, so neither has to import the other to set it."""
+kernel, so neither has to import the other to set it; and numba loaded ahead of the first kernel."""
 
 from __future__ import annotations
 
@@ -32,3 +32,15 @@ def use_user_cache_dir() -> None:
     config = getattr(sys.modules.get("numba.core.config"), "CACHE_DIR", None)
     if config == "":  # numba loaded before the variable was set: its config read it as unset
         sys.modules["numba.core.config"].CACHE_DIR = path
+
+
+def load_numba() -> None:
+    """Import numba and set up its CPU target (typing and lowering registries): the ~0.3 s the
+    first kernel of a process pays, whether it is compiled or loaded from the cache. Compiles
+    nothing, so a thread can pay it while the dumps are read and only the kernels a comparison
+    runs get compiled (a cold cache takes seconds a kernel)."""
+    use_user_cache_dir()
+    from numba.core.registry import cpu_target
+
+    cpu_target.typing_context.refresh()
+    cpu_target.target_context.refresh()

@@ -41,3 +41,23 @@ def test_a_users_numba_cache_dir_is_left_alone(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == [str(tmp_path / "mine")] * 2
+
+
+def test_compare_compiles_only_the_kernels_its_pairs_run(tmp_path):
+    """A cold cache: comparing float32 tensors compiles the float kernel, never the integer one
+    (seconds each); numba itself is loaded ahead, in a thread, while the statistics are read."""
+    import numpy as np
+
+    for name, value in (("a", 1.0), ("b", 2.0)):
+        d = tmp_path / name / "data" / "x" / "step0" / "rank0" / "micro_step0"
+        d.mkdir(parents=True)
+        np.save(d / "x.npy", np.full(4, value, np.float32))
+    code = ("import threading\nfrom rlprobe.cli import main\ntry:\n"
+            f"    main(['compare', {str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r}, '-o', {str(tmp_path / 'out')!r}])\n"
+            "finally:  # the warm-up thread too has finished what it does\n"
+            "    [t.join() for t in threading.enumerate() if t.name == 'rlprobe-warm-up']\n")
+    done = _run(code, tmp_path / "cache")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "1 mismatch" in done.stdout
+    cached = {p.name.split("-")[0] for p in (tmp_path / "cache" / "rlprobe" / "numba").rglob("*.nbi")}
+    assert "pair_kernels._float_kernel" in cached and "pair_kernels._int_kernel" not in cached, cached
