@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                     order = list(checkouts) if rep % 2 == 0 else list(reversed(checkouts))
                     for who in order:
                         out = work / f"out-{fmt}-{who}-{pandas[:4]}-{rep}"
-                        wall, cpu = startup_seconds(checkouts[who], a, b, out, hide if pandas == "without pandas" else None)
+                        hidden = hide if pandas == "without pandas" else None
+                        wall, cpu = startup_seconds(checkouts[who], a, b, out, hidden)
                         row = runs.setdefault(f"{fmt}, {pandas}, {who}", {"wall": [], "cpu": []})
                         row["wall"].append(wall)
                         row["cpu"].append(cpu)

@@ -53,7 +53,8 @@ def test_compare_compiles_only_the_kernels_its_pairs_run(tmp_path):
         d.mkdir(parents=True)
         np.save(d / "x.npy", np.full(4, value, np.float32))
     code = ("import threading\nfrom rlprobe.cli import main\ntry:\n"
-            f"    main(['compare', {str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r}, '-o', {str(tmp_path / 'out')!r}])\n"
+            f"    main(['compare', {str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r},"
+            f" '-o', {str(tmp_path / 'out')!r}])\n"
             "finally:  # the warm-up thread too has finished what it does\n"
             "    [t.join() for t in threading.enumerate() if t.name == 'rlprobe-warm-up']\n")
     done = _run(code, tmp_path / "cache")
