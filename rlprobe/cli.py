@@ -29,12 +29,17 @@ def _err(message: str, code: int) -> int:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", "-V", prog_name="rlprobe")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """rlprobe: find where RL training of LLMs goes numerically wrong.
 
     Capture key data in training with rlprobe.Probe, then inspect and query the dumps here.
     Every command takes rlprobe dumps and msprobe dumps alike.
     """
+    if ctx.invoked_subcommand != "demo":  # the demo trains a model: its imports are its own
+        from rlprobe.unused_imports import refused
+
+        ctx.with_resource(refused())  # pandas, scipy, cffi: start-up no command needs (issue 18)
 
 
 @main.command()
@@ -237,22 +242,13 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, pe
         key_mapping = parse_key_map(key_map)
     except ProbeError as e:
         raise click.BadParameter(str(e), param_hint="--key-map") from None
-    hide_scipy = "scipy" not in sys.modules
-    if hide_scipy:
-        # numba loads scipy's BLAS bindings when present (0.15 s of start-up); the comparison
-        # kernels never use them (put back after: a caller in the same process may need scipy)
-        sys.modules["scipy"] = None  # type: ignore[assignment]
     from rlprobe.pipeline.compare_command import run_compare
 
-    try:
-        code = run_compare(run_a, run_b, out, keys=key_list, steps=step_list, ranks=rank_list, workers=workers,
-                           stats_rtol=stats_rtol, lang=lang, per_key_files=per_key_files, plots=plots,
-                           plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet,
-                           key_map=key_mapping, config_ignore=list(config_ignore),
-                           config_ignore_defaults=not no_default_config_ignore)
-    finally:
-        if hide_scipy and sys.modules.get("scipy", 0) is None:
-            del sys.modules["scipy"]
+    code = run_compare(run_a, run_b, out, keys=key_list, steps=step_list, ranks=rank_list, workers=workers,
+                       stats_rtol=stats_rtol, lang=lang, per_key_files=per_key_files, plots=plots,
+                       plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet,
+                       key_map=key_mapping, config_ignore=list(config_ignore),
+                       config_ignore_defaults=not no_default_config_ignore)
     raise click.exceptions.Exit(code)
 
 
@@ -366,8 +362,6 @@ def pipeline_run(file: str, overrides: tuple[str, ...], dry_run: bool, quiet: bo
     Exit codes: 0 every gate passed, 1 a gate failed, 2 bad spec, usage or a failing query,
     3 a run that cannot be read or an output that cannot be written.
     """
-    if "scipy" not in sys.modules:
-        sys.modules["scipy"] = None  # type: ignore[assignment]  # see `compare`
     from rlprobe.pipeline.cli_support import run_command
 
     raise click.exceptions.Exit(run_command(file, overrides, dry_run=dry_run, quiet=quiet))

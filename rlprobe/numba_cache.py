@@ -1,5 +1,5 @@
 """Where numba keeps its compiled kernels: shared by the comparison kernels and the CPU gradient
-kernel, so neither has to import the other to set it."""
+kernel, so neither has to import the other to set it; and numba loaded ahead of the first kernel."""
 
 from __future__ import annotations
 
@@ -11,10 +11,14 @@ def use_user_cache_dir() -> None:
     """Point numba's on-disk cache at a user cache dir unless the user chose one.
 
     ``cache=True`` would otherwise try to write next to the installed package, which fails
-    for read-only installs. Only done when numba has not been imported yet (it reads the
-    variable at import) and the directory can be created.
+    for read-only installs, and each module that imported numba first would keep its kernels
+    in a different place (a second compilation, seconds, instead of a load from the cache).
+    Call it before a module defines kernels: numba reads the variable at import, and a
+    dispatcher reads numba's config when it is made, so where numba was already imported
+    (by the user, or another library) its config is set the same way, unless the user set
+    NUMBA_CACHE_DIR. Nothing is changed when the directory cannot be created.
     """
-    if os.environ.get("NUMBA_CACHE_DIR") or "numba" in sys.modules:
+    if os.environ.get("NUMBA_CACHE_DIR"):
         return
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     path = os.path.join(base, "rlprobe", "numba")
@@ -22,5 +26,21 @@ def use_user_cache_dir() -> None:
         os.makedirs(path, exist_ok=True)
     except OSError:
         return
-    if os.access(path, os.W_OK | os.X_OK):
-        os.environ["NUMBA_CACHE_DIR"] = path
+    if not os.access(path, os.W_OK | os.X_OK):
+        return
+    os.environ["NUMBA_CACHE_DIR"] = path
+    config = getattr(sys.modules.get("numba.core.config"), "CACHE_DIR", None)
+    if config == "":  # numba loaded before the variable was set: its config read it as unset
+        sys.modules["numba.core.config"].CACHE_DIR = path
+
+
+def load_numba() -> None:
+    """Import numba and set up its CPU target (typing and lowering registries): the ~0.3 s the
+    first kernel of a process pays, whether it is compiled or loaded from the cache. Compiles
+    nothing, so a thread can pay it while the dumps are read and only the kernels a comparison
+    runs get compiled (a cold cache takes seconds a kernel)."""
+    use_user_cache_dir()
+    from numba.core.registry import cpu_target
+
+    cpu_target.typing_context.refresh()
+    cpu_target.target_context.refresh()

@@ -18,11 +18,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numba
 import numpy as np
-from llvmlite import ir
-from numba.core import types
-from numba.extending import intrinsic
+
+from rlprobe.numba_cache import use_user_cache_dir
+
+use_user_cache_dir()  # where the compare kernels are cached too, whichever module loads numba first
+
+import numba  # noqa: E402  (after the cache dir is set)
+from llvmlite import ir  # noqa: E402
+from numba.core import types  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
 
 N_BINS = 1 << 15  # float32 bits >> 17: bins 0..16383 are Δ >= 0, 16384.. are Δ < 0
 HALF = N_BINS // 2

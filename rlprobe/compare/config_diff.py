@@ -28,7 +28,9 @@ def families() -> dict[str, Any]:
     """config_families.yaml: {"ignore": [glob, ...], "families": [{family, label, patterns, ...}, ...]}."""
     import yaml
 
-    return yaml.safe_load(FAMILIES_FILE.read_text(encoding="utf-8"))
+    # libyaml's loader where PyYAML has it: the pure-Python one took 47 ms of every comparison
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(FAMILIES_FILE.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 - a safe loader
 
 
 def default_ignore() -> list[str]:

@@ -125,10 +125,11 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
 
 
 def warm_up_kernels() -> None:
-    """Load numba and the compiled kernels (run in a thread while the runs' statistics are read)."""
-    from rlprobe.compare.pair_metrics import warm_up
+    """Load numba (run in a thread while the runs' statistics are read); the kernels themselves
+    load when the pairs need them, so none is compiled for a dtype the runs do not hold."""
+    from rlprobe.numba_cache import load_numba
 
-    warm_up()
+    load_numba()
 
 
 def _grad_probe_step(grads: pa.Table | None, flagged: dict[str, Any] | None) -> int | None:

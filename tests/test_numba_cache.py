@@ -1,0 +1,64 @@
+"""rlprobe.numba_cache: every kernel is cached in one user folder, whoever imported numba first."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(code: str, cache_home: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(XDG_CACHE_HOME=str(cache_home), PYTHONPATH=str(ROOT), NUMBA_DEBUG_CACHE="1")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_kernels_cache_in_the_user_folder_when_numba_was_imported_first(tmp_path):
+    code = ("import numba, numpy as np\n"  # a user's process that loaded numba before rlprobe
+            "from rlprobe.compare.pair_kernels import kernel_for\n"
+            "x = np.arange(3, dtype=np.int64)\n"
+            "print(kernel_for(np.dtype(np.int64))(x, x, 0, 3)[1])\n")
+    first = _run(code, tmp_path / "cache")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout.strip().splitlines()[-1] == "3"
+    folder = tmp_path / "cache" / "rlprobe" / "numba"
+    assert any(folder.rglob("pair_kernels._int_kernel-*.nbi")), sorted(folder.rglob("*"))
+    second = _run(code, tmp_path / "cache")  # a second process loads the kernel instead of compiling it
+    assert second.returncode == 0, second.stderr[-2000:]
+    log = second.stdout  # NUMBA_DEBUG_CACHE prints to stdout
+    assert "data loaded from" in log and "_int_kernel" in log and "data saved to" not in log
+
+
+def test_a_users_numba_cache_dir_is_left_alone(tmp_path):
+    code = ("import os, numba\n"
+            "import rlprobe.check.token_kernel\n"
+            "from numba.core import config\n"
+            "print(os.environ['NUMBA_CACHE_DIR'], config.CACHE_DIR)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NUMBA_CACHE_DIR": str(tmp_path / "mine")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [str(tmp_path / "mine")] * 2
+
+
+def test_compare_compiles_only_the_kernels_its_pairs_run(tmp_path):
+    """A cold cache: comparing float32 tensors compiles the float kernel, never the integer one
+    (seconds each); numba itself is loaded ahead, in a thread, while the statistics are read."""
+    import numpy as np
+
+    for name, value in (("a", 1.0), ("b", 2.0)):
+        d = tmp_path / name / "data" / "x" / "step0" / "rank0" / "micro_step0"
+        d.mkdir(parents=True)
+        np.save(d / "x.npy", np.full(4, value, np.float32))
+    code = ("import threading\nfrom rlprobe.cli import main\ntry:\n"
+            f"    main(['compare', {str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r},"
+            f" '-o', {str(tmp_path / 'out')!r}])\n"
+            "finally:  # the warm-up thread too has finished what it does\n"
+            "    [t.join() for t in threading.enumerate() if t.name == 'rlprobe-warm-up']\n")
+    done = _run(code, tmp_path / "cache")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "1 mismatch" in done.stdout
+    cached = {p.name.split("-")[0] for p in (tmp_path / "cache" / "rlprobe" / "numba").rglob("*.nbi")}
+    assert "pair_kernels._float_kernel" in cached and "pair_kernels._int_kernel" not in cached, cached
