@@ -43,6 +43,11 @@ def layout_rtol(dtype: str) -> float:
     return 0.0 if eps is None else min(MAX_RTOL, ULPS * eps * math.sqrt(REDUCTION))
 
 
+def layout_tolerance() -> pa.Table:
+    """layout_rtol of every float dtype, as the table `layout_tolerance` (dtype, rtol) the SQL joins."""
+    return pa.table({"dtype": list(EPS), "rtol": [layout_rtol(d) for d in EPS]})
+
+
 def layout(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump, read_errors: list[str]) -> dict[str, Any]:
     """Both runs' layouts, as summary.json's `layout`; leaves samples_a and samples_b in `con`.
     `per_sample` is true when they differ and both runs saved sample rows."""
@@ -74,7 +79,7 @@ def sample_key_data(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump
     pairs = run(con, "sample_pairs.sql", **params)
     results = _gather(pairs, dump_a, dump_b)
     con.register("sample_pairs", _append(pairs, results))
-    con.register("layout_tolerance", pa.table({"dtype": list(EPS), "rtol": [layout_rtol(d) for d in EPS]}))
+    con.register("layout_tolerance", layout_tolerance())
     try:
         table = run(con, "sample_key_data.sql", **params)
     finally:

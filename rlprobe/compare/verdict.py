@@ -191,11 +191,15 @@ def explain_beyond_key_data(summary: dict[str, Any], grad_probe_step: int | None
         summary["advice"] = (f"{key_data} but the module dumps part ways: start from that module "
                              "(its inputs and outputs per call are in modules.parquet and the Modules sheet)")
         return
+    note = (summary.get("layout") or {}).get("note")
     if grad is None:
+        if note and summary.get("suspect") is None:  # a layout change is no divergence (docs/compare.md)
+            summary["advice"] = f"{key_data} within the layout tolerance, and so do the gradients compared: {note}"
         return
     monitor, step, rank = grad["monitor"], grad["step"], grad["rank"]
+    compared = f"; {grad['compared']}" if grad.get("compared") else ""
     summary["suspect"] = (f"the gradients of monitor {monitor!r} part ways at its optimizer step {step} "
-                          f"(rank {rank}): {grad.get('reason')}")
+                          f"(rank {rank}): {grad.get('reason')}{compared}")
     stage = "critic_update" if "critic" in str(monitor).lower() else "actor_update"
     summary["advice"] = (f"{key_data} but the gradients part ways: dump the modules of that "
                          f"update ({stage}) at that step to find the first module whose backward differs; "
