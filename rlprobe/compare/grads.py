@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rlprobe.compare.sample_alignment import layout_tolerance
+from rlprobe.compare.sample_alignment import first_rank_only, layout_tolerance
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import GRAD, with_rank
 from rlprobe.lake.sql_runner import run
@@ -173,8 +173,10 @@ def compare_grads(dump_a: Dump, dump_b: Dump, read_errors: list[str] | None = No
     """({'grads', 'grad_steps'}, grad_first_flagged) for two dumps; thresholds as in DEFAULTS.
     `steps`/`ranks` (None: all) select as select_steps_ranks says. `layout`: summary.json's
     `layout` (sample_alignment.layout); where its note says the layouts differ, only each run's
-    first rank is compared, within the layout tolerance (across_layouts), and `layout` gets a
-    `grads` entry and a longer note in place."""
+    first rank is compared (sample_alignment.first_rank_only: after the all-reduce every
+    data-parallel rank holds the step's gradient, with accumulation the sum over the
+    micro-batches), within the layout tolerance, and `layout` gets a `grads` entry and a longer
+    note in place."""
     import duckdb
 
     unknown = set(thresholds) - set(DEFAULTS)
@@ -187,7 +189,7 @@ def compare_grads(dump_a: Dump, dump_b: Dump, read_errors: list[str] | None = No
         read_errors.extend(f"grad stats: {e}" for e in errors)
     across = bool(layout and layout.get("note"))
     if across:
-        table_a, table_b = across_layouts(table_a, table_b, layout)
+        table_a, table_b = first_rank_only(table_a, table_b, layout, "grads", "gradient")
     con = duckdb.connect()
     con.register("grad_a", _with_position(table_a))
     con.register("grad_b", _with_position(table_b))
@@ -203,35 +205,6 @@ def compare_grads(dump_a: Dump, dump_b: Dump, read_errors: list[str] | None = No
     if first is not None and across:
         first["compared"] = "layouts differ: rank 0 of each run compared, within the layout tolerance"
     return {"grads": grads, "grad_steps": steps}, first
-
-
-def across_layouts(table_a: pa.Table, table_b: pa.Table, layout: dict[str, Any]) -> tuple[pa.Table, pa.Table]:
-    """Each run's rows of its first rank (rank 0), B's under A's rank number: after the all-reduce
-    every data-parallel rank holds the step's gradient (with accumulation, the sum over the
-    micro-batches), so one rank per run stands for all. The other ranks' rows are counted in
-    layout["grads"] and the note says they are covered, instead of showing them as only in B."""
-    import pyarrow.compute as pc
-
-    def first_rank(table: pa.Table) -> tuple[pa.Table, int | None, int]:
-        if table.num_rows == 0:
-            return table, None, 0
-        rank = pc.min(table["rank"]).as_py()
-        kept = table.filter(pc.equal(table["rank"], rank))
-        return kept, rank, table.num_rows - kept.num_rows
-
-    kept_a, rank_a, covered_a = first_rank(table_a)
-    kept_b, rank_b, covered_b = first_rank(table_b)
-    if rank_a is not None and rank_b is not None and rank_a != rank_b:
-        at = kept_b.schema.get_field_index("rank")
-        kept_b = kept_b.set_column(at, "rank", pa.array(np.full(kept_b.num_rows, rank_a, np.int64)))
-    layout["grads"] = {"rank_a": rank_a, "rank_b": rank_b, "rows_covered_a": covered_a, "rows_covered_b": covered_b}
-    if rank_a is not None and rank_b is not None:
-        covered = covered_a + covered_b
-        others = (f"; the {covered} gradient rows of the other ranks are covered by this note (after the all-reduce "
-                  "every rank holds the same gradient)") if covered else ""
-        layout["note"] = (f"{layout['note']}; gradients: rank {rank_a} of A against rank {rank_b} of B, within the "
-                          f"layout tolerance{others}")
-    return kept_a, kept_b
 
 
 def select_steps_ranks(table_a: pa.Table, table_b: pa.Table, steps: list[int] | None,

@@ -72,6 +72,36 @@ def layout(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump, read_er
             "moved_samples": moved, "per_sample": per_sample, "note": note}
 
 
+def first_rank_only(table_a: pa.Table, table_b: pa.Table, layout: dict[str, Any], entry: str,
+                    what: str) -> tuple[pa.Table, pa.Table]:
+    """Each run's rows of its first rank (rank 0), B's under A's rank number, for per-rank rows
+    that every data-parallel rank holds alike (all-reduced gradients, the weights after a step).
+    The other ranks' rows are counted in layout[entry] and the note says they are covered,
+    instead of showing them as only in B."""
+    import pyarrow.compute as pc
+
+    def first_rank(table: pa.Table) -> tuple[pa.Table, int | None, int]:
+        if table.num_rows == 0:
+            return table, None, 0
+        rank = pc.min(table["rank"]).as_py()
+        kept = table.filter(pc.equal(table["rank"], rank))
+        return kept, rank, table.num_rows - kept.num_rows
+
+    kept_a, rank_a, covered_a = first_rank(table_a)
+    kept_b, rank_b, covered_b = first_rank(table_b)
+    layout[entry] = {"rank_a": rank_a, "rank_b": rank_b, "rows_covered_a": covered_a, "rows_covered_b": covered_b}
+    if rank_a is not None and rank_b is not None:
+        if rank_a != rank_b:
+            at = kept_b.schema.get_field_index("rank")
+            kept_b = kept_b.set_column(at, "rank", pa.array(np.full(kept_b.num_rows, rank_a, np.int64)))
+        covered = covered_a + covered_b
+        others = (f"; the {covered} {what} rows of the other ranks are covered by this note (every data-parallel "
+                  f"rank holds the same)") if covered else ""
+        layout["note"] = (f"{layout['note']}; {what}s: rank {rank_a} of A against rank {rank_b} of B, within the "
+                          f"layout tolerance{others}")
+    return kept_a, kept_b
+
+
 def sample_key_data(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump,
                     params: dict[str, Any]) -> tuple[pa.Table, int]:
     """key_data of runs with different layouts, and how many sample pairs were gathered from files.

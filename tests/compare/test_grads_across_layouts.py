@@ -54,12 +54,18 @@ def test_a_fine_layout_pair_has_no_gradient_divergence(runs, other):
 
 
 def test_the_other_ranks_are_counted_in_the_layout_note(runs):
-    _, summary = _compare(runs["m2"], runs["r2"])
+    tables, summary = _compare(runs["m2"], runs["r2"])
     grads_layout = summary["layout"]["grads"]
     rows_rank1 = open_dump(runs["r2"]).arrow("grad").filter(pc.equal(pc.field("rank"), 1)).num_rows
     assert rows_rank1 > 0
     assert grads_layout == {"rank_a": 0, "rank_b": 0, "rows_covered_a": 0, "rows_covered_b": rows_rank1}
-    assert f"the {rows_rank1} gradient rows of the other ranks" in summary["layout"]["note"]
+    assert f"the {rows_rank1} gradient rows of the other ranks are covered by this note" in summary["layout"]["note"]
+    # the weights after each step, too: every rank holds the same
+    fingerprints_rank1 = open_dump(runs["r2"]).arrow("param").filter(pc.equal(pc.field("rank"), 1)).num_rows
+    assert fingerprints_rank1 > 0 and summary["layout"]["params"]["rows_covered_b"] == fingerprints_rank1
+    assert "fingerprints: rank 0 of A against rank 0 of B" in summary["layout"]["note"]
+    params = tables["params"]
+    assert set(params["rank"].to_pylist()) == {0} and set(params["status"].to_pylist()) <= {"match", "close"}
 
 
 def test_an_lr_fault_across_micro_batches_is_flagged_at_optimizer_step_1(runs):
