@@ -191,10 +191,11 @@ def explain_beyond_key_data(summary: dict[str, Any], grad_probe_step: int | None
         summary["advice"] = (f"{key_data} but the module dumps part ways: start from that module "
                              "(its inputs and outputs per call are in modules.parquet and the Modules sheet)")
         return
-    note = (summary.get("layout") or {}).get("note")
+    layout = summary.get("layout") or {}
     if grad is None:
-        if note and summary.get("suspect") is None:  # a layout change is no divergence (docs/compare.md)
-            summary["advice"] = f"{key_data} within the layout tolerance, and so do the gradients compared: {note}"
+        if layout.get("note") and summary.get("suspect") is None:  # a layout change is no divergence
+            grads = ", and so do the gradients compared" if layout.get("grads") else ""
+            summary["advice"] = f"{key_data} within the layout tolerance{grads}: {layout['note']}"
         return
     monitor, step, rank = grad["monitor"], grad["step"], grad["rank"]
     compared = f"; {grad['compared']}" if grad.get("compared") else ""
