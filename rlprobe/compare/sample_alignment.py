@@ -76,8 +76,8 @@ def first_rank_only(table_a: pa.Table, table_b: pa.Table, layout: dict[str, Any]
                     what: str) -> tuple[pa.Table, pa.Table]:
     """Each run's rows of its first rank (rank 0), B's under A's rank number, for per-rank rows
     that every data-parallel rank holds alike (all-reduced gradients, the weights after a step).
-    The other ranks' rows are counted in layout[entry] and the note says they are covered,
-    instead of showing them as only in B."""
+    The other ranks' rows are counted in layout[entry] and, where there are any, the note says
+    they are covered, instead of showing them as only in B."""
     import pyarrow.compute as pc
 
     def first_rank(table: pa.Table) -> tuple[pa.Table, int | None, int]:
@@ -95,10 +95,10 @@ def first_rank_only(table_a: pa.Table, table_b: pa.Table, layout: dict[str, Any]
             at = kept_b.schema.get_field_index("rank")
             kept_b = kept_b.set_column(at, "rank", pa.array(np.full(kept_b.num_rows, rank_a, np.int64)))
         covered = covered_a + covered_b
-        others = (f"; the {covered} {what} rows of the other ranks are covered by this note (every data-parallel "
-                  f"rank holds the same)") if covered else ""
-        layout["note"] = (f"{layout['note']}; {what}s: rank {rank_a} of A against rank {rank_b} of B, within the "
-                          f"layout tolerance{others}")
+        if covered:  # with one rank on each side there is nothing to explain
+            layout["note"] = (f"{layout['note']}; {what}s: rank {rank_a} of A against rank {rank_b} of B, within "
+                              f"the layout tolerance; the {covered} {what} rows of the other ranks are covered by "
+                              "this note (every data-parallel rank holds the same)")
     return kept_a, kept_b
 
 

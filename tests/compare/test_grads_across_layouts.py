@@ -40,7 +40,8 @@ def test_a_fine_layout_pair_has_no_gradient_divergence(runs, other):
     assert summary["grad_first_flagged"] is None, summary["grad_first_flagged"]
     assert summary["suspect"] is None
     assert summary["advice"].startswith("the compared key data agree within the layout tolerance")
-    assert "layout differs" in summary["advice"] and "gradients: rank 0 of A against rank 0 of B" in summary["advice"]
+    assert "and so do the gradients compared: layout differs" in summary["advice"]
+    assert summary["layout"]["grads"]["rank_a"] == summary["layout"]["grads"]["rank_b"] == 0
     grads = tables["grads"]
     assert set(grads["rank"].to_pylist()) == {0}  # B's rank 1 is covered by the layout note, not only in B
     assert set(grads["status"].to_pylist()) == {"compared", "stats_only"}  # actor L1, critic L0
