@@ -4,6 +4,7 @@
     python benchmarks/grad_overhead.py --no-compare      # step time and sign bytes only (~2.5 minutes)
     python benchmarks/grad_overhead.py --no-steps --compare-steps 100   # the comparison only
     python benchmarks/grad_overhead.py --params          # parameter fingerprints vs plain steps only
+                                                         # (whole runs paired, and every other step in one run)
 
 Workload (issue 4, "Speed"): nn.Sequential of 6 Linear(1024, 1024) with ReLU between, AdamW,
 batch 256, MSE loss; torch threads = 2 in every process (`--threads`). The model, data and step
@@ -118,21 +119,45 @@ def run_params(dump: Path, steps: int, warmup: int, seed: int = 0, lr: float = 1
     return {"step_s": times}
 
 
+def run_params_interleaved(dump: Path, steps: int, warmup: int, seed: int = 0, lr: float = 1e-3) -> list[float]:
+    """One process whose monitor fingerprints every other optimizer step (`steps=` the even ones):
+    each fingerprinted step against the mean of the plain steps either side of it. A shared
+    machine's load drifts over seconds, not within three steps, so these ratios are paired far
+    more tightly than whole runs."""
+    model, opt, step = make_workload(seed, lr, torch)
+    probe = rlprobe.Probe(dump)
+    probe.monitor_params(model, optimizer=opt, name="mlp", steps=list(range(0, warmup + steps + 2, 2)))
+    times = []
+    for i in range(warmup + steps):
+        s0 = time.perf_counter()
+        step(i)
+        probe.step()
+        times.append(time.perf_counter() - s0)
+    probe.close()
+    return [times[i] / ((times[i - 1] + times[i + 1]) / 2) for i in range(warmup + warmup % 2, len(times) - 1, 2)]
+
+
 def param_overhead(args: argparse.Namespace) -> int:
     """--params: plain vs fingerprints, alternating, `--repeat` pairs; the per-step median of each
-    run, the median over repetitions and the median of the paired ratios."""
-    plain, params, ratios, log = [], [], [], []
+    run, the median over repetitions and the median of the paired ratios; then per repetition a
+    run fingerprinting every other step (run_params_interleaved) and the median of all its ratios."""
+    plain, params, ratios, interleaved, log = [], [], [], [], []
     for r in range(args.repeat):
         wait_idle(args.min_idle, args.idle_timeout, log)
         p = med(run_plain(args.steps, args.warmup)["step_s"])
         with tempfile.TemporaryDirectory() as d:
             f = med(run_params(Path(d) / "dump", args.steps, args.warmup)["step_s"])
+        with tempfile.TemporaryDirectory() as d:
+            pairs = run_params_interleaved(Path(d) / "dump", args.steps, args.warmup)
+        interleaved += pairs
         plain.append(p)
         params.append(f)
         ratios.append(f / p)
-        print(f"rep {r}: plain {p * 1e3:.1f} ms, fingerprints {f * 1e3:.1f} ms, ratio {f / p:.4f}", flush=True)
+        print(f"rep {r}: plain {p * 1e3:.1f} ms, fingerprints {f * 1e3:.1f} ms, ratio {f / p:.4f}; "
+              f"interleaved {med(pairs):.4f} ({len(pairs)} steps)", flush=True)
     result = {"plain_ms": med(plain) * 1e3, "fingerprints_ms": med(params) * 1e3, "paired_ratio": med(ratios),
-              "ratio_min": min(ratios), "ratio_max": max(ratios), "idle": log}
+              "ratio_min": min(ratios), "ratio_max": max(ratios), "interleaved_ratio": med(interleaved),
+              "interleaved_steps": len(interleaved), "idle": log}
     print(json.dumps(result, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -1,10 +1,16 @@
 -- grads: one row per (monitor, rank, step, param) seen in EITHER run.
 -- Inputs: grad_a, grad_b (the `grad` stats tables), sign_results (same_count per compared pair,
--- from XOR + popcount of the packed sign bits); `position` keeps the runs' parameter order. Parameters: $first_step_min, $max_drop, $norm_rtol.
+-- from XOR + popcount of the packed sign bits), layout_tolerance (dtype, rtol: sample_alignment.layout_rtol);
+-- `position` keeps the runs' parameter order. Parameters: $first_step_min, $max_drop, $norm_rtol, $across.
 -- A parameter is flagged at its first compared step (step 0 normally) when its similarity is
 -- below $first_step_min, later when it drops more than $max_drop below its previous step.
 -- Without sign maps (L0, or one side without them) the row is stats_only and is flagged when
 -- the digests differ or the norms differ by more than $norm_rtol (relative).
+-- $across (the runs' layouts differ; grad_a and grad_b hold one rank each): rounding differs, so
+-- digests and per-parameter signs are not judged (a few near-zero elements flip); a parameter is
+-- flagged when its norm differs by more than its dtype's layout rtol (relative) or its max or
+-- min by more than rtol x scale (the largest |max|, |min| of both); grad_flags.sql judges the
+-- step's weighted similarity (docs/grads.md, "Runs with different layouts").
 WITH pairs AS (
     SELECT
         coalesce(a.monitor, b.monitor) AS monitor,
@@ -15,6 +21,7 @@ WITH pairs AS (
         b.param IS NOT NULL            AS in_b,
         a.shape AS shape_a, b.shape AS shape_b,
         coalesce(a.numel, b.numel)     AS numel,
+        coalesce(a.dtype, b.dtype)     AS dtype,
         a.norm AS norm_a, b.norm AS norm_b, a.max AS max_a, b.max AS max_b, a.min AS min_a, b.min AS min_b,
         a.zero_fraction AS zero_fraction_a, b.zero_fraction AS zero_fraction_b,
         CASE WHEN a.digest_algo = b.digest_algo THEN a.digest = b.digest END AS digest_equal,
@@ -43,10 +50,13 @@ scored AS (
         END AS norm_rel_diff,
         abs(p.max_a - p.max_b) AS max_abs_diff,
         abs(p.min_a - p.min_b) AS min_abs_diff,
-        s.error AS message
+        s.error AS message,
+        coalesce(t.rtol, (SELECT rtol FROM layout_tolerance WHERE dtype = 'float32')) AS layout_rtol,
+        greatest(abs(p.max_a), abs(p.min_a), abs(p.max_b), abs(p.min_b)) AS scale
     FROM pairs p
     LEFT JOIN sign_results s
         ON p.monitor = s.monitor AND p.rank = s.rank AND p.step = s.step AND p.param = s.param
+    LEFT JOIN layout_tolerance t ON t.dtype = p.dtype
 ),
 history AS (
     SELECT
@@ -60,6 +70,14 @@ history AS (
 SELECT
     monitor, rank, step, param, status, shape_a, shape_b, numel, same_count, similarity, prev_similarity,
     CASE
+        WHEN $across AND status IN ('compared', 'stats_only') AND norm_rel_diff > layout_rtol
+            THEN printf('norm differs by %.3g (relative) > layout tolerance %.3g (%s)', norm_rel_diff, layout_rtol,
+                        coalesce(dtype, 'float32'))
+        WHEN $across AND status IN ('compared', 'stats_only')
+             AND greatest(max_abs_diff, min_abs_diff) > layout_rtol * scale
+            THEN printf('max/min differ by %.3g of the scale > layout tolerance %.3g (%s)',
+                        greatest(max_abs_diff, min_abs_diff) / scale, layout_rtol, coalesce(dtype, 'float32'))
+        WHEN $across THEN NULL
         WHEN similarity IS NOT NULL AND step = first_step AND similarity < $first_step_min
             THEN printf('similarity %.4f < %.4f at its first step', similarity, $first_step_min)
         WHEN similarity IS NOT NULL AND prev_similarity - similarity > $max_drop

@@ -121,3 +121,17 @@ def test_check_speed_script_runs(tmp_path, monkeypatch, capsys):
     assert figures["sql_s"] > 0 and figures["token_s"] > 0
     assert "token phase" in capsys.readouterr().out
     sys.modules.pop("check_speed", None)
+
+
+def test_interleaved_fingerprint_ratios_pair_each_fingerprinted_step_with_its_neighbours(tmp_path, monkeypatch):
+    """benchmarks/grad_overhead.py --params: every other step fingerprinted, one ratio per such step."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import grad_overhead
+    import rlprobe
+
+    ratios = grad_overhead.run_params_interleaved(tmp_path / "d", steps=5, warmup=1)
+    assert len(ratios) == 2 and all(r > 0 for r in ratios)  # steps 2 and 4, between plain steps 1, 3 and 5
+    rows = rlprobe.open(tmp_path / "d").arrow("param").to_pylist()
+    assert sorted({r["step"] for r in rows}) == [0, 2, 4]  # the even optimizer steps only
+    sys.modules.pop("grad_overhead", None)
+    sys.modules.pop("msprobe_grad_workload", None)

@@ -49,12 +49,22 @@ class ParamMonitor:
         self.count = 0  # this optimizer's step() calls seen so far
         self._removed = False
         self._specs: list[GradSpec] | None = None  # parameters keep their names, dtypes and shapes
-        self._hooks = adapter.hook_optimizer(model, optimizer, self._filter, where, _nothing, self._after_step)
+        self._reading: Callable[[], None] | None = None  # waits until the last fingerprints read the weights
+        self._hooks = adapter.hook_optimizer(model, optimizer, self._filter, where, self._before_step,
+                                             self._after_step)
 
     @property
     def optimizer(self) -> Any:
         """The hooked optimizer; None while a model's optimizer has not stepped yet."""
         return self._hooks.optimizer
+
+    def _before_step(self, at: OptimizerStep) -> None:
+        """The optimizer is about to change the weights: a CPU fingerprint still reading them
+        (torch_params.CpuFingerprints) finishes first. Device fingerprints are queued on the
+        device before this step's kernels, so they need no wait."""
+        if self._reading is not None:
+            self._reading()
+            self._reading = None
 
     def _after_step(self, at: OptimizerStep) -> None:
         """The hooked optimizer has stepped: queue the fingerprints of the weights it left."""
@@ -69,6 +79,7 @@ class ParamMonitor:
         if self._specs is None or len(self._specs) != len(named):
             self._specs = [GradSpec(n, self.adapter.dtype_name(p), tuple(p.shape)) for n, p in named]
         finish, nbytes = self.adapter.param_fingerprints([p for _, p in named])
+        self._reading = getattr(finish, "reads_done", None)
         self._submit(step, self._specs, finish, nbytes)
 
     def _submit(self, step: int, specs: list[GradSpec], finish: Callable[[], ParamBatch], nbytes: int) -> None:
@@ -106,6 +117,3 @@ class ParamMonitor:
     def __repr__(self) -> str:
         return f"ParamMonitor({self.name!r}, {self.framework}, step {self.count})"
 
-
-def _nothing(at: OptimizerStep) -> None:
-    """The before-step callback: fingerprints are taken after the step only."""

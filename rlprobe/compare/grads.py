@@ -10,11 +10,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rlprobe.compare.sample_alignment import first_rank_only, layout_tolerance
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import GRAD, with_rank
 from rlprobe.lake.sql_runner import run
 
-DEFAULTS = {"first_step_min": 0.97, "max_drop": 0.03, "norm_rtol": 1e-3}
+# layout_similarity_min: the weighted sign similarity a step's first compared gradients need when
+# the runs' layouts differ (docs/grads.md, "Runs with different layouts"): the bundled example's
+# 2 vs 4 micro-batches and 1 vs 2 gloo ranks measure 0.9989 and above, its lr and advantage-bug
+# faults 0.81 and below.
+DEFAULTS = {"first_step_min": 0.97, "max_drop": 0.03, "norm_rtol": 1e-3, "layout_similarity_min": 0.99}
 KEY = ("monitor", "rank", "step", "param")
 SIGN_COLUMNS = [*KEY, "numel", "sign_file", "sign_offset", "sign_numel"]
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], np.uint8)
@@ -163,9 +168,15 @@ def _popcount(values: np.ndarray) -> np.ndarray:
 
 def compare_grads(dump_a: Dump, dump_b: Dump, read_errors: list[str] | None = None, *,
                   steps: list[int] | None = None, ranks: list[int] | None = None,
+                  layout: dict[str, Any] | None = None,
                   **thresholds: float) -> tuple[dict[str, pa.Table], dict[str, Any] | None]:
     """({'grads', 'grad_steps'}, grad_first_flagged) for two dumps; thresholds as in DEFAULTS.
-    `steps`/`ranks` (None: all) select as select_steps_ranks says."""
+    `steps`/`ranks` (None: all) select as select_steps_ranks says. `layout`: summary.json's
+    `layout` (sample_alignment.layout); where its note says the layouts differ, only each run's
+    first rank is compared (sample_alignment.first_rank_only: after the all-reduce every
+    data-parallel rank holds the step's gradient, with accumulation the sum over the
+    micro-batches), within the layout tolerance, and `layout` gets a `grads` entry and a longer
+    note in place."""
     import duckdb
 
     unknown = set(thresholds) - set(DEFAULTS)
@@ -176,15 +187,24 @@ def compare_grads(dump_a: Dump, dump_b: Dump, read_errors: list[str] | None = No
     table_a, table_b = select_steps_ranks(grad_table(dump_a, errors), grad_table(dump_b, errors), steps, ranks)
     if read_errors is not None:
         read_errors.extend(f"grad stats: {e}" for e in errors)
+    across = bool(layout and layout.get("note"))
+    if across:
+        table_a, table_b = first_rank_only(table_a, table_b, layout, "grads", "gradient")
     con = duckdb.connect()
     con.register("grad_a", _with_position(table_a))
     con.register("grad_b", _with_position(table_b))
     con.register("sign_results", sign_results(dump_a, dump_b, table_a, table_b))
-    grads = run(con, "grad_similarity.sql", **params)
+    con.register("layout_tolerance", layout_tolerance())
+    grads = run(con, "grad_similarity.sql", across=across,
+                **{k: params[k] for k in ("first_step_min", "max_drop", "norm_rtol")})
     grads = grads.append_column("flagged", pa.compute.is_valid(grads["flag_reason"]))
     con.register("grads", grads)
-    steps = run(con, "grad_flags.sql", **{k: params[k] for k in ("first_step_min", "max_drop")})
-    return {"grads": grads, "grad_steps": steps}, first_flagged(grads, steps)
+    first_step_min = params["layout_similarity_min"] if across else params["first_step_min"]
+    steps = run(con, "grad_flags.sql", first_step_min=first_step_min, max_drop=params["max_drop"])
+    first = first_flagged(grads, steps)
+    if first is not None and across:
+        first["compared"] = "layouts differ: rank 0 of each run compared, within the layout tolerance"
+    return {"grads": grads, "grad_steps": steps}, first
 
 
 def select_steps_ranks(table_a: pa.Table, table_b: pa.Table, steps: list[int] | None,

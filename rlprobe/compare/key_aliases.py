@@ -39,11 +39,19 @@ def parse_key_map(items: Iterable[str] | Mapping[str, str] | None, what: str = "
         if not saved or not canonical:
             raise ProbeError(f"{what} {saved}={canonical}: expected SAVED=CANONICAL, both non-empty "
                              "(e.g. old_log_probs=old_log_prob)")
-        if canonical not in flow:
-            raise ProbeError(f"{what} {saved}={canonical}: {canonical!r} is not a key of the data flow; "
-                             f"expected one of {', '.join(flow)}")
-        result[saved] = canonical
+        try:
+            result[saved] = flow_key(canonical, flow)
+        except ProbeError as e:
+            raise ProbeError(f"{what} {saved}={canonical}: {e}") from None
     return result
+
+
+def flow_key(canonical: str, order: Iterable[str] | None = None) -> str:
+    """`canonical` when it is a key of the data flow, else a ProbeError listing them."""
+    flow = list(order or DEFAULT_ORDER)
+    if canonical not in flow:
+        raise ProbeError(f"{canonical!r} is not a key of the data flow; expected one of {', '.join(flow)}")
+    return canonical
 
 
 def aliases(key_map: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from rlprobe.compare.sample_alignment import layout_rtol
+from rlprobe.compare.sample_alignment import first_rank_only, layout_rtol
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import PARAM, with_rank
 from rlprobe.lake.sql_runner import run
@@ -29,9 +29,10 @@ def add_param_comparison(tables: dict[str, pa.Table], summary: dict[str, Any], d
     param_first_difference, and the verdict of a differing update (explain_update)."""
     if not (has_params(dump_a) or has_params(dump_b)):
         return
-    exact = not (summary.get("layout") or {}).get("per_sample")
-    tables["params"], firsts = compare_params(dump_a, dump_b, exact=exact, read_errors=read_errors,
-                                              steps=steps, ranks=ranks)
+    layout = summary.get("layout") or {}
+    tables["params"], firsts = compare_params(dump_a, dump_b, exact=not layout.get("per_sample"),
+                                              read_errors=read_errors, steps=steps, ranks=ranks,
+                                              layout=layout if layout.get("note") else None)
     summary["params_compared"] = tables["params"].num_rows
     explain_update(summary, firsts, canonical_key)
 
@@ -47,19 +48,26 @@ def param_table(dump: Dump, errors: list[str] | None = None) -> pa.Table:
 
 
 def compare_params(dump_a: Dump, dump_b: Dump, *, exact: bool, read_errors: list[str] | None = None,
-                   steps: list[int] | None = None, ranks: list[int] | None = None
-                   ) -> tuple[pa.Table, list[dict[str, Any]]]:
+                   steps: list[int] | None = None, ranks: list[int] | None = None,
+                   layout: dict[str, Any] | None = None) -> tuple[pa.Table, list[dict[str, Any]]]:
     """(the `params` table: every fingerprint pair with its status, the first differing update
-    per monitor, earliest first). `exact`: the runs share a layout, so equal weights have equal bytes."""
+    per monitor, earliest first). `exact`: the runs share a layout, so equal weights have equal bytes.
+    `layout`: summary.json's layout where it notes a difference: each run's first rank only
+    (sample_alignment.first_rank_only; `layout` gets a `params` entry and a longer note)."""
     import duckdb
 
     con = duckdb.connect()
-    for name, dump, side in (("params_a", dump_a, "A"), ("params_b", dump_b, "B")):
+    tables = []
+    for dump, side in ((dump_a, "A"), (dump_b, "B")):
         errors: list[str] = []
         table = param_table(dump, errors)
         if read_errors is not None:
             read_errors.extend(f"run {side}: {e}" for e in errors)
-        con.register(name, _narrowed(table, steps, ranks))
+        tables.append(_narrowed(table, steps, ranks))
+    if layout is not None:
+        tables = list(first_rank_only(tables[0], tables[1], layout, "params", "fingerprint"))
+    con.register("params_a", tables[0])
+    con.register("params_b", tables[1])
     params = run(con, "param_diff.sql", exact=exact, rtol=layout_rtol("float32"))
     con.register("params", params)
     return params, run(con, "param_first_difference.sql").to_pylist()

@@ -106,7 +106,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
 
     if has_grads(dump_a) or has_grads(dump_b):  # gradient monitors (probe.monitor_grads): docs/grads.md
         grad_tables, summary["grad_first_flagged"] = compare_grads(dump_a, dump_b, read_errors=read_errors,
-                                                                   steps=steps, ranks=ranks, **(grads or {}))
+                                                                   steps=steps, ranks=ranks, layout=summary["layout"],
+                                                                   **(grads or {}))
         tables.update(grad_tables)
     explain_beyond_key_data(summary, _grad_probe_step(tables.get("grads"), summary["grad_first_flagged"]))
     from rlprobe.compare.params import add_param_comparison

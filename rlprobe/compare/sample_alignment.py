@@ -43,6 +43,11 @@ def layout_rtol(dtype: str) -> float:
     return 0.0 if eps is None else min(MAX_RTOL, ULPS * eps * math.sqrt(REDUCTION))
 
 
+def layout_tolerance() -> pa.Table:
+    """layout_rtol of every float dtype, as the table `layout_tolerance` (dtype, rtol) the SQL joins."""
+    return pa.table({"dtype": list(EPS), "rtol": [layout_rtol(d) for d in EPS]})
+
+
 def layout(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump, read_errors: list[str]) -> dict[str, Any]:
     """Both runs' layouts, as summary.json's `layout`; leaves samples_a and samples_b in `con`.
     `per_sample` is true when they differ and both runs saved sample rows."""
@@ -67,6 +72,36 @@ def layout(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump, read_er
             "moved_samples": moved, "per_sample": per_sample, "note": note}
 
 
+def first_rank_only(table_a: pa.Table, table_b: pa.Table, layout: dict[str, Any], entry: str,
+                    what: str) -> tuple[pa.Table, pa.Table]:
+    """Each run's rows of its first rank (rank 0), B's under A's rank number, for per-rank rows
+    that every data-parallel rank holds alike (all-reduced gradients, the weights after a step).
+    The other ranks' rows are counted in layout[entry] and, where there are any, the note says
+    they are covered, instead of showing them as only in B."""
+    import pyarrow.compute as pc
+
+    def first_rank(table: pa.Table) -> tuple[pa.Table, int | None, int]:
+        if table.num_rows == 0:
+            return table, None, 0
+        rank = pc.min(table["rank"]).as_py()
+        kept = table.filter(pc.equal(table["rank"], rank))
+        return kept, rank, table.num_rows - kept.num_rows
+
+    kept_a, rank_a, covered_a = first_rank(table_a)
+    kept_b, rank_b, covered_b = first_rank(table_b)
+    layout[entry] = {"rank_a": rank_a, "rank_b": rank_b, "rows_covered_a": covered_a, "rows_covered_b": covered_b}
+    if rank_a is not None and rank_b is not None:
+        if rank_a != rank_b:
+            at = kept_b.schema.get_field_index("rank")
+            kept_b = kept_b.set_column(at, "rank", pa.array(np.full(kept_b.num_rows, rank_a, np.int64)))
+        covered = covered_a + covered_b
+        if covered:  # with one rank on each side there is nothing to explain
+            layout["note"] = (f"{layout['note']}; {what}s: rank {rank_a} of A against rank {rank_b} of B, within "
+                              f"the layout tolerance; the {covered} {what} rows of the other ranks are covered by "
+                              "this note (every data-parallel rank holds the same)")
+    return kept_a, kept_b
+
+
 def sample_key_data(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump,
                     params: dict[str, Any]) -> tuple[pa.Table, int]:
     """key_data of runs with different layouts, and how many sample pairs were gathered from files.
@@ -74,7 +109,7 @@ def sample_key_data(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump
     pairs = run(con, "sample_pairs.sql", **params)
     results = _gather(pairs, dump_a, dump_b)
     con.register("sample_pairs", _append(pairs, results))
-    con.register("layout_tolerance", pa.table({"dtype": list(EPS), "rtol": [layout_rtol(d) for d in EPS]}))
+    con.register("layout_tolerance", layout_tolerance())
     try:
         table = run(con, "sample_key_data.sql", **params)
     finally:

@@ -191,11 +191,16 @@ def explain_beyond_key_data(summary: dict[str, Any], grad_probe_step: int | None
         summary["advice"] = (f"{key_data} but the module dumps part ways: start from that module "
                              "(its inputs and outputs per call are in modules.parquet and the Modules sheet)")
         return
+    layout = summary.get("layout") or {}
     if grad is None:
+        if layout.get("note") and summary.get("suspect") is None:  # a layout change is no divergence
+            grads = ", and so do the gradients compared" if layout.get("grads") else ""
+            summary["advice"] = f"{key_data} within the layout tolerance{grads}: {layout['note']}"
         return
     monitor, step, rank = grad["monitor"], grad["step"], grad["rank"]
+    compared = f"; {grad['compared']}" if grad.get("compared") else ""
     summary["suspect"] = (f"the gradients of monitor {monitor!r} part ways at its optimizer step {step} "
-                          f"(rank {rank}): {grad.get('reason')}")
+                          f"(rank {rank}): {grad.get('reason')}{compared}")
     stage = "critic_update" if "critic" in str(monitor).lower() else "actor_update"
     summary["advice"] = (f"{key_data} but the gradients part ways: dump the modules of that "
                          f"update ({stage}) at that step to find the first module whose backward differs; "

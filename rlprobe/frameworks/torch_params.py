@@ -1,6 +1,9 @@
 """Parameter fingerprints of torch tensors after an optimizer step (docs/dump-format.md, "param").
 
-On the CPU the numba kernel (cpu_param_kernel) reads each parameter once. On an accelerator a
+On the CPU the numba kernel (cpu_param_kernel) reads each parameter once, in a thread of its own
+(the kernel releases the GIL): the training thread only starts it, and the next forward runs
+beside it; the monitor waits for it before the same optimizer steps again (capture/params.py),
+so the weights it reads are the ones this step left. On an accelerator a
 few batched torch ops per parameter queue the digest, sum and norm on the device, and ONE
 non-blocking copy into pinned host memory brings the step's fingerprints back; the writer
 thread waits for its event, the training thread never does.
@@ -8,6 +11,7 @@ thread waits for its event, the training thread never does.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -28,7 +32,37 @@ def launch(params: Sequence[torch.Tensor]) -> tuple[Finish, int]:
     return _device(flats, flats[0].device)
 
 
-def _cpu(flats: list[torch.Tensor]) -> tuple[Finish, int]:
+class CpuFingerprints:
+    """The fingerprints of CPU parameters, computed in a thread started at once. Calling it (the
+    writer does) returns the ParamBatch or raises what the thread raised; `reads_done()` waits
+    until the thread has read every parameter (the monitor calls it before the next step)."""
+
+    def __init__(self, flats: list[torch.Tensor]):
+        self._batch: ParamBatch | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(flats,), name="rlprobe-param-fingerprints",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, flats: list[torch.Tensor]) -> None:
+        try:
+            self._batch = cpu_fingerprints(flats)
+        except BaseException as e:  # handed to the writer by __call__, which records it
+            self._error = e
+
+    def reads_done(self) -> None:
+        self._thread.join()
+
+    def __call__(self) -> ParamBatch:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._batch is not None
+        return self._batch
+
+
+def cpu_fingerprints(flats: list[torch.Tensor]) -> ParamBatch:
+    """The fingerprints of CPU tensors, now, on this thread."""
     from rlprobe.frameworks.cpu_param_kernel import fingerprint
 
     n = len(flats)
@@ -45,8 +79,11 @@ def _cpu(flats: list[torch.Tensor]) -> tuple[Finish, int]:
             words = (torch.cat([raw, raw.new_zeros(pad)]) if pad else raw).view(torch.int32).numpy()
             d, s, norm = fingerprint(f.float().numpy(), words.view(np.uint32))
         digests[r], floats[r] = d, (s, norm)
-    batch = ParamBatch(digests, floats)
-    return (lambda: batch), 8 * 3 * n
+    return ParamBatch(digests, floats)
+
+
+def _cpu(flats: list[torch.Tensor]) -> tuple[Finish, int]:
+    return CpuFingerprints(flats), 8 * 3 * len(flats)
 
 
 def _device(flats: list[torch.Tensor], device: torch.device) -> tuple[Finish, int]:

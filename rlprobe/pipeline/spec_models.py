@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from rlprobe.errors import ProbeError
 from rlprobe.exit_codes import EXIT_SPEC
@@ -124,6 +124,19 @@ class CheckStage(_Strict):
     plots: bool = True
 
 
+def _flow_key(canonical: str) -> str:
+    """A key_map value: a key of the data flow (checked per entry, so an error names its line)."""
+    from rlprobe.compare.key_aliases import flow_key
+
+    try:
+        return flow_key(canonical.strip())
+    except ProbeError as e:
+        raise ValueError(str(e)) from None
+
+
+FlowKey = Annotated[str, AfterValidator(_flow_key)]
+
+
 class PipelineSpec(_Strict):
     version: Literal[1]
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
@@ -138,11 +151,11 @@ class PipelineSpec(_Strict):
     params: dict[str, Scalar] = {}
     report: Report = Report()
     history: str | None = None
-    key_map: dict[str, str] = {}  # saved key -> canonical key (docs/compare.md, "Key names")
+    key_map: dict[str, FlowKey] = {}  # saved key -> canonical key (docs/compare.md, "Key names")
 
     @field_validator("key_map")
     @classmethod
-    def _key_map(cls, key_map: dict[str, str]) -> dict[str, str]:
+    def _key_map(cls, key_map: dict[str, str]) -> dict[str, str]:  # each value is a FlowKey already
         from rlprobe.compare.key_aliases import parse_key_map
 
         try:

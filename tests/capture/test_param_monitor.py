@@ -57,6 +57,28 @@ def test_two_identical_runs_have_equal_fingerprints_and_another_lr_does_not(tmp_
     assert all(x[2] != y[2] for x, y in zip(digests["a"], digests["c"]))
 
 
+def test_cpu_fingerprints_read_their_step_s_weights_though_the_next_step_follows_at_once(tmp_path):
+    """On the CPU the fingerprints are computed in a thread beside the training (torch_params.
+    CpuFingerprints); the next optimizer step waits for it, so no row holds half-updated weights."""
+    w = torch.nn.Parameter(torch.randn(4_000_000, generator=torch.Generator().manual_seed(0)))
+    opt = torch.optim.SGD([w], lr=0.1)
+    after = []
+    with rlprobe.Probe(tmp_path / "d") as probe:
+        probe.monitor_params(optimizer=opt, name="big")
+        for _ in range(4):
+            w.grad = torch.ones_like(w)
+            opt.step()  # the fingerprint thread starts here...
+            opt.step()  # ...and this step, which changes every weight again, waits for it
+            after.append(w.detach().clone().numpy())
+            probe.step()
+    rows = sorted(rlprobe.open(tmp_path / "d").arrow("param").to_pylist(), key=lambda r: r["step"])
+    assert [r["step"] for r in rows] == list(range(8))
+    for r in rows[1::2]:  # the second step of each pair: the weights saved just after it
+        want = host_fingerprints([after[r["step"] // 2]])
+        assert int(r["digest"], 16) == int(want.digests[0]), r["step"]
+    assert len({r["digest"] for r in rows}) == 8
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_cpu_kernel_and_device_path_equal_the_numpy_reference(dtype):
     g = torch.Generator().manual_seed(3)

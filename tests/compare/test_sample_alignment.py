@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import random
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,44 +10,19 @@ import pytest
 
 import rlprobe
 from rlprobe.compare.run import compare_dumps
-from rlprobe.demo import example_dir
 from rlprobe.errors import ProbeError
 from rlprobe.lake.reader import open_dump
+from ppo_runs import train, train_two_ranks
 
-REPO = Path(__file__).resolve().parents[2]
 TINY = {"ppo.steps": 2, "rlprobe_config.grads_dump": False, "rlprobe_config.metrics_dump": False}
 
 
-def _tiny_ppo():
-    spec = importlib.util.spec_from_file_location("tiny_ppo_layouts", example_dir() / "tiny_ppo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _train(out: Path, fault: str | None = None, **overrides) -> Path:
-    ppo = _tiny_ppo()
-    cfg = ppo.load_config(example_dir() / "config.yaml", {**TINY, **overrides})
-    ppo.train(cfg, str(out), fault)
-    return out
+    return train(out, fault, **{**TINY, **overrides})
 
 
 def _two_ranks(out: Path) -> Path:
-    """The example on 2 gloo ranks (the same global batch), as torchrun would start it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    sets = [a for k, v in TINY.items() for a in ("--set", f"{k}={str(v).lower()}")]
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": str(REPO)}
-        procs.append(subprocess.Popen([sys.executable, str(example_dir() / "tiny_ppo.py"), "--out", str(out), *sets],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        output = p.communicate(timeout=120)[0]
-        assert p.returncode == 0, output
-    return out
+    return train_two_ranks(out, **TINY)
 
 
 @pytest.fixture(scope="module")
