@@ -121,6 +121,8 @@ def row_hashes(raw: np.ndarray) -> np.ndarray:
     """A 64-bit hash of each row's bytes (leading dimension = rows), vectorised: the row's
     little-endian 64-bit words times fixed odd multipliers, summed, then mixed (splitmix64)."""
     n = raw.shape[0]
+    if n == 0:
+        return np.zeros(0, np.uint64)
     b = np.ascontiguousarray(raw).reshape(n, -1).view(np.uint8).reshape(n, -1)
     width = b.shape[1]
     if width % 8:
