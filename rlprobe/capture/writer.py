@@ -13,6 +13,7 @@ per-step Python work (which holds the GIL the training thread needs) stays small
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -24,10 +25,10 @@ import numpy as np
 
 from rlprobe.frameworks.base import StagedLeaf
 from rlprobe.lake.encoding import narrow_integers, widen
-from rlprobe.lake.layout import DumpLayout
+from rlprobe.lake.layout import DumpLayout, key_data_tensor_file
 from rlprobe.lake.rank_writer import RankWriter
 from rlprobe.lake.samples import CallIdentity, OccurrenceCounter, sample_table
-from rlprobe.lake.statistics import STATISTICS, bitwise_hash, host_statistics
+from rlprobe.lake.statistics import STACK_BYTES, STATISTICS, bitwise_hash, host_statistics, host_statistics_many
 
 
 RETRY_S = 1.0  # the least wait before retrying a failed commit
@@ -149,26 +150,29 @@ class TensorRow:
     leaf: StagedLeaf
     keys: dict[str, Any]  # the row key and the other columns that are not statistics (framework, ...)
     where: str  # for messages: "key 'x' step 3 micro_step 0"
-    tensor_path: Path | None  # None: statistics only
+    tensor_path: Path | str | None  # a str is relative to the dump root; None: statistics only
 
 
 def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow]) -> None:
     """Writer-thread job: statistics, hash and (optionally) the .npy of each tensor, one row each.
 
-    A tensor whose statistics cannot be computed is recorded as lost; one whose file cannot be
-    written keeps its statistics row (tensor_file null). Host copies are released as soon as
-    each tensor is done, so staging memory returns to the ring in order."""
+    Small tensors are taken a few at a time (STACK_BYTES in all), so that their statistics are
+    one numpy call per statistic for the lot (lake/statistics.py). A tensor whose statistics
+    cannot be computed is recorded as lost; one whose file cannot be written keeps its
+    statistics row (tensor_file null). Host copies are released as soon as their chunk is done,
+    so staging memory returns to the ring in order."""
     sink = writer.sink
     errors: list[str] = []
-    for item in items:
-        row = None
+    for chunk in _chunks(items):
+        rows = []
         try:
-            row = _tensor_row(item, kind, sink, errors)
+            rows = _tensor_rows(chunk, kind, sink, errors)
         finally:
-            item.leaf.raw = None
-            if item.leaf.release is not None:
-                item.leaf.release()
-        if row is not None:
+            for item in chunk:
+                item.leaf.raw = None
+                if item.leaf.release is not None:
+                    item.leaf.release()
+        for row in rows:
             sink.add_row(kind, row)
     writer.report(errors)
 
@@ -189,7 +193,7 @@ def write_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs
         items.append(TensorRow(
             job.leaf, {**keys, "absent": False},
             f"key {job.key!r} step {step} micro_step {job.micro_step}" + (f" index {job.index!r}" if job.index else ""),
-            layout.key_data_tensor(job.key, step, rank, job.micro_step, job.index) if save_tensors else None))
+            key_data_tensor_file(job.key, step, rank, job.micro_step, job.index) if save_tensors else None))
     write_tensor_rows(writer, "key_data", items)
 
 
@@ -209,32 +213,87 @@ def write_samples_and_key_data(writer: BackgroundWriter, layout: DumpLayout, ste
     write_key_data(writer, layout, step, jobs, save_tensors)
 
 
-def _tensor_row(item: TensorRow, kind: str, sink: RankWriter, errors: list[str]) -> dict[str, Any] | None:
-    leaf = item.leaf
-    lost = {"kind": kind, **{k: v for k, v in item.keys.items() if k not in ("framework", "absent")}}
+def _chunks(items: list[TensorRow]) -> list[list[TensorRow]]:
+    """Consecutive items of at most STACK_BYTES of host copies in all (a larger one alone)."""
+    chunks: list[list[TensorRow]] = []
+    size = STACK_BYTES + 1
+    for item in items:
+        nbytes = item.leaf.nbytes
+        if size + nbytes > STACK_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(item)
+        size += nbytes
+    return chunks
+
+
+def _tensor_rows(chunk: list[TensorRow], kind: str, sink: RankWriter, errors: list[str]) -> list[dict[str, Any]]:
+    ready: list[tuple[TensorRow, np.ndarray | None]] = []
+    for item in chunk:
+        try:
+            if item.leaf.finish is not None:
+                item.leaf.finish()
+            ready.append((item, widen(item.leaf.raw, item.leaf.dtype) if item.leaf.raw is not None else None))
+        except Exception as e:
+            _lose(item, kind, sink, errors, e)
+    wanted = [i for i, (item, values) in enumerate(ready)
+              if values is not None and any(s.name not in (item.leaf.device_stats or ()) for s in STATISTICS)]
+    host: list[dict[str, Any] | Exception | None] = [None] * len(ready)
+    for i, stats in zip(wanted, _host_statistics([ready[i][1] for i in wanted])):  # type: ignore[misc]
+        host[i] = stats
+    rows = []
+    for (item, values), stats in zip(ready, host):
+        row = _tensor_row(item, values, stats, kind, sink, errors)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _host_statistics(arrays: list[np.ndarray]) -> list[dict[str, Any] | Exception]:
+    """host_statistics of each array, the small ones stacked; one that fails gives its exception."""
     try:
-        if leaf.finish is not None:
-            leaf.finish()
-        values = widen(leaf.raw, leaf.dtype) if leaf.raw is not None else None
+        return host_statistics_many(arrays)  # type: ignore[return-value]
+    except Exception:
+        out: list[dict[str, Any] | Exception] = []
+        for values in arrays:  # one at a time, to lose only the one that fails
+            try:
+                out.append(host_statistics(values))
+            except Exception as e:
+                out.append(e)
+        return out
+
+
+def _lose(item: TensorRow, kind: str, sink: RankWriter, errors: list[str], e: BaseException) -> None:
+    lost = {"kind": kind, **{k: v for k, v in item.keys.items() if k not in ("framework", "absent")}}
+    msg = f"{item.where}: could not compute statistics: {type(e).__name__}: {e}"
+    sink.record_error(msg, {**lost, "what": "row"}, incomplete_step=item.keys.get("step"))
+    errors.append(msg)
+
+
+def _tensor_row(item: TensorRow, values: np.ndarray | None, host: dict[str, Any] | Exception | None, kind: str,
+                sink: RankWriter, errors: list[str]) -> dict[str, Any] | None:
+    leaf = item.leaf
+    try:
+        if isinstance(host, Exception):
+            raise host
         stats = dict(leaf.device_stats or {})
-        if values is not None and any(s.name not in stats for s in STATISTICS):
-            stats.update({k: v for k, v in host_statistics(values).items() if k not in stats})
+        if host is not None:
+            stats.update({k: v for k, v in host.items() if k not in stats})
         row: dict[str, Any] = {
-            **item.keys, "dtype": leaf.dtype, "shape": list(leaf.shape),
-            "numel": int(np.prod(leaf.shape, dtype=np.int64)), **stats,
+            **item.keys, "dtype": leaf.dtype, "shape": list(leaf.shape), "numel": math.prod(leaf.shape), **stats,
             "hash": bitwise_hash(leaf.raw) if leaf.raw is not None else None, "tensor_file": None,
         }
     except Exception as e:
-        msg = f"{item.where}: could not compute statistics: {type(e).__name__}: {e}"
-        sink.record_error(msg, {**lost, "what": "row"}, incomplete_step=item.keys.get("step"))
-        errors.append(msg)
+        _lose(item, kind, sink, errors, e)
         return None
     if item.tensor_path is not None and values is not None:
         try:
             row["tensor_file"] = sink.write_tensor(item.tensor_path,
                                                    narrow_integers(values, stats.get("min"), stats.get("max")))
         except OSError as e:
-            msg = f"{item.where}: tensor not written to {item.tensor_path}: {e}; its statistics are kept"
+            path = item.tensor_path if isinstance(item.tensor_path, Path) else sink.layout.root / item.tensor_path
+            msg = f"{item.where}: tensor not written to {path}: {e}; its statistics are kept"
+            lost = {"kind": kind, **{k: v for k, v in item.keys.items() if k not in ("framework", "absent")}}
             sink.record_error(msg, {**lost, "what": "tensor"})
             errors.append(msg)
     return row

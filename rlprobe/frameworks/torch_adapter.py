@@ -36,7 +36,7 @@ for _name in ("float8_e4m3fn", "float8_e5m2"):
 
 def _check_storage(t: torch.Tensor) -> None:
     """Refuse tensors whose elements cannot be copied out as one dense block."""
-    if t.device.type == "meta":
+    if t.is_meta:
         raise ProbeError(f"a meta tensor (shape {tuple(t.shape)}) has no data to save; save the tensor "
                          "after it has been materialised on a real device")
     if t.layout != torch.strided or t.is_nested:
@@ -46,10 +46,16 @@ def _check_storage(t: torch.Tensor) -> None:
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
-    name = str(dtype).removeprefix("torch.")
-    if name not in SUPPORTED:
-        raise ProbeError(f"unsupported torch dtype {dtype}; supported: {', '.join(SUPPORTED)}")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = str(dtype).removeprefix("torch.")
+        if name not in SUPPORTED:  # complex dtypes included
+            raise ProbeError(f"unsupported torch dtype {dtype}; supported: {', '.join(SUPPORTED)}")
+        _DTYPE_NAMES[dtype] = name
     return name
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}  # the supported dtypes seen, by name (checked once each)
 
 
 def _host_view(t: torch.Tensor) -> np.ndarray:
@@ -99,27 +105,27 @@ class TorchAdapter(Adapter):
         leaves: list[StagedLeaf | None] = [None] * len(values)
         on_device: dict[torch.device, list[int]] = {}
         on_host: list[int] = []
-        for i, t in enumerate(values):
-            t = t.detach()
+        detached = [t.detach() for t in values]
+        for i, t in enumerate(detached):
             _check_storage(t)
-            if t.is_complex() or t.dtype not in _STORAGE and str(t.dtype).removeprefix("torch.") not in SUPPORTED:
-                raise ProbeError(f"unsupported torch dtype {t.dtype}; supported: {', '.join(SUPPORTED)}")
-            if t.device.type == "cpu":
+            _dtype_name(t.dtype)  # refuses complex and other unsupported dtypes
+            if t.is_cpu:
                 on_host.append(i)
             else:
                 on_device.setdefault(t.device, []).append(i)
         if on_host:
-            self._stage_on_host([values[i].detach() for i in on_host], on_host, leaves)
+            self._stage_on_host([detached[i] for i in on_host], on_host, leaves)
         for device, idx in on_device.items():
-            self._stage_on_device(device, [values[i].detach() for i in idx], keep_raw, idx, leaves)
+            self._stage_on_device(device, [detached[i] for i in idx], keep_raw, idx, leaves)
         return leaves  # type: ignore[return-value]
 
     def _stage_on_host(self, tensors, idx, leaves) -> None:
         """Snapshots of CPU tensors, copied into one slot of the host staging ring with numpy's
         single-threaded copy (torch's parallel copy stalls in its thread pool for milliseconds
         when the writer thread holds the other core; fresh memory would page-fault)."""
-        views = [_host_view(t.resolve_conj().resolve_neg()) for t in tensors]
-        slot = host_ring().alloc(sum(aligned(v.nbytes) for v in views))
+        views = [_host_view(t.resolve_conj().resolve_neg() if t.is_conj() or t.is_neg() else t) for t in tensors]
+        sizes = [aligned(v.nbytes) for v in views]
+        slot = host_ring().alloc(sum(sizes))
         release = None
         if slot is not None:
             buffer, give_back = slot
@@ -137,8 +143,8 @@ class TorchAdapter(Adapter):
             else:
                 raw = buffer[offset:offset + view.nbytes].view(view.dtype).reshape(view.shape)
                 np.copyto(raw, view)
-                offset += aligned(view.nbytes)
-            leaves[idx[k]] = StagedLeaf(_dtype_name(t.dtype), tuple(t.shape), raw, nbytes=raw.nbytes, release=release)
+                offset += sizes[k]
+            leaves[idx[k]] = StagedLeaf(_DTYPE_NAMES[t.dtype], view.shape, raw, nbytes=raw.nbytes, release=release)
 
     def _stage_on_device(self, device, tensors, keep_raw, idx, leaves) -> None:
         """Tensors of one save call on one accelerator: tensors of equal dtype and size are

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from rlprobe.errors import DumpReadError, ProbeError
@@ -69,6 +70,16 @@ def safe_component(name: str) -> str:
     return f"{cleaned[:_MAX_NAME]}~{digest}"
 
 
+# the writer names a file per tensor; keys and indexes repeat every step
+_component = lru_cache(maxsize=4096)(safe_component)
+
+
+def key_data_tensor_file(key: str, step: int, rank: int, micro_step: int, index: str) -> str:
+    """A key-data tensor's path relative to the dump root, POSIX separators (its row's tensor_file)."""
+    stem = _component(index) if index else PLAIN_TENSOR_FILE
+    return f"tensors/key_data/key={_component(key)}/step={step}/rank={rank}/micro_step={micro_step}/{stem}.npy"
+
+
 @dataclass(frozen=True)
 class Part:
     """One stats Parquet file, covering flush sequence numbers first..last."""
@@ -114,11 +125,7 @@ class DumpLayout:
         return self.root / "stats" / kind / f"rank={rank}"
 
     def key_data_tensor(self, key: str, step: int, rank: int, micro_step: int, index: str) -> Path:
-        stem = safe_component(index) if index else PLAIN_TENSOR_FILE
-        return (
-            self.root / "tensors" / "key_data" / f"key={safe_component(key)}" / f"step={step}"
-            / f"rank={rank}" / f"micro_step={micro_step}" / f"{stem}.npy"
-        )
+        return self.root / key_data_tensor_file(key, step, rank, micro_step, index)
 
     def module_tensor(self, stage: str, step: int, rank: int, seq: int, io: str, index: str) -> Path:
         stem = safe_component(index) if index else PLAIN_TENSOR_FILE

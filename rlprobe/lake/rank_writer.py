@@ -35,6 +35,7 @@ class RankWriter:
     def __init__(self, layout: DumpLayout, rank: int, world_size: int, run_id: str, info: dict[str, Any],
                  previous: dict[str, Any] | None = None, lock: RankLock | None = None):
         self.layout = layout
+        self._root = os.fspath(layout.root)
         self.lock = lock  # held for as long as this writer lives (its owner releases it)
         self.rank = rank
         self.world_size = world_size
@@ -67,12 +68,18 @@ class RankWriter:
         }
 
     # -- tensors -------------------------------------------------------------------------
-    def write_tensor(self, path: Path, array: np.ndarray) -> str:
-        """Write one .npy atomically; returns its path relative to the dump root."""
-        size = atomic_save_npy(path, array)
+    def write_tensor(self, path: Path | str, array: np.ndarray) -> str:
+        """Write one .npy atomically; returns its path relative to the dump root. `path`: a Path,
+        or a str relative to the dump root with POSIX separators (no pathlib work per file)."""
+        if isinstance(path, str):
+            size = atomic_save_npy(os.path.join(self._root, path), array)
+            relative = path
+        else:
+            size = atomic_save_npy(path, array)
+            relative = path.relative_to(self.layout.root).as_posix()
         self.manifest["tensor_files"] += 1
         self.manifest["tensor_bytes"] += size
-        return path.relative_to(self.layout.root).as_posix()
+        return relative
 
     # -- stats rows ----------------------------------------------------------------------
     def add_row(self, kind: str, row: dict[str, Any] | pa.Table) -> None:

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from rlprobe.errors import ProbeError
 from rlprobe.lake.encoding import widen
+from rlprobe.lake.statistics import STACK_BYTES, stack_groups
 
 # keys whose rows identify the samples of a save call when no sample_ids are given. A small list
 # of its own for now; issue 14's key-alias table (rlprobe/compare/key_aliases.py) is the place
@@ -120,6 +121,8 @@ def row_hashes(raw: np.ndarray) -> np.ndarray:
     """A 64-bit hash of each row's bytes (leading dimension = rows), vectorised: the row's
     little-endian 64-bit words times fixed odd multipliers, summed, then mixed (splitmix64)."""
     n = raw.shape[0]
+    if n == 0:
+        return np.zeros(0, np.uint64)
     b = np.ascontiguousarray(raw).reshape(n, -1).view(np.uint8).reshape(n, -1)
     width = b.shape[1]
     if width % 8:
@@ -147,6 +150,12 @@ class OccurrenceCounter:
         self.seen: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
 
     def occurrences(self, step: int, key: tuple[str, str], ids: np.ndarray) -> np.ndarray:
+        return self.occurrences_of_call(step, [key], ids)[0]
+
+    def occurrences_of_call(self, step: int, keys: Sequence[tuple[str, str]], ids: np.ndarray) -> np.ndarray:
+        """Occurrences of `ids` for each (key, index) of one call, one row per key. The keys of a
+        call share its ids, and keys saved in the same calls share their counts: the counts are
+        worked out once per distinct history, not once per key."""
         if step != self.step:
             self.step, self.seen = step, {}
         order = np.argsort(ids, kind="stable")
@@ -156,54 +165,75 @@ class OccurrenceCounter:
         within = np.empty(len(ids), np.int64)
         within[order] = np.arange(len(ids)) - group_start
         unique, counts = ordered[starts], np.diff(np.r_[np.flatnonzero(starts), len(ids)])
-        seen_ids, seen_counts = self.seen.get(key, (np.zeros(0, np.uint64), np.zeros(0, np.int64)))
-        base = np.zeros(len(ids), np.int64)
-        if len(seen_ids):
-            at = np.minimum(np.searchsorted(seen_ids, ids), len(seen_ids) - 1)
-            base = np.where(seen_ids[at] == ids, seen_counts[at], 0)
-        merged_ids = np.concatenate([seen_ids, unique])
-        merged_counts = np.concatenate([seen_counts, counts])
-        keys_sorted, inverse = np.unique(merged_ids, return_inverse=True)
-        self.seen[key] = (keys_sorted, np.bincount(inverse, weights=merged_counts).astype(np.int64))
-        return base + within
+        out = np.empty((len(keys), len(ids)), np.int64)
+        done: dict[int, tuple[Any, Any]] = {}  # id(history) -> (history, (row, next history))
+        for i, key in enumerate(keys):
+            history = self.seen.get(key)
+            if id(history) not in done:  # the history is kept in `done`: its id cannot be reused meanwhile
+                done[id(history)] = (history, self._advance(history, ids, within, unique, counts))
+            out[i], self.seen[key] = done[id(history)][1]
+        return out
+
+    @staticmethod
+    def _advance(history: tuple[np.ndarray, np.ndarray] | None, ids: np.ndarray, within: np.ndarray,
+                 unique: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        if history is None:  # first save of the key in the step
+            return within, (unique, counts.astype(np.int64))
+        seen_ids, seen_counts = history
+        at = np.minimum(np.searchsorted(seen_ids, ids), len(seen_ids) - 1)
+        base = np.where(seen_ids[at] == ids, seen_counts[at], 0)
+        keys_sorted, inverse = np.unique(np.concatenate([seen_ids, unique]), return_inverse=True)
+        merged = np.bincount(inverse, weights=np.concatenate([seen_counts, counts])).astype(np.int64)
+        return base + within, (keys_sorted, merged)
 
 
 def sample_table(identity: CallIdentity, leaves: Sequence[Any], step: int, counter: OccurrenceCounter) -> pa.Table:
     """The `sample` rows of one save call. `leaves`: objects with key, index, micro_step and a
-    staged `leaf` (dtype, shape, raw; None for an absent value), in the call's order."""
+    staged `leaf` (dtype, shape, raw; None for an absent value), in the call's order. Built as
+    whole columns: a fixed number of numpy and Arrow calls per call, whatever its key count."""
     if identity.explicit is not None:
         ids, text = identity.explicit, identity.explicit_text
     else:
         prompt = leaves[identity.prompt_leaf].leaf  # type: ignore[index]
         ids, text = row_hashes(prompt.raw), None
-    columns: dict[str, list[Any]] = {name: [] for name in SAMPLE.names}
     n = identity.rows
-    for job in leaves:
-        leaf = job.leaf
-        if leaf is None or leaf.raw is None or len(leaf.shape) == 0 or leaf.shape[0] != n:
-            continue
-        values = widen(leaf.raw, leaf.dtype).reshape(n, -1)
-        width = values.shape[1]
-        stats = [np.full(n, np.nan)] * 3
-        if width:
-            as_float = values.astype(np.float64, copy=False)
-            stats = [as_float.sum(axis=1), as_float.min(axis=1), as_float.max(axis=1)]
-        for name, value in (("key", _repeat(job.key, n)), ("index", _repeat(job.index, n)), ("step", np.full(n, step)),
-                            ("micro_step", np.full(n, job.micro_step)), ("row", np.arange(n)),
-                            ("sample", ids.view(np.int64)), ("sample_id", text or _repeat(None, n)),
-                            ("occurrence", counter.occurrences(step, (job.key, job.index), ids)),
-                            ("group_id", identity.groups or _repeat(None, n)), ("dtype", _repeat(leaf.dtype, n)),
-                            ("row_numel", np.full(n, width)), ("row_hash", row_hashes(leaf.raw).view(np.int64)),
-                            ("row_sum", stats[0]), ("row_min", stats[1]), ("row_max", stats[2])):
-            columns[name].append(pa.array(value, SAMPLE.field(name).type))
-    if not columns["key"]:
+    if n == 0:  # an empty batch has no rows
         return SAMPLE.empty_table()
-    return pa.table({name: pa.chunked_array(chunks, SAMPLE.field(name).type) for name, chunks in columns.items()},
-                    schema=SAMPLE)
-
-
-def _repeat(value: str | None, n: int) -> pa.Array:
-    return pa.repeat(pa.scalar(value, pa.string()), n)
+    batch = [job for job in leaves if job.leaf is not None and job.leaf.raw is not None
+             and len(job.leaf.shape) > 0 and job.leaf.shape[0] == n]
+    if not batch:
+        return SAMPLE.empty_table()
+    k = len(batch)
+    hashes = np.empty((k, n), np.uint64)
+    sums, mins, maxs = (np.full((k, n), np.nan) for _ in range(3))
+    widths = np.empty(k, np.int64)
+    raws = [job.leaf.raw for job in batch]
+    for members in stack_groups([(job.leaf.dtype, r.dtype, r.size // n) for job, r in zip(batch, raws)],
+                                [r.nbytes for r in raws], STACK_BYTES):
+        raw = [raws[i].reshape(n, -1) for i in members]
+        rows = raw[0][None] if len(raw) == 1 else np.stack(raw)  # (tensors, rows, width)
+        at = np.asarray(members)
+        widths[at] = rows.shape[2]
+        hashes[at] = row_hashes(rows.reshape(len(members) * n, -1)).reshape(len(members), n)
+        if rows.shape[2]:
+            values = widen(rows, batch[members[0]].leaf.dtype).astype(np.float64, copy=False)
+            sums[at], mins[at], maxs[at] = values.sum(axis=2), values.min(axis=2), values.max(axis=2)
+    occurrences = counter.occurrences_of_call(step, [(job.key, job.index) for job in batch], ids)
+    # Python lists, not object arrays: pyarrow converts those through pandas (imported on first use)
+    keys, indexes, dtypes = ([v for job in batch for v in (value(job),) * n] for value in
+                             (lambda job: job.key, lambda job: job.index, lambda job: job.leaf.dtype))
+    columns = {
+        "key": keys, "index": indexes, "step": np.full(k * n, step),
+        "micro_step": np.repeat(np.array([job.micro_step for job in batch], np.int64), n),
+        "row": np.tile(np.arange(n), k), "sample": np.tile(ids.view(np.int64), k),
+        "sample_id": text * k if text is not None else pa.nulls(k * n, pa.string()),
+        "occurrence": occurrences.reshape(-1),
+        "group_id": identity.groups * k if identity.groups is not None else pa.nulls(k * n, pa.string()),
+        "dtype": dtypes, "row_numel": np.repeat(widths, n),
+        "row_hash": hashes.reshape(-1).view(np.int64), "row_sum": sums.reshape(-1),
+        "row_min": mins.reshape(-1), "row_max": maxs.reshape(-1),
+    }
+    return pa.Table.from_arrays([pa.array(columns[f.name], f.type) for f in SAMPLE], schema=SAMPLE)
 
 
 SAMPLE = pa.schema([

@@ -1,15 +1,18 @@
 """The per-tensor statistics, registered in one place.
 
-Each statistic is one small function of the numeric values (numpy); capture, the Arrow
-schema and readers all take the list from here. Framework adapters that compute on a device
-return a dict with the same names.
+Each statistic is one small function of the numeric values (numpy) of a stack of tensors of
+one layout, `(tensors, elements)`, giving one value per tensor: the writer computes the
+statistics of a save call's small tensors with one numpy call per statistic, not one per
+tensor (numpy reduces each row of a stack exactly as it reduces that tensor alone). Capture,
+the Arrow schema and readers all take the list from here. Framework adapters that compute on a
+device return a dict with the same names.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -18,14 +21,14 @@ import numpy as np
 class Statistic:
     name: str
     arrow_type: str  # "float64" | "int64"
-    compute: Callable[[np.ndarray], float | int | None]
+    compute: Callable[[np.ndarray], np.ndarray]  # (tensors, elements) -> one value per tensor
 
 
 STATISTICS: list[Statistic] = []
 
 
 def statistic(name: str, arrow_type: str = "float64"):
-    def register(fn: Callable[[np.ndarray], float | int | None]):
+    def register(fn: Callable[[np.ndarray], np.ndarray]):
         STATISTICS.append(Statistic(name, arrow_type, fn))
         return fn
 
@@ -33,8 +36,9 @@ def statistic(name: str, arrow_type: str = "float64"):
 
 
 def _nonempty(fn):
+    """None (null) for empty tensors."""
     def wrapped(v: np.ndarray):
-        return None if v.size == 0 else fn(v)
+        return np.full(v.shape[0], None) if v.shape[1] == 0 else fn(v)
 
     return wrapped
 
@@ -46,49 +50,91 @@ def _is_float(v: np.ndarray) -> bool:
 @statistic("min")
 @_nonempty
 def _min(v):
-    return float(np.min(v))
+    return np.min(v, axis=1).astype(np.float64)
 
 
 @statistic("max")
 @_nonempty
 def _max(v):
-    return float(np.max(v))
+    return np.max(v, axis=1).astype(np.float64)
 
 
 @statistic("mean")
 @_nonempty
 def _mean(v):
     with np.errstate(invalid="ignore", over="ignore"):
-        return float(np.mean(v, dtype=np.float64))
+        return np.mean(v, axis=1, dtype=np.float64)
 
 
 @statistic("norm")
 def _norm(v):
     # sum of squares in float64 without BLAS: BLAS threads would fight the training thread for cores
     with np.errstate(invalid="ignore", over="ignore"):
-        return float(np.sqrt(np.sum(np.square(v, dtype=np.float64))))
+        return np.sqrt(np.sum(np.square(v, dtype=np.float64), axis=1))
 
 
 @statistic("nan_count", "int64")
 def _nan_count(v):
-    return int(np.count_nonzero(np.isnan(v))) if _is_float(v) else 0
+    return np.count_nonzero(np.isnan(v), axis=1) if _is_float(v) else np.zeros(v.shape[0], np.int64)
 
 
 @statistic("inf_count", "int64")
 def _inf_count(v):
-    return int(np.count_nonzero(np.isinf(v))) if _is_float(v) else 0
+    return np.count_nonzero(np.isinf(v), axis=1) if _is_float(v) else np.zeros(v.shape[0], np.int64)
 
 
 @statistic("zero_count", "int64")
 def _zero_count(v):
-    return int(v.size - np.count_nonzero(v))
+    return v.shape[1] - np.count_nonzero(v, axis=1)
 
 
 def host_statistics(values: np.ndarray) -> dict[str, float | int | None]:
     """Every registered statistic of a numeric array (bool counts as 0/1)."""
-    if values.dtype == np.bool_:
-        values = values.view(np.uint8)
-    return {s.name: s.compute(values) for s in STATISTICS}
+    return host_statistics_of_stack(values.reshape(1, -1))[0]
+
+
+def host_statistics_of_stack(stack: np.ndarray) -> list[dict[str, float | int | None]]:
+    """Every registered statistic of each row of `stack` (tensors, elements), one dict per tensor."""
+    if stack.dtype == np.bool_:
+        stack = stack.view(np.uint8)
+    columns = [(s.name, s.compute(stack).tolist()) for s in STATISTICS]
+    return [{name: values[i] for name, values in columns} for i in range(stack.shape[0])]
+
+
+# tensors of one layout are stacked up to this size in all (larger ones are reduced in place)
+STACK_BYTES = 1 << 20
+
+
+def host_statistics_many(arrays: Sequence[np.ndarray]) -> list[dict[str, float | int | None]]:
+    """host_statistics of each array, small arrays of one dtype and size stacked first."""
+    out: list[dict[str, float | int | None] | None] = [None] * len(arrays)
+    for members in stack_groups([(a.dtype, a.size) for a in arrays], [a.nbytes for a in arrays], STACK_BYTES):
+        if len(members) == 1:
+            out[members[0]] = host_statistics(arrays[members[0]])
+            continue
+        stack = np.stack([arrays[i].reshape(-1) for i in members])
+        for i, stats in zip(members, host_statistics_of_stack(stack)):
+            out[i] = stats
+    return out  # type: ignore[return-value]
+
+
+def stack_groups(layouts: Sequence[object], sizes: Sequence[int], limit: int) -> list[list[int]]:
+    """Positions grouped by equal layout, each group at most `limit` bytes; a larger item is a
+    group of its own. Groups keep the items' order."""
+    groups: dict[object, list[int]] = {}
+    total: dict[object, int] = {}
+    out: list[list[int]] = []
+    for i, (layout, size) in enumerate(zip(layouts, sizes)):
+        if size > limit:
+            out.append([i])
+            continue
+        if layout in groups and total[layout] + size > limit:
+            out.append(groups.pop(layout))
+        if layout not in groups:
+            groups[layout], total[layout] = [], 0
+        groups[layout].append(i)
+        total[layout] += size
+    return out + list(groups.values())
 
 
 def bitwise_hash(raw: np.ndarray) -> str:

@@ -231,14 +231,20 @@ def test_a_step_whose_rows_could_not_be_written_is_never_committed(tmp_path, mon
     readers, and removed when the run is resumed."""
     from rlprobe.capture import writer as writer_module
 
-    real = writer_module.host_statistics
+    real, real_many = writer_module.host_statistics, writer_module.host_statistics_many
 
     def failing(values):
         if values.size and np.all(values == 13.0):
             raise MemoryError("injected")
         return real(values)
 
+    def failing_many(arrays):  # the stacked statistics of a call fail too: the writer retries one by one
+        for values in arrays:
+            failing(values)
+        return real_many(arrays)
+
     monkeypatch.setattr(writer_module, "host_statistics", failing)
+    monkeypatch.setattr(writer_module, "host_statistics_many", failing_many)
     path = tmp_path / "dump"
     probe = rlprobe.Probe(path, rank=0, world_size=1)
     probe.save({"x": torch.zeros(2)})

@@ -334,3 +334,20 @@ def test_token_ids_stored_narrow_read_back_int64(tmp_path, source):
     back = dump.tensor("responses", 0)
     assert back.dtype == np.int64
     assert np.array_equal(back, ids_np)
+
+
+def test_a_call_of_many_small_tensors_of_one_layout(tmp_path):
+    """The writer reduces a call's small tensors of one dtype and size as one stack, a chunk of
+    ~1 MiB at a time: each row must still be its own tensor's, also across chunk boundaries."""
+    gen = torch.Generator().manual_seed(3)
+    values: dict[str, torch.Tensor] = {}
+    for dtype in ("float32", "bfloat16", "int64", "bool", "float16"):
+        for i in range(6):
+            t = torch.randn(8, 8, generator=gen) * (i + 1)
+            if i == 2 and dtype in FLOAT_NAMES:
+                t[0, 0], t[1, 1], t[2, 2] = math.nan, math.inf, 0.0
+            values[f"{dtype}_{i}"] = (t * 10).to(torch.int64) if dtype == "int64" else \
+                (t > 0) if dtype == "bool" else t.to(TORCH_DTYPES[dtype])
+    for i in range(3):  # 600 KB each: the chunks hold one or two of them
+        values[f"big_{i}"] = torch.randn(150_000, generator=gen)
+    save_and_check(values, {k: expected_from_torch(v) for k, v in values.items()}, tmp_path)

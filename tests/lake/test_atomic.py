@@ -21,3 +21,30 @@ def test_a_folder_removed_after_a_write_is_made_again(tmp_path):
 def test_json_lands_in_a_new_folder(tmp_path):
     atomic_write_json(tmp_path / "x" / "y" / "m.json", {"a": 1})
     assert (tmp_path / "x" / "y" / "m.json").read_text().replace(" ", "").replace("\n", "") == '{"a":1}'
+
+
+def test_npy_bytes_are_those_of_np_save_for_every_layout(tmp_path):
+    """atomic_save_npy writes a cached header and the data with one writev: the file must be
+    byte for byte what np.save writes for the C-ordered array (0-d, empty, bool, F-ordered,
+    strided, 64 dimensions)."""
+    import io
+
+    arrays = [np.arange(5), np.zeros((8, 8), np.float32), np.array(3.5), np.zeros((0, 3)), np.ones((2, 3), bool),
+              np.arange(12).reshape(3, 4).T, np.arange(10)[::2], np.zeros((2,), np.uint16), np.zeros((1,) * 64)]
+    for i, array in enumerate(arrays + arrays):  # the second time from the header cache
+        target = tmp_path / f"a{i}.npy"
+        size = atomic_save_npy(target, array)
+        expected = io.BytesIO()
+        np.save(expected, np.asarray(array, order="C"))
+        assert target.read_bytes() == expected.getvalue(), array.shape
+        assert size == len(expected.getvalue())
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_folders_are_made_again_after_a_deeper_one_vanished(tmp_path):
+    """The writer remembers folders; one removed (mode="append" dropping an uncommitted step)
+    is made again together with the folders below it."""
+    atomic_save_npy(tmp_path / "t" / "step=1" / "rank=0" / "a.npy", np.arange(2))
+    shutil.rmtree(tmp_path / "t" / "step=1")
+    atomic_save_npy(str(tmp_path / "t" / "step=1" / "rank=0" / "b.npy"), np.arange(3))  # a str path too
+    np.testing.assert_array_equal(np.load(tmp_path / "t" / "step=1" / "rank=0" / "b.npy"), np.arange(3))
