@@ -45,6 +45,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare_workloads  # noqa: E402  (benchmarks/ is not a package)
+
 HERE = Path(__file__).resolve().parent
 KEYS = {"log_prob": (256, 4096), "old_log_prob": (256, 4096), "ref_log_prob": (256, 4096),
         "advantages": (256, 4096), "responses": (256, 4096), "prompts": (256, 512), "kl_loss": (), "loss": ()}
@@ -62,12 +65,7 @@ def write_msprobe_dump(root: Path, seed: int, perturb_from: int | None) -> None:
                     value = rng.standard_normal(shape, dtype=np.float32)
                 if perturb_from is not None and key == "log_prob" and step >= perturb_from:
                     value = value + np.float32(1e-4)
-                d = root / "data" / key / f"step{step}" / "rank0" / f"micro_step{micro}"
-                d.mkdir(parents=True, exist_ok=True)
-                np.save(d / f"{key}.npy", value)
-                stats = {"max": float(value.max()), "min": float(value.min()), "mean": float(value.mean()),
-                         "norm": float(np.linalg.norm(value)), "shape": list(value.shape)}
-                (d / f"{key}.json").write_text(json.dumps({"data": stats}, indent=4))
+                compare_workloads.write_msprobe_entry(root, key, step, micro, value)
 
 
 def dump_bytes(root: Path) -> int:
@@ -113,12 +111,8 @@ def main() -> None:
     ap.add_argument("--workloads", default="large,msprobe_small,rlprobe_small")
     ap.add_argument("--baseline", default=None, help="another rlprobe checkout, run alternately for paired ratios")
     args = ap.parse_args()
-    sys.path.insert(0, str(HERE))
-    import compare_workloads
 
     msprobe_py = Path(os.environ.get("MSPROBE_PYTHON", HERE.parent / ".venv-msprobe" / "bin" / "python"))
-    if not msprobe_py.exists() and Path("/work/venv-msprobe/bin/python").exists():
-        msprobe_py = Path("/work/venv-msprobe/bin/python")
     work = Path(tempfile.mkdtemp(prefix="bench-compare-", dir=args.tmp))
     cache = Path(args.cache) if args.cache else work / "cache"
     cache.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,16 @@ def _cached(root: Path, params: dict, write) -> Path:
     return root
 
 
+def write_msprobe_entry(root: Path, key: str, step: int, micro: int, value: np.ndarray) -> None:
+    """One tensor as msprobe's SingleSave writes it: the .npy beside a JSON of its statistics."""
+    d = root / "data" / key / f"step{step}" / "rank0" / f"micro_step{micro}"
+    d.mkdir(parents=True, exist_ok=True)
+    np.save(d / f"{key}.npy", value)
+    stats = {"max": float(value.max()), "min": float(value.min()), "mean": float(value.mean()),
+             "norm": float(np.linalg.norm(value)), "shape": list(value.shape)}
+    (d / f"{key}.json").write_text(json.dumps({"data": stats}, indent=4))
+
+
 def _msprobe_run(root: Path, perturb_from: int | None) -> None:
     rng = np.random.default_rng(0)
     for step in range(MS_STEPS):
@@ -41,12 +51,7 @@ def _msprobe_run(root: Path, perturb_from: int | None) -> None:
                 value = rng.standard_normal(shape, dtype=np.float32)
                 if perturb_from is not None and key == "small1" and step >= perturb_from:
                     value = value + np.float32(1e-4)
-                d = root / "data" / key / f"step{step}" / "rank0" / f"micro_step{micro}"
-                d.mkdir(parents=True, exist_ok=True)
-                np.save(d / f"{key}.npy", value)
-                stats = {"max": float(value.max()), "min": float(value.min()), "mean": float(value.mean()),
-                         "norm": float(np.linalg.norm(value)), "shape": list(value.shape)}
-                (d / f"{key}.json").write_text(json.dumps({"data": stats}, indent=4))
+                write_msprobe_entry(root, key, step, micro, value)
 
 
 def msprobe_small(cache: Path) -> tuple[Path, Path]:
