@@ -81,11 +81,12 @@ print(time.perf_counter() - t0)
 """
 
 
-def run_child(cmd: list[str], env: dict | None = None) -> tuple[float, str, int]:
-    """(seconds, stdout, peak RSS in bytes) of one child process (its own rusage, from wait4)."""
+def run_child(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> tuple[float, str, int]:
+    """(seconds, stdout, peak RSS in bytes) of one child process (its own rusage, from wait4). `python -m`
+    puts the working folder first on sys.path: run a checkout's commands from inside that checkout."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd)
         _, status, usage = os.wait4(proc.pid, 0)
         elapsed = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -144,7 +145,7 @@ def main() -> None:
                         n += 1
                         cmd = [sys.executable, "-m", "rlprobe.cli", "compare", str(a), str(b), "-o",
                                str(work / f"out-{n}"), "--workers", str(workers), "--quiet"]
-                        elapsed, _, peak = run_child(cmd, env)
+                        elapsed, _, peak = run_child(cmd, env, cwd=checkout)
                         record(f"{label}/{wl}/w{workers}/s", elapsed)
                         record(f"{label}/{wl}/w{workers}/peak_MB", peak / 1e6)
                         shutil.rmtree(work / f"out-{n}", ignore_errors=True)
