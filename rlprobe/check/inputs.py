@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rlprobe.check.keys import CANONICAL, CLIP_CONFIG, GROUP_SIZE_CONFIG, REF_FROM_ACTOR_CONFIG
+from rlprobe.lake.configs import config_leaves
 from rlprobe.lake.reader import Dump
 
 STATS_COLUMNS = ("key", "step", "rank", "micro_step", "index", "dtype", "shape", "numel", "min", "max", "mean",
@@ -41,7 +42,7 @@ def config_leaf(configs: dict[int, dict[str, Any]], names: tuple[str, ...]) -> t
     """(path, value) of the first leaf of rank 0's config (else any rank's) whose last path
     component is one of `names`, in the order of `names`."""
     for cfg in sorted(configs.items()):
-        leaves = dict(_leaves(cfg[1]))
+        leaves = dict(config_leaves(cfg[1]))
         for name in names:
             for path, value in leaves.items():
                 if path.split(".")[-1] == name and value is not None:
@@ -159,14 +160,6 @@ def _signs(dump: Dump, params: list[dict[str, Any]]) -> dict[str, np.ndarray]:
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _leaves(obj: Any, prefix: str = ""):
-    if isinstance(obj, dict) and obj:
-        for k, v in obj.items():
-            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
-    else:
-        yield prefix, obj
 
 
 def configs_json(configs: dict[int, dict[str, Any]]) -> str:

@@ -38,7 +38,8 @@ def read_configs(root: Path, errors: list[str] | None = None) -> dict[int, dict[
 
 
 def configs_as_table(configs: dict[int, dict[str, Any]]) -> pa.Table:
-    rows = [{"rank": r, "path": p, "value": json.dumps(v)} for r, cfg in configs.items() for p, v in _leaves(cfg)]
+    rows = [{"rank": r, "path": p, "value": json.dumps(v)}
+            for r, cfg in configs.items() for p, v in config_leaves(cfg)]
     return pa.Table.from_pylist(rows, schema=CONFIG_SCHEMA)
 
 
@@ -52,10 +53,11 @@ def read_json(path: Path) -> dict[str, Any]:
         raise DumpReadError(f"{path}: unreadable JSON ({e})") from None
 
 
-def _leaves(obj: Any, prefix: str = ""):
+def config_leaves(obj: Any, prefix: str = ""):
+    """(dotted path, value) of every leaf of a nested config dict; an empty dict is a leaf."""
     if isinstance(obj, dict) and obj:
         for k, v in obj.items():
-            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+            yield from config_leaves(v, f"{prefix}.{k}" if prefix else str(k))
     else:
         yield prefix, obj
 
