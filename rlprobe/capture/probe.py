@@ -20,7 +20,8 @@ from rlprobe._version import __version__
 from rlprobe.capture.flatten import flatten
 from rlprobe.capture.rank_claim import RankClaim, read_json
 from rlprobe.capture.user_values import as_number, is_whole_number, jsonable, whole
-from rlprobe.capture.writer import BackgroundWriter, LeafJob, write_key_data, write_samples_and_key_data
+from rlprobe.capture.writer import BackgroundWriter, LeafJob
+from rlprobe.capture.writer_process import write_call, writer_process
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks import broadcast_from_rank0, detect_rank_and_world, framework_names, prepare
 from rlprobe.lake.atomic import atomic_write_json
@@ -83,6 +84,7 @@ class Probe:
         # e.g. the host staging ring's first pages are faulted in by a thread of its own from now
         # on, while the rest of the set-up runs
         prepare(framework)
+        process = writer_process()  # started now, its imports overlap with the rest of the set-up
         self.path = Path(path)
         self.layout = DumpLayout(self.path)
         self.framework = framework
@@ -137,7 +139,7 @@ class Probe:
         except BaseException:
             self._lock.release()
             raise
-        self._writer = BackgroundWriter(sink, max_inflight_bytes, float(flush_interval))
+        self._writer = BackgroundWriter(sink, max_inflight_bytes, float(flush_interval), process)
         self._closed = False
         me = weakref.ref(self)
         self._atexit = lambda: (p := me()) is not None and p.close()
@@ -206,10 +208,7 @@ class Probe:
                 for (key, index, _, adapter), leaf in zip(leaves, staged)]
         step, layout, save_tensors = self.current_step, self.layout, not self.stats_only
         nbytes = sum(j.leaf.nbytes for j in jobs if j.leaf is not None)
-        if identity is not None:
-            job = partial(write_samples_and_key_data, self._writer, layout, step, jobs, save_tensors, identity)
-        else:
-            job = partial(write_key_data, self._writer, layout, step, jobs, save_tensors)
+        job = partial(write_call, self._writer, layout, step, jobs, save_tensors, identity)
         self._writer.submit(job, nbytes, step)
         self._step_has_data = True
         self._raise_background_errors()

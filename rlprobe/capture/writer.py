@@ -5,6 +5,11 @@ The training thread only stages tensors and queues jobs. Memory in flight is bou
 dropping data or growing without bound. Failures are collected, never raised on this
 thread; the probe reports them on its next call.
 
+A save call's key data (statistics, hashes, sample rows, .npy files) is worked out by the writer
+process (capture/writer_process.py) when its snapshots lie in the host staging ring: this thread
+forwards the call and waits for the rows without holding the GIL. Otherwise, and for every
+other kind of row, the work is done here.
+
 Ended steps are committed (their stats part and the rank manifest written) at most once per
 `flush_interval` seconds: after the job that makes a commit due, or when the interval runs out
 while the queue is idle. Steps shorter than the interval then share one part, and the writer's
@@ -19,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -28,6 +33,9 @@ from rlprobe.lake.encoding import narrow_integers, widen
 from rlprobe.lake.layout import DumpLayout, key_data_tensor_file
 from rlprobe.lake.rank_writer import RankWriter
 from rlprobe.lake.samples import CallIdentity, OccurrenceCounter, sample_table
+
+if TYPE_CHECKING:
+    from rlprobe.capture.writer_process import WriterProcess
 from rlprobe.lake.statistics import STACK_BYTES, STATISTICS, bitwise_hash, host_statistics, host_statistics_many
 
 
@@ -44,7 +52,8 @@ class LeafJob:
 
 
 class BackgroundWriter:
-    def __init__(self, sink: RankWriter, max_inflight_bytes: int, flush_interval: float = 0.0):
+    def __init__(self, sink: RankWriter, max_inflight_bytes: int, flush_interval: float = 0.0,
+                 process: WriterProcess | None = None):
         # part merges need pyarrow.compute, whose import holds the GIL for ~100 ms. Imported here,
         # on the thread setting the probe up: done on the writer thread it ran while the first
         # saves did and stalled them (measured: the first save of a fresh process took ~100 ms
@@ -53,6 +62,9 @@ class BackgroundWriter:
 
         self.sink = sink
         self.samples = OccurrenceCounter()  # the sample rows' occurrence counts (writer thread only)
+        self.process = process  # the writer process that works out key data (None: this thread does)
+        self.session = process.session() if process is not None else 0
+        self.samples_remote = False  # the occurrence counts are the writer process's (it has the newer ones)
         self.max_inflight = max_inflight_bytes
         self.flush_interval = flush_interval
         self._retry_at = 0.0  # after a failed commit: not before this time
@@ -88,6 +100,19 @@ class BackgroundWriter:
     def stop(self) -> None:
         self._queue.put(None)
         self._thread.join()
+        self._end_session()
+
+    def _end_session(self) -> Any:
+        """Forget this probe's state in the writer process; returns its occurrence counts."""
+        from rlprobe.capture.writer_process import WriterProcessDied
+
+        process, remote, self.samples_remote = self.process, self.samples_remote, False
+        if process is None or not remote:
+            return None
+        try:
+            return process.call({"what": "end", "session": self.session})
+        except WriterProcessDied:
+            return None
 
     @property
     def alive(self) -> bool:

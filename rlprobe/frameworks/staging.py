@@ -13,6 +13,9 @@ out, so only what the first steps use (plus that margin) is ever made resident, 
 ring. Linux's MADV_POPULATE_WRITE does it without writing a byte, so a page the training
 thread is filling at that moment is left as it is; where it is missing, pages fault on first
 use as before.
+
+On Linux the host ring is a memfd (shared memory with a descriptor): the probe's writer process
+(capture/writer_process.py) maps the same pages and reads the snapshots where they lie.
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ class StagingRing:
     `prefault(start, end)`, pages are faulted in `ahead` bytes past the furthest slot, by a
     thread of the ring's own."""
 
-    def __init__(self, buffer: Any, prefault: Callable[[int, int], bool] | None = None, ahead: int = 0):
+    def __init__(self, buffer: Any, prefault: Callable[[int, int], bool] | None = None, ahead: int = 0,
+                 fd: int | None = None):
         self.buffer = buffer
+        self.fd = fd  # a descriptor of the buffer's shared memory another process can map (None: private)
         self.capacity = int(buffer.shape[0])
         self._live: deque[list[int]] = deque()  # [start, end, released], oldest first
         self._head = 0
@@ -99,6 +104,14 @@ class StagingRing:
         with self._prefault_cond:
             return self._prefault_cond.wait_for(lambda: self.faulted >= min(nbytes, self._target), timeout)
 
+    def offset_of(self, array: np.ndarray) -> int | None:
+        """Where a C-contiguous numpy view of this ring's buffer starts in it; None for other arrays."""
+        base = self.buffer.ctypes.data if isinstance(self.buffer, np.ndarray) else None
+        if base is None or not array.flags.c_contiguous:
+            return None
+        at = array.ctypes.data - base
+        return at if 0 <= at and at + array.nbytes <= self.capacity else None
+
     def _fit(self, size: int) -> int | None:
         if not self._live:
             self._head = 0
@@ -127,10 +140,27 @@ def host_ring() -> StagingRing:
     being faulted in, off the calling thread, when it is made)."""
     with _rings_lock:
         if "host" not in _rings:
-            memory = mmap.mmap(-1, DEFAULT_BYTES)  # page-aligned, as madvise needs
+            fd = _shared_memory(DEFAULT_BYTES)
+            memory = mmap.mmap(-1 if fd is None else fd, DEFAULT_BYTES)  # page-aligned, as madvise needs
             buffer = np.frombuffer(memory, np.uint8)
-            _rings["host"] = StagingRing(buffer, _populator(buffer), PREFAULT_AHEAD)
+            _rings["host"] = StagingRing(buffer, _populator(buffer), PREFAULT_AHEAD, fd)
         return _rings["host"]
+
+
+def _shared_memory(nbytes: int) -> int | None:
+    """A memfd of `nbytes` (sparse: pages exist once touched), or None where there is none."""
+    if not hasattr(os, "memfd_create"):
+        return None
+    try:
+        fd = os.memfd_create("rlprobe-staging", getattr(os, "MFD_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        os.ftruncate(fd, nbytes)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _populator(buffer: np.ndarray) -> Callable[[int, int], bool] | None:

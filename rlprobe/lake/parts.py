@@ -32,12 +32,15 @@ class PartStore:
     def __init__(self, directory: Path):
         self.directory = directory
         self.next_seq = max((p.last for p in parts_in(directory)), default=-1) + 1
-        self._cache: dict[Path, pa.Table] = {}
+        self._cache: dict[Path, tuple[pa.Table, int]] = {}  # with its buffers' size
         self._cache_bytes = 0
         self._disk_schemas: dict[pa.Schema, pa.Schema] = {}
 
     def _remember(self, path: Path, table: pa.Table) -> None:
-        if self._cache_bytes + table.nbytes > CACHE_BYTES:
+        # the buffers' total size, not Table.nbytes: that one works out which bytes of each buffer
+        # are referenced, milliseconds for a table of many small chunks (a commit's parts)
+        nbytes = table.get_total_buffer_size()
+        if self._cache_bytes + nbytes > CACHE_BYTES:
             return
         try:  # as a read would return it (Parquet names list items "element", say)
             disk = self._disk_schemas.get(table.schema)
@@ -49,18 +52,18 @@ class PartStore:
                 table = table.cast(disk)
         except (OSError, TypeError, ValueError, pa.ArrowException):
             return  # read it back when merging
-        self._cache[path] = table
-        self._cache_bytes += table.nbytes
+        self._cache[path] = (table, nbytes)
+        self._cache_bytes += nbytes
 
     def _forget(self, path: Path) -> None:
-        table = self._cache.pop(path, None)
-        if table is not None:
-            self._cache_bytes -= table.nbytes
+        cached = self._cache.pop(path, None)
+        if cached is not None:
+            self._cache_bytes -= cached[1]
 
     def _read(self, path: Path) -> pa.Table:
-        table = self._cache.get(path)
-        if table is not None:
-            return table
+        cached = self._cache.get(path)
+        if cached is not None:
+            return cached[0]
         with pq.ParquetFile(path) as f:
             return f.read()
 

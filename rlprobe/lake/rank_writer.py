@@ -77,9 +77,13 @@ class RankWriter:
         else:
             size = atomic_save_npy(path, array)
             relative = path.relative_to(self.layout.root).as_posix()
-        self.manifest["tensor_files"] += 1
-        self.manifest["tensor_bytes"] += size
+        self.count_tensor(size)
         return relative
+
+    def count_tensor(self, nbytes: int) -> None:
+        """Count a tensor file of `nbytes` in the manifest (one the writer process wrote, say)."""
+        self.manifest["tensor_files"] += 1
+        self.manifest["tensor_bytes"] += nbytes
 
     # -- stats rows ----------------------------------------------------------------------
     def add_row(self, kind: str, row: dict[str, Any] | pa.Table) -> None:

@@ -245,6 +245,9 @@ def test_a_step_whose_rows_could_not_be_written_is_never_committed(tmp_path, mon
 
     monkeypatch.setattr(writer_module, "host_statistics", failing)
     monkeypatch.setattr(writer_module, "host_statistics_many", failing_many)
+    # the fault is injected into this process: the writer thread does the work (the writer
+    # process's failures: tests/capture/test_writer_process.py)
+    monkeypatch.setenv("RLPROBE_WRITER_PROCESS", "0")
     path = tmp_path / "dump"
     probe = rlprobe.Probe(path, rank=0, world_size=1)
     probe.save({"x": torch.zeros(2)})

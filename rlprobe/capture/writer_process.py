@@ -1,0 +1,379 @@
+"""The writer process: key data's statistics, hashes, sample rows and .npy files, computed outside
+the training process, so that this Python work never holds the GIL the training thread needs.
+
+Why a process: the training thread of a CPU (or any Python-heavy) step runs many short torch
+ops, each releasing and re-taking the GIL; whenever the probe's writer thread held it, the
+training thread waited, so the writer's whole Python time was added to the step (issue 15,
+docs/trl.md "Overhead"). Here the writer thread only forwards a save call's description (keys,
+dtypes, shapes, where each snapshot lies in the host staging ring, which is shared memory)
+and waits, without the GIL, for the rows and messages; it adds them to the rank's buffers as
+before, so commits, parts, the manifest and their order are unchanged.
+
+One helper per training process, started with the first probe (a fresh interpreter through
+subprocess: no fork of a process with torch's threads, no re-import of the user's script),
+shared by that process's probes. It reads requests until its pipe closes: when the training
+process exits or is killed, it stops after at most the file it is writing (atomically, as
+always), and it checks between files that its parent still lives. Where there is no memfd (not
+Linux), the helper cannot start, a snapshot is not in the ring (a device tensor, one larger than
+the ring) or RLPROBE_WRITER_PROCESS=0, the writer thread does the work itself, as before. A
+helper that dies is reported (the step in progress is marked incomplete) and the writer thread
+takes over.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import mmap
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from rlprobe.capture.writer import BackgroundWriter, LeafJob
+    from rlprobe.lake.layout import DumpLayout
+    from rlprobe.lake.samples import CallIdentity
+
+ENV = "RLPROBE_WRITER_PROCESS"  # "0": no helper process, the writer thread does everything
+_HEADER = struct.Struct("<Q")
+
+
+class WriterProcessDied(RuntimeError):
+    pass
+
+
+class WriterProcess:
+    """The training process's end of the helper: `call(request)` returns its reply."""
+
+    def __init__(self, ring: Any):
+        self.ring = ring
+        requests_r, self._requests = os.pipe()
+        self._replies, replies_w = os.pipe()
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
+                                                          if p))
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "rlprobe.capture.writer_process", str(requests_r), str(replies_w),
+                 str(ring.fd), str(ring.capacity), str(os.getpid())],
+                pass_fds=(requests_r, replies_w, ring.fd), stdin=subprocess.DEVNULL, env=env, close_fds=True)
+        finally:
+            os.close(requests_r)
+            os.close(replies_w)
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._sessions = itertools.count()
+        self.dead: str | None = None  # why it can no longer be used
+
+    def session(self) -> int:
+        return next(self._sessions)
+
+    def call(self, request: Any) -> Any:
+        """Send `request`, wait (without the GIL) for the reply; WriterProcessDied when it cannot answer."""
+        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            if self.dead is not None:
+                raise WriterProcessDied(self.dead)
+            try:
+                _write_all(self._requests, _HEADER.pack(len(data)) + data)
+                size = _HEADER.unpack(_read_exactly(self._replies, _HEADER.size))[0]
+                reply = _read_exactly(self._replies, size)
+            except (OSError, EOFError) as e:
+                self.dead = f"the rlprobe writer process (pid {self.process.pid}) {self._exit_status()} ({e})"
+                raise WriterProcessDied(self.dead) from None
+        return pickle.loads(reply)
+
+    def _exit_status(self) -> str:
+        try:
+            code = self.process.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            return "stopped answering"
+        return f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
+
+    def stop(self) -> None:
+        with self._lock:
+            if self.dead is None:
+                self.dead = "the rlprobe writer process was stopped"
+                for fd in (self._requests, self._replies):
+                    os.close(fd)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def forget_in_child(self) -> None:
+        """After fork: the child must neither use nor keep open the parent's pipes."""
+        self.dead = "a forked child does not use its parent's writer process"
+        for fd in (self._requests, self._replies):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob], save_tensors: bool,
+               identity: CallIdentity | None) -> None:
+    """Writer-thread job for one save call: its sample rows (with an identity) and key data, worked
+    out by the writer process when every snapshot lies in the host staging ring, else here."""
+    process = writer.process
+    if process is not None:
+        described = _ring_jobs(process.ring, jobs)
+        try:
+            if described is not None:
+                _write_in_process(writer, process, step, jobs, described, save_tensors, identity)
+                return
+            if writer.samples_remote:  # this call is done here: the counts come back first
+                writer.samples = writer._end_session() or writer.samples
+        except WriterProcessDied as e:
+            writer.process = None
+            if writer.samples_remote:  # the step's occurrence counts went with the process
+                from rlprobe.lake.samples import OccurrenceCounter
+
+                writer.samples_remote = False
+                writer.samples = OccurrenceCounter()
+            message = f"rlprobe writer: {e}; step {step} is not committed, the writer thread does the rest"
+            writer.sink.record_error(message, {"step": step, "what": "rows"}, incomplete_step=step)
+            writer.report([message])
+    from rlprobe.capture.writer import write_key_data, write_samples_and_key_data
+
+    if identity is not None:
+        write_samples_and_key_data(writer, layout, step, jobs, save_tensors, identity)
+    else:
+        write_key_data(writer, layout, step, jobs, save_tensors)
+
+
+def _ring_jobs(ring: Any, jobs: list[LeafJob]) -> list[tuple[Any, ...]] | None:
+    """The jobs as the writer process takes them (each snapshot by its place in the ring); None
+    when one is elsewhere (a device tensor's pinned copy, a buffer of its own)."""
+    out = []
+    for job in jobs:
+        leaf, where = job.leaf, None
+        if leaf is not None:
+            if leaf.finish is not None or leaf.raw is None:
+                return None
+            offset = ring.offset_of(leaf.raw)
+            if offset is None:
+                return None
+            where = (leaf.dtype, leaf.shape, leaf.raw.dtype.str, offset, leaf.raw.nbytes)
+        out.append((job.key, job.index, job.micro_step, job.framework, where))
+    return out
+
+
+def _write_in_process(writer: BackgroundWriter, process: WriterProcess, step: int, jobs: list[LeafJob],
+                      described: list[tuple[Any, ...]], save_tensors: bool, identity: CallIdentity | None) -> None:
+    sink = writer.sink
+    request = {"what": "key_data", "session": writer.session, "root": os.fspath(sink.layout.root),
+               "rank": sink.rank, "step": step, "jobs": described, "save_tensors": save_tensors,
+               "identity": identity, "samples": None if writer.samples_remote else writer.samples}
+    try:
+        reply = process.call(request)
+    finally:  # the snapshots were read (or never will be): their ring slots go back
+        for job in jobs:
+            if job.leaf is not None:
+                job.leaf.raw = None
+                if job.leaf.release is not None:
+                    job.leaf.release()
+    writer.samples_remote = True
+    for op in reply[1]:  # what the jobs did to the sink there, in order
+        if op[0] == "table":
+            sink.add_row(op[1], read_table(op[2]))
+        elif op[0] == "row":
+            sink.add_row(op[1], op[2])
+        elif op[0] == "tensor":
+            sink.count_tensor(op[1])
+        elif op[0] == "error":
+            sink.record_error(op[1], op[2], op[3])
+        else:
+            writer.report(op[1])
+    if reply[0] == "failed":
+        raise RuntimeError(reply[2])
+
+
+_process: WriterProcess | None = None
+_process_lock = threading.Lock()
+
+
+def writer_process() -> WriterProcess | None:
+    """This process's helper (started on first use); None where it is switched off or cannot run."""
+    global _process
+    if os.environ.get(ENV, "1") == "0":
+        return None
+    with _process_lock:
+        if _process is not None and _process.pid == os.getpid() and _process.dead is None:
+            return _process
+        from rlprobe.frameworks.staging import host_ring
+
+        ring = host_ring()
+        if ring.fd is None or not sys.executable:
+            return None
+        try:
+            _process = WriterProcess(ring)
+        except OSError:
+            return None
+        if not getattr(writer_process, "_hooks", False):
+            writer_process._hooks = True  # type: ignore[attr-defined]
+            atexit.register(_stop_at_exit)
+            os.register_at_fork(after_in_child=_forget_in_child)
+        return _process
+
+
+def _stop_at_exit() -> None:
+    if _process is not None and _process.pid == os.getpid():
+        _process.stop()
+
+
+def _forget_in_child() -> None:
+    if _process is not None:
+        _process.forget_in_child()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    chunks, left = [], size
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the pipe closed")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+# -- the helper ---------------------------------------------------------------------------------
+class _RecordingSink:
+    """What the writer's jobs call on a RankWriter, recorded for the training process to replay;
+    tensor files are written here, for real."""
+
+    def __init__(self, root: str, rank: int, parent: int):
+        from rlprobe.lake.layout import DumpLayout
+
+        self.layout, self.rank, self._root, self._parent = DumpLayout(Path(root)), rank, root, parent
+        self.ops: list[tuple[Any, ...]] = []
+
+    def write_tensor(self, path: str, array: np.ndarray) -> str:
+        from rlprobe.lake.atomic import atomic_save_npy
+
+        if os.getppid() != self._parent:  # the training process is gone: write nothing more
+            os._exit(0)
+        self.ops.append(("tensor", atomic_save_npy(os.path.join(self._root, path), array)))
+        return path
+
+    def add_row(self, kind: str, row: Any) -> None:
+        self.ops.append(("row", kind, row))
+
+    def record_error(self, message: str, lost: Any = None, incomplete_step: int | None = None) -> None:
+        self.ops.append(("error", message, lost, incomplete_step))
+
+
+class _Session:
+    """The writer-side object the jobs of one probe see (sink, samples, report)."""
+
+    def __init__(self, sink: _RecordingSink, samples: Any):
+        self.sink, self.samples = sink, samples
+
+    def report(self, errors: list[str]) -> None:
+        if errors:
+            self.sink.ops.append(("report", errors))
+
+
+def _columnar(ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The ops with each kind's rows as one Arrow table in IPC bytes ("table" ops): the training
+    process reads them back in a few calls, where unpickling row dicts and tabulating them at
+    the next commit held its GIL for milliseconds. Rows that do not fit the schema stay dicts, for
+    the RankWriter to record as it does its own."""
+    import pyarrow as pa
+
+    from rlprobe.lake.schema import schema_for
+
+    rows: dict[str, list[Any]] = {}
+    rest = []
+    for op in ops:
+        if op[0] == "row":
+            rows.setdefault(op[1], []).append(op[2])
+        else:
+            rest.append(op)
+    out = []
+    for kind, items in rows.items():
+        tables = [r for r in items if isinstance(r, pa.Table)]
+        dicts = [r for r in items if not isinstance(r, pa.Table)]
+        if dicts:
+            try:
+                tables.append(pa.Table.from_pylist(dicts, schema=schema_for(kind)))
+            except (pa.ArrowException, TypeError, ValueError, OverflowError, UnicodeError):
+                out.extend(("row", kind, r) for r in dicts)
+        for table in tables:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as stream:
+                stream.write_table(table)
+            out.append(("table", kind, sink.getvalue().to_pybytes()))
+    return out + rest
+
+
+def read_table(data: bytes) -> Any:
+    """A "table" op's rows."""
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(data).read_all()
+
+
+def _serve(requests: int, replies: int, ring_fd: int, capacity: int, parent: int) -> None:
+    from rlprobe.capture.writer import LeafJob, write_key_data, write_samples_and_key_data
+    from rlprobe.frameworks.base import StagedLeaf
+    from rlprobe.lake.samples import OccurrenceCounter
+
+    ring = np.frombuffer(mmap.mmap(ring_fd, capacity, access=mmap.ACCESS_READ), np.uint8)
+    counters: dict[int, Any] = {}
+    while True:
+        try:
+            size = _HEADER.unpack(_read_exactly(requests, _HEADER.size))[0]
+            request = pickle.loads(_read_exactly(requests, size))
+        except EOFError:
+            return
+        if os.getppid() != parent:
+            return
+        what, session = request["what"], request["session"]
+        if what == "end":
+            reply: Any = counters.pop(session, None)
+        else:  # "key_data"
+            if request.get("samples") is not None:
+                counters[session] = request["samples"]
+            sink = _RecordingSink(request["root"], request["rank"], parent)
+            state = _Session(sink, counters.setdefault(session, OccurrenceCounter()))
+            jobs = []
+            for key, index, micro_step, framework, leaf in request["jobs"]:
+                if leaf is not None:
+                    dtype, shape, raw_dtype, offset, nbytes = leaf
+                    raw = ring[offset:offset + nbytes].view(raw_dtype).reshape(shape)
+                    leaf = StagedLeaf(dtype, shape, raw, nbytes=nbytes)
+                jobs.append(LeafJob(key, index, micro_step, framework, leaf))
+            try:
+                if request["identity"] is not None:
+                    write_samples_and_key_data(state, None, request["step"], jobs, request["save_tensors"],
+                                               request["identity"])
+                else:
+                    write_key_data(state, None, request["step"], jobs, request["save_tensors"])
+                reply = ("ok", _columnar(sink.ops))
+            except Exception as e:  # the training process handles it as the writer thread's own failure
+                reply = ("failed", _columnar(sink.ops), f"{type(e).__name__}: {e}")
+        data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            _write_all(replies, _HEADER.pack(len(data)) + data)
+        except OSError:
+            return
+
+
+if __name__ == "__main__":
+    _serve(*(int(a) for a in sys.argv[1:6]))
