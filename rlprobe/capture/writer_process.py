@@ -46,7 +46,11 @@ _HEADER = struct.Struct("<Q")
 
 
 class WriterProcessDied(RuntimeError):
-    pass
+    """The writer process stopped answering; `started`: whether it had ever been ready (work may be lost)."""
+
+    def __init__(self, message: str, started: bool = True):
+        super().__init__(message)
+        self.started = started
 
 
 class WriterProcess:
@@ -71,6 +75,7 @@ class WriterProcess:
         self._lock = threading.Lock()
         self._sessions = itertools.count()
         self.dead: str | None = None  # why it can no longer be used
+        self._ready = False  # it has said it is ready (its imports done): a failure now may lose work
 
     def session(self) -> int:
         return next(self._sessions)
@@ -80,14 +85,17 @@ class WriterProcess:
         data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
             if self.dead is not None:
-                raise WriterProcessDied(self.dead)
+                raise WriterProcessDied(self.dead, self._ready)
             try:
+                if not self._ready:
+                    _read_exactly(self._replies, 1)
+                    self._ready = True
                 _write_all(self._requests, _HEADER.pack(len(data)) + data)
                 size = _HEADER.unpack(_read_exactly(self._replies, _HEADER.size))[0]
                 reply = _read_exactly(self._replies, size)
             except (OSError, EOFError) as e:
                 self.dead = f"the rlprobe writer process (pid {self.process.pid}) {self._exit_status()} ({e})"
-                raise WriterProcessDied(self.dead) from None
+                raise WriterProcessDied(self.dead, self._ready) from None
         return pickle.loads(reply)
 
     def _exit_status(self) -> str:
@@ -134,6 +142,9 @@ def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: li
                 writer.samples = writer._end_session() or writer.samples
         except WriterProcessDied as e:
             writer.process = None
+            if not e.started:  # it never ran (an interpreter that cannot start it): nothing was lost
+                write_call(writer, layout, step, jobs, save_tensors, identity)
+                return
             if writer.samples_remote:  # the step's occurrence counts went with the process
                 from rlprobe.lake.samples import OccurrenceCounter
 
@@ -148,6 +159,14 @@ def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: li
         write_samples_and_key_data(writer, layout, step, jobs, save_tensors, identity)
     else:
         write_key_data(writer, layout, step, jobs, save_tensors)
+
+
+def _release(jobs: list[LeafJob]) -> None:
+    for job in jobs:
+        if job.leaf is not None:
+            job.leaf.raw = None
+            if job.leaf.release is not None:
+                job.leaf.release()
 
 
 def _ring_jobs(ring: Any, jobs: list[LeafJob]) -> list[tuple[Any, ...]] | None:
@@ -175,12 +194,12 @@ def _write_in_process(writer: BackgroundWriter, process: WriterProcess, step: in
                "identity": identity, "samples": None if writer.samples_remote else writer.samples}
     try:
         reply = process.call(request)
-    finally:  # the snapshots were read (or never will be): their ring slots go back
-        for job in jobs:
-            if job.leaf is not None:
-                job.leaf.raw = None
-                if job.leaf.release is not None:
-                    job.leaf.release()
+    except WriterProcessDied:
+        raise  # the snapshots stay: the writer thread writes them instead
+    except BaseException:
+        _release(jobs)
+        raise
+    _release(jobs)  # read by the process: their ring slots go back
     writer.samples_remote = True
     for op in reply[1]:  # what the jobs did to the sink there, in order
         if op[0] == "table":
@@ -336,6 +355,7 @@ def _serve(requests: int, replies: int, ring_fd: int, capacity: int, parent: int
 
     ring = np.frombuffer(mmap.mmap(ring_fd, capacity, access=mmap.ACCESS_READ), np.uint8)
     counters: dict[int, Any] = {}
+    _write_all(replies, b"r")  # ready: a process that fails before this has lost no work
     while True:
         try:
             size = _HEADER.unpack(_read_exactly(requests, _HEADER.size))[0]

@@ -125,7 +125,11 @@ def test_a_killed_writer_process_is_reported_and_the_writer_thread_takes_over(tm
     np.testing.assert_array_equal(dump.tensor("x", 2), np.full(4, 2.0, np.float32))
     # step 1's rows were written by the thread, but the step stays uncommitted (its occurrence
     # counts died with the process)
-    assert sorted(rlprobe.open(path, include_uncommitted=True).key_data().collect()["step"].to_list()) == [0, 1, 2]
+    everything = rlprobe.open(path, include_uncommitted=True)
+    assert sorted(everything.key_data().collect()["step"].to_list()) == [0, 1, 2]
+    step1 = everything.key_data().collect().to_dicts()[1]
+    assert step1["step"] == 1 and step1["max"] == 1.0 and step1["hash"] is not None  # written in full
+    np.testing.assert_array_equal(everything.tensor("x", 1), np.ones(4, np.float32))
     with rlprobe.Probe(tmp_path / "next", rank=0, world_size=1) as fresh:  # a new probe gets a new process
         assert fresh._writer.process is not None and fresh._writer.process.process.pid != helper.pid
 
@@ -149,3 +153,22 @@ def test_calls_outside_the_ring_keep_the_occurrence_counts(tmp_path, monkeypatch
         got[mode] = list(zip(*(table[c].to_pylist() for c in ("micro_step", "occurrence", "row_sum"))))
     assert got["1"] == got["0"]
     assert [o for _, o, _ in got["1"]] == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+
+
+def test_a_writer_process_that_cannot_start_leaves_the_work_to_the_thread_silently(tmp_path, monkeypatch):
+    """An interpreter that cannot run the helper (here /bin/false in its place) loses nothing and
+    raises nothing: the writer thread does the work, as where there is no writer process."""
+    monkeypatch.setattr(writer_process, "_process", None)
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    path = tmp_path / "dump"
+    with rlprobe.Probe(path, rank=0, world_size=1) as probe:
+        assert probe._writer.process is not None  # started, and about to fail
+        probe.save({"x": torch.arange(4.0)}, sample_ids=torch.arange(4))
+        probe.step()
+        probe.flush()
+        assert probe._writer.process is None
+    manifest = json.loads((path / "rank0.json").read_text())
+    assert manifest["errors"] == [] and manifest["committed_steps"] == [0]
+    np.testing.assert_array_equal(rlprobe.open(path).tensor("x", 0), np.arange(4.0, dtype=np.float32))
+    assert rlprobe.open(path).arrow("sample").num_rows == 4
+    writer_process._process.stop()
