@@ -3,6 +3,7 @@
     python benchmarks/trl_overhead.py                     # key data, 9 repetitions (about 2 minutes)
     python benchmarks/trl_overhead.py --level grads       # key data + gradient monitor (L1)
     python benchmarks/trl_overhead.py --smoke             # one short repetition (the test suite runs it)
+    python benchmarks/trl_overhead.py --writers           # plain / writer thread only / writer process, paired
 
 Workload: examples/trl_grpo's configuration (GRPOTrainer, the tiny Qwen2 built in code, 2
 micro-batches of 4 completions of up to 8 tokens a step, beta 0.04 so the reference model
@@ -17,6 +18,12 @@ does in them (its save calls, probe.step(), log_metrics). The first `--warmup` s
 last one (which ends in close()) are not timed. Per run the median step; the table gives the
 medians over repetitions and the median of each repetition's probe/plain ratio (paired).
 Before each run it waits (up to --idle-timeout s) for the CPU to be --min-idle idle for 1 s.
+
+Beside the wall time, per step (medians): `train_cpu` the training thread's CPU, `off_cpu` its
+wall time not on a CPU (waiting for the GIL, or for a core on a loaded machine), `probe_cpu`
+the CPU of the probe's other threads and of its writer process. `--writers` adds a third run
+per repetition with RLPROBE_WRITER_PROCESS=0 (everything on the writer thread, as before issue
+15's second pass): three-way paired in one process, the change measured apart from the rest.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parent / "examples" / "trl_grpo" / "train_grpo.py"
+WRITER_PROCESS = "RLPROBE_WRITER_PROCESS"
 LEVELS = {
     "key_data": {"key_data_dump": True, "configurations_dump": True, "metrics_dump": True},
     "grads": {"key_data_dump": True, "configurations_dump": True, "metrics_dump": True, "grads_dump": True},
@@ -73,18 +81,31 @@ def wait_idle(min_idle: float, timeout: float) -> float:
     return time.perf_counter() - t0
 
 
+def _helper_cpu() -> float:
+    """CPU seconds of this process's rlprobe writer process so far (0 where there is none)."""
+    process = getattr(sys.modules.get("rlprobe.capture.writer_process"), "_process", None)
+    try:
+        fields = Path(f"/proc/{process.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (AttributeError, OSError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def timed_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path | None, warmup: int,
-              stats_only: bool = False) -> list[float]:
-    """Step times (s) of one training run; with `dump`, captured by rlprobe into it."""
+              stats_only: bool = False, cpu: dict[str, float] | None = None) -> list[float]:
+    """Step times (s) of one training run; with `dump`, captured by rlprobe into it. `cpu`, when
+    given, receives the per-step medians of train_cpu, off_cpu and probe_cpu (ms)."""
     from transformers import TrainerCallback
 
     from rlprobe.integrations.trl import attach
 
     begins: list[float] = []
+    clocks: list[tuple[float, float, float]] = []  # training thread CPU, process CPU, writer process CPU
 
     class StepClock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
             begins.append(time.perf_counter())
+            clocks.append((time.thread_time(), time.process_time(), _helper_cpu()))
 
     with tempfile.TemporaryDirectory(prefix="trl_bench_") as output_dir:
         trainer = ex.build_trainer(cfg, output_dir, model_dir)
@@ -94,6 +115,11 @@ def timed_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path | None, 
         trainer.add_callback(StepClock())
         trainer.train()
     steps = [b - a for a, b in zip(begins, begins[1:])]  # the last step (ending in close()) is not timed
+    if cpu is not None:
+        d = [[(y[i] - x[i]) * 1e3 for x, y in zip(clocks, clocks[1:])][warmup:] for i in range(3)]
+        cpu["train_cpu"] = statistics.median(d[0])
+        cpu["off_cpu"] = statistics.median(w * 1e3 - t for w, t in zip(steps[warmup:], d[0]))
+        cpu["probe_cpu"] = statistics.median(p - t + h for p, t, h in zip(d[1], d[0], d[2]))
     return steps[warmup:]
 
 
@@ -107,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stats-only", action="store_true", help="the probe keeps statistics, no tensor files")
     ap.add_argument("--min-idle", type=float, default=0.8)
     ap.add_argument("--idle-timeout", type=float, default=30.0)
+    ap.add_argument("--writers", action="store_true",
+                    help="also run with RLPROBE_WRITER_PROCESS=0 (the writer thread does everything)")
     ap.add_argument("--smoke", action="store_true", help="1 repetition of 3 timed steps, no idle wait")
     ap.add_argument("--tmp", help="folder for the model and dumps (default: a temporary one)")
     ap.add_argument("--json", help="write the figures here")
@@ -124,26 +152,48 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="trl_overhead_", dir=args.tmp) as tmp:
         model_dir = ex.tiny.build_model_dir(Path(tmp) / "model")
         runs: list[dict[str, Any]] = []
+        modes = ["plain", "rlprobe", *(["thread"] if args.writers else [])]
         for rep in range(args.reps):
-            order = ("plain", "rlprobe") if rep % 2 == 0 else ("rlprobe", "plain")
-            figures = {}
+            order = modes[rep % len(modes):] + modes[:rep % len(modes)]
+            order = order if rep % 2 == 0 else order[::-1]
+            figures: dict[str, Any] = {}
             for mode in order:
                 waited = wait_idle(args.min_idle, args.idle_timeout)
-                steps = timed_run(ex, cfg, model_dir, Path(tmp) / "dump" if mode == "rlprobe" else None, args.warmup,
-                                  args.stats_only)
+                cpu: dict[str, float] = {}
+                previous = os.environ.get(WRITER_PROCESS)
+                if mode == "thread":
+                    os.environ[WRITER_PROCESS] = "0"
+                try:
+                    steps = timed_run(ex, cfg, model_dir, None if mode == "plain" else Path(tmp) / "dump",
+                                      args.warmup, args.stats_only, cpu)
+                finally:
+                    if mode == "thread":
+                        os.environ.pop(WRITER_PROCESS) if previous is None else os.environ.update(
+                            {WRITER_PROCESS: previous})
                 figures[mode] = statistics.median(steps)
+                figures[f"{mode}_cpu"] = cpu
                 figures[f"{mode}_waited_s"] = round(waited, 1)
             figures["ratio"] = figures["rlprobe"] / figures["plain"]
+            if args.writers:
+                figures["thread_ratio"] = figures["thread"] / figures["plain"]
             runs.append(figures)
-            print(f"rep {rep}: plain {figures['plain'] * 1e3:.1f} ms, rlprobe {figures['rlprobe'] * 1e3:.1f} ms, "
-                  f"{(figures['ratio'] - 1) * 100:+.1f}%", flush=True)
+            print(f"rep {rep}: " + ", ".join(f"{m} {figures[m] * 1e3:.1f} ms (train cpu "
+                                             f"{figures[m + '_cpu']['train_cpu']:.1f}, off cpu "
+                                             f"{figures[m + '_cpu']['off_cpu']:.1f}, probe cpu "
+                                             f"{figures[m + '_cpu']['probe_cpu']:.1f})" for m in modes)
+                  + f", {(figures['ratio'] - 1) * 100:+.1f}%", flush=True)
     plain = statistics.median(r["plain"] for r in runs)
     probed = statistics.median(r["rlprobe"] for r in runs)
     paired = statistics.median(r["ratio"] for r in runs)
     summary = {"level": args.level, "reps": args.reps, "steps": args.steps, "plain_step_ms": plain * 1e3,
                "rlprobe_step_ms": probed * 1e3, "overhead_pct": (probed / plain - 1) * 100,
                "paired_overhead_pct": (paired - 1) * 100, "goal_pct": 5.0, "threads": args.threads,
-               "stats_only": args.stats_only}
+               "stats_only": args.stats_only,
+               "cpu_ms": {m: {k: statistics.median(r[f"{m}_cpu"][k] for r in runs)
+                              for k in ("train_cpu", "off_cpu", "probe_cpu")} for m in modes}}
+    if args.writers:
+        summary["thread_step_ms"] = statistics.median(r["thread"] for r in runs) * 1e3
+        summary["paired_thread_overhead_pct"] = (statistics.median(r["thread_ratio"] for r in runs) - 1) * 100
     print(f"\nTRL GRPO step, examples/trl_grpo configuration, level {args.level}"
           f"{' (statistics only)' if args.stats_only else ''}, {args.reps} repetitions x {args.steps} steps, "
           f"{args.threads} torch threads")
@@ -151,6 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'plain TRL':<28}{plain * 1e3:>10.1f}")
     print(f"{'with attach(trainer, cfg)':<28}{probed * 1e3:>10.1f}{summary['overhead_pct']:>+9.1f}%")
     print(f"{'paired (median of ratios)':<28}{'':>10}{summary['paired_overhead_pct']:>+9.1f}%   (goal <= +5%)")
+    if args.writers:
+        print(f"{'writer thread only':<28}{summary['thread_step_ms']:>10.1f}"
+              f"{summary['paired_thread_overhead_pct']:>+9.1f}%   (paired; RLPROBE_WRITER_PROCESS=0)")
+    columns = ("train_cpu", "off_cpu", "probe_cpu")
+    print(f"per step (ms, medians): {'':<4}" + "".join(f"{k:>11}" for k in columns))
+    for m in modes:
+        print(f"  {m:<26}" + "".join(f"{summary['cpu_ms'][m][k]:>11.1f}" for k in columns))
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "runs": runs}, indent=2), encoding="utf-8")
     return 0

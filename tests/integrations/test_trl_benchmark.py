@@ -21,4 +21,6 @@ def test_trl_overhead_script_runs(tmp_path, monkeypatch, capsys):
     assert len(runs) == 1 and runs[0]["plain"] > 0 and runs[0]["rlprobe"] > 0
     assert summary["overhead_pct"] == (runs[0]["rlprobe"] / runs[0]["plain"] - 1) * 100
     assert "with attach(trainer, cfg)" in capsys.readouterr().out
+    assert set(summary["cpu_ms"]) == {"plain", "rlprobe"}
+    assert summary["cpu_ms"]["rlprobe"]["train_cpu"] > 0
     sys.modules.pop("trl_overhead", None)
