@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import mmap
 import os
 import pickle
 import struct
@@ -34,15 +33,13 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 if TYPE_CHECKING:
     from rlprobe.capture.writer import BackgroundWriter, LeafJob
     from rlprobe.lake.layout import DumpLayout
     from rlprobe.lake.samples import CallIdentity
 
 ENV = "RLPROBE_WRITER_PROCESS"  # "0": no helper process, the writer thread does everything
-_HEADER = struct.Struct("<Q")
+HEADER = struct.Struct("<Q")
 
 
 class WriterProcessDied(RuntimeError):
@@ -65,13 +62,14 @@ class WriterProcess:
                                                           if p))
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "rlprobe.capture.writer_process", str(requests_r), str(replies_w),
+                [sys.executable, "-m", "rlprobe.capture.writer_helper", str(requests_r), str(replies_w),
                  str(ring.fd), str(ring.capacity), str(os.getpid())],
                 pass_fds=(requests_r, replies_w, ring.fd), stdin=subprocess.DEVNULL, env=env, close_fds=True)
         finally:
             os.close(requests_r)
             os.close(replies_w)
         self.pid = os.getpid()
+        self._fds: tuple[int, ...] = (self._requests, self._replies)
         self._lock = threading.Lock()
         self._sessions = itertools.count()
         self.dead: str | None = None  # why it can no longer be used
@@ -88,13 +86,14 @@ class WriterProcess:
                 raise WriterProcessDied(self.dead, self._ready)
             try:
                 if not self._ready:
-                    _read_exactly(self._replies, 1)
+                    read_exactly(self._replies, 1)
                     self._ready = True
-                _write_all(self._requests, _HEADER.pack(len(data)) + data)
-                size = _HEADER.unpack(_read_exactly(self._replies, _HEADER.size))[0]
-                reply = _read_exactly(self._replies, size)
+                write_all(self._requests, HEADER.pack(len(data)) + data)
+                size = HEADER.unpack(read_exactly(self._replies, HEADER.size))[0]
+                reply = read_exactly(self._replies, size)
             except (OSError, EOFError) as e:
                 self.dead = f"the rlprobe writer process (pid {self.process.pid}) {self._exit_status()} ({e})"
+                self._close_pipes()
                 raise WriterProcessDied(self.dead, self._ready) from None
         return pickle.loads(reply)
 
@@ -105,12 +104,19 @@ class WriterProcess:
             return "stopped answering"
         return f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
 
+    def _close_pipes(self) -> None:
+        fds, self._fds = self._fds, ()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
     def stop(self) -> None:
+        """Close its pipe (it exits when it has read to the end) and wait for it."""
         with self._lock:
-            if self.dead is None:
-                self.dead = "the rlprobe writer process was stopped"
-                for fd in (self._requests, self._replies):
-                    os.close(fd)
+            self.dead = self.dead or "the rlprobe writer process was stopped"
+            self._close_pipes()
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -120,11 +126,7 @@ class WriterProcess:
     def forget_in_child(self) -> None:
         """After fork: the child must neither use nor keep open the parent's pipes."""
         self.dead = "a forked child does not use its parent's writer process"
-        for fd in (self._requests, self._replies):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._close_pipes()
 
 
 def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob], save_tensors: bool,
@@ -254,13 +256,13 @@ def _forget_in_child() -> None:
         _process.forget_in_child()
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
 
 
-def _read_exactly(fd: int, size: int) -> bytes:
+def read_exactly(fd: int, size: int) -> bytes:
     chunks, left = [], size
     while left:
         chunk = os.read(fd, min(left, 1 << 20))
@@ -271,129 +273,8 @@ def _read_exactly(fd: int, size: int) -> bytes:
     return b"".join(chunks)
 
 
-# -- the helper ---------------------------------------------------------------------------------
-class _RecordingSink:
-    """What the writer's jobs call on a RankWriter, recorded for the training process to replay;
-    tensor files are written here, for real."""
-
-    def __init__(self, root: str, rank: int, parent: int):
-        from rlprobe.lake.layout import DumpLayout
-
-        self.layout, self.rank, self._root, self._parent = DumpLayout(Path(root)), rank, root, parent
-        self.ops: list[tuple[Any, ...]] = []
-
-    def write_tensor(self, path: str, array: np.ndarray) -> str:
-        from rlprobe.lake.atomic import atomic_save_npy
-
-        if os.getppid() != self._parent:  # the training process is gone: write nothing more
-            os._exit(0)
-        self.ops.append(("tensor", atomic_save_npy(os.path.join(self._root, path), array)))
-        return path
-
-    def add_row(self, kind: str, row: Any) -> None:
-        self.ops.append(("row", kind, row))
-
-    def record_error(self, message: str, lost: Any = None, incomplete_step: int | None = None) -> None:
-        self.ops.append(("error", message, lost, incomplete_step))
-
-
-class _Session:
-    """The writer-side object the jobs of one probe see (sink, samples, report)."""
-
-    def __init__(self, sink: _RecordingSink, samples: Any):
-        self.sink, self.samples = sink, samples
-
-    def report(self, errors: list[str]) -> None:
-        if errors:
-            self.sink.ops.append(("report", errors))
-
-
-def _columnar(ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """The ops with each kind's rows as one Arrow table in IPC bytes ("table" ops): the training
-    process reads them back in a few calls, where unpickling row dicts and tabulating them at
-    the next commit held its GIL for milliseconds. Rows that do not fit the schema stay dicts, for
-    the RankWriter to record as it does its own."""
-    import pyarrow as pa
-
-    from rlprobe.lake.schema import schema_for
-
-    rows: dict[str, list[Any]] = {}
-    rest = []
-    for op in ops:
-        if op[0] == "row":
-            rows.setdefault(op[1], []).append(op[2])
-        else:
-            rest.append(op)
-    out = []
-    for kind, items in rows.items():
-        tables = [r for r in items if isinstance(r, pa.Table)]
-        dicts = [r for r in items if not isinstance(r, pa.Table)]
-        if dicts:
-            try:
-                tables.append(pa.Table.from_pylist(dicts, schema=schema_for(kind)))
-            except (pa.ArrowException, TypeError, ValueError, OverflowError, UnicodeError):
-                out.extend(("row", kind, r) for r in dicts)
-        for table in tables:
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, table.schema) as stream:
-                stream.write_table(table)
-            out.append(("table", kind, sink.getvalue().to_pybytes()))
-    return out + rest
-
-
 def read_table(data: bytes) -> Any:
     """A "table" op's rows."""
     import pyarrow as pa
 
     return pa.ipc.open_stream(data).read_all()
-
-
-def _serve(requests: int, replies: int, ring_fd: int, capacity: int, parent: int) -> None:
-    from rlprobe.capture.writer import LeafJob, write_key_data, write_samples_and_key_data
-    from rlprobe.frameworks.base import StagedLeaf
-    from rlprobe.lake.samples import OccurrenceCounter
-
-    ring = np.frombuffer(mmap.mmap(ring_fd, capacity, access=mmap.ACCESS_READ), np.uint8)
-    counters: dict[int, Any] = {}
-    _write_all(replies, b"r")  # ready: a process that fails before this has lost no work
-    while True:
-        try:
-            size = _HEADER.unpack(_read_exactly(requests, _HEADER.size))[0]
-            request = pickle.loads(_read_exactly(requests, size))
-        except EOFError:
-            return
-        if os.getppid() != parent:
-            return
-        what, session = request["what"], request["session"]
-        if what == "end":
-            reply: Any = counters.pop(session, None)
-        else:  # "key_data"
-            if request.get("samples") is not None:
-                counters[session] = request["samples"]
-            sink = _RecordingSink(request["root"], request["rank"], parent)
-            state = _Session(sink, counters.setdefault(session, OccurrenceCounter()))
-            jobs = []
-            for key, index, micro_step, framework, leaf in request["jobs"]:
-                if leaf is not None:
-                    dtype, shape, raw_dtype, offset, nbytes = leaf
-                    raw = ring[offset:offset + nbytes].view(raw_dtype).reshape(shape)
-                    leaf = StagedLeaf(dtype, shape, raw, nbytes=nbytes)
-                jobs.append(LeafJob(key, index, micro_step, framework, leaf))
-            try:
-                if request["identity"] is not None:
-                    write_samples_and_key_data(state, None, request["step"], jobs, request["save_tensors"],
-                                               request["identity"])
-                else:
-                    write_key_data(state, None, request["step"], jobs, request["save_tensors"])
-                reply = ("ok", _columnar(sink.ops))
-            except Exception as e:  # the training process handles it as the writer thread's own failure
-                reply = ("failed", _columnar(sink.ops), f"{type(e).__name__}: {e}")
-        data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
-        try:
-            _write_all(replies, _HEADER.pack(len(data)) + data)
-        except OSError:
-            return
-
-
-if __name__ == "__main__":
-    _serve(*(int(a) for a in sys.argv[1:6]))
