@@ -21,7 +21,7 @@ from rlprobe.capture.flatten import flatten
 from rlprobe.capture.rank_claim import RankClaim, read_json
 from rlprobe.capture.user_values import as_number, is_whole_number, jsonable, whole
 from rlprobe.capture.writer import BackgroundWriter, LeafJob
-from rlprobe.capture.writer_process import write_call, writer_process
+from rlprobe.capture.writer_process import end_session, write_call, writer_process
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks import broadcast_from_rank0, detect_rank_and_world, framework_names, prepare
 from rlprobe.lake.atomic import atomic_write_json
@@ -338,6 +338,7 @@ class Probe:
             writer.submit(lambda: writer.report(writer.sink.close()))
             writer.wait_idle()
             writer.stop()
+            end_session(writer)
         finally:
             if not writer.alive:
                 self._lock.release()

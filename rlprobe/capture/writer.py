@@ -100,19 +100,6 @@ class BackgroundWriter:
     def stop(self) -> None:
         self._queue.put(None)
         self._thread.join()
-        self._end_session()
-
-    def _end_session(self) -> Any:
-        """Forget this probe's state in the writer process; returns its occurrence counts."""
-        from rlprobe.capture.writer_process import WriterProcessDied
-
-        process, remote, self.samples_remote = self.process, self.samples_remote, False
-        if process is None or not remote:
-            return None
-        try:
-            return process.call({"what": "end", "session": self.session})
-        except WriterProcessDied:
-            return None
 
     @property
     def alive(self) -> bool:

@@ -141,7 +141,7 @@ def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: li
                 _write_in_process(writer, process, step, jobs, described, save_tensors, identity)
                 return
             if writer.samples_remote:  # this call is done here: the counts come back first
-                writer.samples = writer._end_session() or writer.samples
+                writer.samples = end_session(writer) or writer.samples
         except WriterProcessDied as e:
             writer.process = None
             if not e.started:  # it never ran (an interpreter that cannot start it): nothing was lost
@@ -161,6 +161,18 @@ def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: li
         write_samples_and_key_data(writer, layout, step, jobs, save_tensors, identity)
     else:
         write_key_data(writer, layout, step, jobs, save_tensors)
+
+
+def end_session(writer: BackgroundWriter) -> Any:
+    """Forget one probe's state in the writer process; returns its occurrence counts (None when
+    it holds none or is gone). After the probe's last call, and before a call done on the thread."""
+    process, remote, writer.samples_remote = writer.process, writer.samples_remote, False
+    if process is None or not remote:
+        return None
+    try:
+        return process.call({"what": "end", "session": writer.session})
+    except WriterProcessDied:
+        return None
 
 
 def _release(jobs: list[LeafJob]) -> None:
