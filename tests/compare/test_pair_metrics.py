@@ -562,7 +562,7 @@ def test_property_combine_over_random_splits(data):
 def test_only_three_signatures_compiled():
     rng = np.random.default_rng(0)
     for da, db in DTYPE_PAIRS:
-        a, b = random_pair(rng, 50, da, db)
+        a, b = random_pair(rng, 500, da, db)  # over numpy_kernels.SEQUENTIAL_BELOW: the compiled kernels
         pair_metrics(a, b)
     for dispatcher in pk._compiled.values():
         assert len(dispatcher.signatures) == 1
