@@ -45,13 +45,14 @@ def test_a_users_numba_cache_dir_is_left_alone(tmp_path):
 
 def test_compare_compiles_only_the_kernels_its_pairs_run(tmp_path):
     """A cold cache: comparing float32 tensors compiles the float kernel, never the integer one
-    (seconds each); numba itself is loaded ahead, in a thread, while the statistics are read."""
+    (seconds each); numba itself is loaded ahead, in a thread, while the statistics are read.
+    (100 elements: tensors under numpy_kernels.SEQUENTIAL_BELOW are compared without numba.)"""
     import numpy as np
 
     for name, value in (("a", 1.0), ("b", 2.0)):
         d = tmp_path / name / "data" / "x" / "step0" / "rank0" / "micro_step0"
         d.mkdir(parents=True)
-        np.save(d / "x.npy", np.full(4, value, np.float32))
+        np.save(d / "x.npy", np.full(100, value, np.float32))
     code = ("import threading\nfrom rlprobe.cli import main\ntry:\n"
             f"    main(['compare', {str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r},"
             f" '-o', {str(tmp_path / 'out')!r}])\n"
