@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 
 def use_user_cache_dir() -> None:
@@ -34,13 +35,31 @@ def use_user_cache_dir() -> None:
         sys.modules["numba.core.config"].CACHE_DIR = path
 
 
+_import_lock = threading.Lock()
+
+
+def import_numba() -> None:
+    """Import numba (and its CPU target's registry) in one thread at a time: two threads importing it
+    at once can meet in its circular imports, and Python then raises _DeadlockError in one of them.
+    Every rlprobe module that defines kernels calls it (after use_user_cache_dir) before `import numba`."""
+    with _import_lock:
+        import numba.core.registry  # noqa: F401
+
+
 def load_numba() -> None:
     """Import numba and set up its CPU target (typing and lowering registries): the ~0.3 s the
     first kernel of a process pays, whether it is compiled or loaded from the cache. Compiles
     nothing, so a thread can pay it while the dumps are read and only the kernels a comparison
     runs get compiled (a cold cache takes seconds a kernel)."""
     use_user_cache_dir()
+    import_numba()
+    from numba.core.compiler_lock import global_compiler_lock
     from numba.core.registry import cpu_target
 
-    cpu_target.typing_context.refresh()
-    cpu_target.target_context.refresh()
+    # the contexts are made outside the compiler lock (making one takes it, under the lock of the lazy
+    # attribute), then refreshed under it: a kernel that loads in another thread refreshes the same
+    # registries, and two refreshes at once fail ("ValueError: generator already executing")
+    typing_context, target_context = cpu_target.typing_context, cpu_target.target_context
+    with global_compiler_lock:
+        typing_context.refresh()
+        target_context.refresh()

@@ -63,3 +63,25 @@ def test_compare_compiles_only_the_kernels_its_pairs_run(tmp_path):
     assert "1 mismatch" in done.stdout
     cached = {p.name.split("-")[0] for p in (tmp_path / "cache" / "rlprobe" / "numba").rglob("*.nbi")}
     assert "pair_kernels._float_kernel" in cached and "pair_kernels._int_kernel" not in cached, cached
+
+
+def test_loading_numba_in_a_thread_while_a_kernel_loads(tmp_path):
+    """`rlprobe compare` loads numba in a thread while the first pair may load its kernel: the two
+    refreshed numba's registries at once ("ValueError: generator already executing")."""
+    code = ("import threading, numpy as np\n"
+            "from rlprobe.numba_cache import load_numba\n"
+            "errors = []\n"
+            "threading.excepthook = lambda args: errors.append(repr(args.exc_value))\n"
+            "t = threading.Thread(target=load_numba)\n"
+            "t.start()\n"
+            "from rlprobe.compare.pair_kernels import kernel_for\n"
+            "x = np.arange(100, dtype=np.float32)\n"
+            "n = kernel_for(np.dtype(np.float32))(x, x, 0, 100)[1]\n"
+            "t.join()\n"
+            "print(n, errors)\n")
+    cache = tmp_path / "cache"
+    _run(code, cache)  # compiles the kernel: the runs below load it from the cache, the fast path that raced
+    for _ in range(4):
+        done = _run(code, cache)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip().splitlines()[-1] == "100 []", done.stdout[-2000:]

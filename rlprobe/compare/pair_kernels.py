@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from rlprobe.numba_cache import use_user_cache_dir
+from rlprobe.numba_cache import import_numba, use_user_cache_dir
 
 use_user_cache_dir()
+import_numba()  # not at once with the warm-up thread of `rlprobe compare`
 
 import numba  # noqa: E402  (after the cache dir is set)
 from numba import types as _nt  # noqa: E402
