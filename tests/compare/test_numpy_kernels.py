@@ -1,15 +1,11 @@
 """rlprobe.compare.numpy_kernels against the compiled kernels of pair_kernels: bit for bit on every
 field below SEQUENTIAL_BELOW elements (NaN, infinities, -0.0, denormals, overflowing differences,
-int64 extremes, empty chunks), and as an oracle for longer chunks; and a comparison of small
-tensors that never imports numba."""
+int64 extremes, empty chunks), and as an oracle for longer chunks. That a comparison of small
+tensors never imports numba: tests/cli/test_startup_imports.py."""
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +16,6 @@ from rlprobe.compare import numpy_kernels as nk
 from rlprobe.compare import pair_kernels as pk
 from rlprobe.compare.pair_metrics import chunk_partial, combine, pair_metrics
 
-ROOT = Path(__file__).resolve().parents[2]
 S = nk.SEQUENTIAL_BELOW
 F64 = np.finfo(np.float64)
 F32 = np.finfo(np.float32)
@@ -190,19 +185,3 @@ def test_pair_metrics_of_a_small_pair_equals_the_kernel_split_on_short_chunks():
                        for p, s in zip(kernel_partials, range(0, 300, 16))]
     assert pair_metrics(a, b, chunk=16) == combine(kernel_partials)
 
-
-def test_a_small_comparison_never_imports_numba(tmp_path):
-    """Two one-step dumps with a 4-element tensor: the whole `rlprobe compare` runs without numba."""
-    for name, value in (("a", 1.0), ("b", 1.001)):
-        d = tmp_path / name / "data" / "x" / "step0" / "rank0" / "micro_step0"
-        d.mkdir(parents=True)
-        np.save(d / "x.npy", np.full(4, value, np.float32))
-    code = ("import sys\nfrom rlprobe.cli import main\ntry:\n"
-            f"    main(['compare', {str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r}, '-o', {str(tmp_path / 'out')!r}])\n"
-            "except SystemExit as e:\n    assert not e.code, e.code\n"
-            "print('numba loaded:', any(m == 'numba' or m.startswith('numba.') for m in sys.modules))\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "4 mismatch" in done.stdout or "mismatch" in done.stdout, done.stdout
-    assert done.stdout.strip().splitlines()[-1] == "numba loaded: False", done.stdout
