@@ -3,7 +3,8 @@ may end it without tearing the interpreter down (freeing ~500 modules, pyarrow's
 among them: ~0.1 s of CPU, a tenth of a small comparison's start-up, issue 18).
 
 Exit handlers (``atexit``) still run and stdout/stderr are flushed; the fast way is taken only when
-no other non-daemon thread is alive, and only from the console entry point (``run``), never when
+no other non-daemon thread is alive and no profiler or tracer is set (``python -m cProfile`` writes
+its file after the program returns), and only from the console entry point (``run``), never when
 rlprobe is called inside another program or a test.
 """
 
@@ -33,7 +34,8 @@ def run(main: Callable[[], object]) -> NoReturn:
         main()
     except SystemExit as done:
         others = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
-        if not _closed or others or not (done.code is None or isinstance(done.code, int)):
+        profiled = sys.getprofile() is not None or sys.gettrace() is not None  # cProfile writes its file after
+        if not _closed or others or profiled or not (done.code is None or isinstance(done.code, int)):
             raise
         code = done.code or 0
     else:

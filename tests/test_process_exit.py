@@ -64,3 +64,14 @@ def test_otherwise_the_usual_teardown(args):
 def test_a_usage_error_exits_the_usual_way():
     done = _run("--code", "notanumber")
     assert done.returncode == 2 and "Invalid value" in done.stderr, done.stderr
+
+
+def test_a_profiled_run_ends_the_usual_way(tmp_path):
+    """python -m cProfile writes its file once the program returns: the teardown is kept."""
+    script = tmp_path / "prog.py"
+    script.write_text(PROGRAM, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(tmp_path / "prof"), str(script)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "prof").stat().st_size > 0
