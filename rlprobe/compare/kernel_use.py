@@ -22,7 +22,7 @@ _LOOK_AT = 512  # directory entries looked at before answering "yes" (a large du
 
 
 def may_run_compiled_kernels(dump_a) -> bool:
-    """False when run A holds fewer than BATCH_MIN (16) `.npy` files, each of at most ~760 bytes (a comparison
+    """False when run A holds fewer than BATCH_MIN (16) `.npy` files, each of at most 312 bytes (a comparison
     numpy does whole); True otherwise, and for a dump too large to tell from 512 directory entries."""
     if dump_a.format == "rlprobe":
         roots = [os.path.join(dump_a.path, "tensors", kind) for kind in ("key_data", "module")]

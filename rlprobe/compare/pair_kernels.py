@@ -94,7 +94,7 @@ _BLOCK = 2048  # elements per block of the float kernel (a few KB: stays in L1 a
 # a block shorter than this is compared element by element (sums in index order, whatever the CPU's
 # vector width), as rlprobe.compare.numpy_kernels does: numpy_kernels.SEQUENTIAL_BELOW, kept equal by
 # tests/compare/test_numpy_kernels.py (a literal here: numba's cache of this file sees no other file)
-_SEQUENTIAL_BELOW = 64
+_SEQUENTIAL_BELOW = 8
 
 
 @numba.njit(nogil=True, cache=True)

@@ -33,19 +33,19 @@ one float32 rounding of a tolerance bound may be counted differently.
 Everything is accumulated in float64 (counts in int64). The kernel is compiled for exactly
 three signatures - (float32, float32), (float64, float64) and (int64, int64), read-only
 C-contiguous 1-D arrays - lazily on first use (``warm_up()`` pays it up front) and cached on
-disk (``cache=True``). A chunk shorter than ``SEQUENTIAL_BELOW`` (64) elements is compared by
+disk (``cache=True``). A chunk shorter than ``SEQUENTIAL_BELOW`` (8) elements is compared by
 rlprobe.compare.numpy_kernels instead, bit for bit the same, so a comparison of small tensors
 never imports numba (~0.3 s of start-up). Other dtype pairs are converted chunk by chunk:
 bool/int/uint -> int64 (a chunk holding uint64 values above 2**63-1 takes a slower exact path),
 float16/float32 -> float32 (exact), any other float mix and int-vs-float -> float64
 (int-vs-float is compared as floats, so integers above 2**53 round).
 
-The float kernel works in blocks of 2048 elements: a block of at least 64 elements whose values
+The float kernel works in blocks of 2048 elements: a block of at least 8 elements whose values
 are all finite (the common case) goes through a branch-free loop that the compiler vectorizes
 (its float64 sums may be reassociated, its maxima taken over the bits of the non-negative
 errors); a block with a NaN or an infinity, or a float64 difference that overflows, is redone
 element by element with every rule above, its sums added in index order, as is a block of fewer
-than 64 elements. Sums are reduced per chunk of ``chunk`` elements (blocks start at the
+than 8 elements. Sums are reduced per chunk of ``chunk`` elements (blocks start at the
 chunk's start), chunks are aligned to multiples of ``chunk`` in the flat index space, and
 ``combine`` adds the chunk sums with ``math.fsum`` (exactly rounded, order independent). So
 splitting a pair into ranges whose boundaries are multiples of ``chunk`` gives bit-identical

