@@ -85,3 +85,33 @@ def test_loading_numba_in_a_thread_while_a_kernel_loads(tmp_path):
         done = _run(code, cache)
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip().splitlines()[-1] == "100 []", done.stdout[-2000:]
+
+
+def test_every_module_with_kernels_names_the_cache_folder():
+    """numba checks a cached kernel against its own file only: every module defining kernels is in
+    KERNEL_MODULES, so a change to any of them gives a fresh cache folder."""
+    from rlprobe.numba_cache import KERNEL_MODULES
+
+    package = ROOT / "rlprobe"
+    with_kernels = {str(p.relative_to(package)) for p in package.rglob("*.py")
+                    if "numba.njit" in p.read_text(encoding="utf-8") or "@njit" in p.read_text(encoding="utf-8")}
+    assert with_kernels and with_kernels <= set(KERNEL_MODULES), sorted(with_kernels - set(KERNEL_MODULES))
+    assert all((package / m).is_file() for m in KERNEL_MODULES)
+
+
+def test_a_changed_kernel_source_gets_a_new_cache_folder(tmp_path):
+    """batch_kernels compiles pair_kernels' element kernel into its batch: after only pair_kernels.py
+    changed, numba would load the batch with the old element kernel from its cache."""
+    import shutil
+
+    from rlprobe.numba_cache import KERNEL_MODULES, kernel_sources_digest
+
+    copy = tmp_path / "rlprobe"
+    for name in KERNEL_MODULES:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / "rlprobe" / name, copy / name)
+    before = kernel_sources_digest(str(copy))
+    assert before == kernel_sources_digest()
+    with open(copy / "compare" / "pair_kernels.py", "a", encoding="utf-8") as f:
+        f.write("\n# changed\n")
+    assert kernel_sources_digest(str(copy)) != before
