@@ -11,19 +11,24 @@ only decides what is loaded ahead, never a result: a wrong "no" loads numba with
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from rlprobe.compare.numpy_kernels import SEQUENTIAL_BELOW
 from rlprobe.compare.small_pairs import BATCH_MIN
 
+if TYPE_CHECKING:
+    from rlprobe.lake.reader import Dump
+
 __all__ = ["may_run_compiled_kernels"]
 
-_SMALL_NPY_BYTES = 256 + (SEQUENTIAL_BELOW - 1) * 8  # a header and fewer than SEQUENTIAL_BELOW 8-byte elements
+_SMALL_NPY_BYTES = 4096  # a larger file holds more than a small header and 7 elements
 _LOOK_AT = 512  # directory entries looked at before answering "yes" (a large dump)
 
 
-def may_run_compiled_kernels(dump_a) -> bool:
-    """False when run A holds fewer than BATCH_MIN (16) `.npy` files, each of at most 312 bytes (a comparison
-    numpy does whole); True otherwise, and for a dump too large to tell from 512 directory entries."""
+def may_run_compiled_kernels(dump_a: "Dump") -> bool:
+    """False when run A holds fewer than BATCH_MIN (16) `.npy` files, each of fewer than SEQUENTIAL_BELOW
+    (8) elements (a comparison numpy does whole); True otherwise, also for a file whose header cannot be
+    read and for a dump too large to tell from 512 directory entries."""
     if dump_a.format == "rlprobe":
         roots = [os.path.join(dump_a.path, "tensors", kind) for kind in ("key_data", "module")]
     else:
@@ -46,8 +51,27 @@ def may_run_compiled_kernels(dump_a) -> bool:
                         stack.append(entry.path)
                     elif entry.name.endswith(".npy"):
                         files += 1
-                        if files >= BATCH_MIN or entry.stat().st_size > _SMALL_NPY_BYTES:
+                        if files >= BATCH_MIN or not _few_elements(entry):
                             return True
                 except OSError:
                     continue
     return False
+
+
+def _few_elements(entry: os.DirEntry) -> bool:
+    """Whether the .npy file holds fewer than SEQUENTIAL_BELOW elements (its header read)."""
+    import numpy as np
+
+    if entry.stat().st_size > _SMALL_NPY_BYTES:
+        return False
+    try:
+        with open(entry.path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            shape = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                     else np.lib.format.read_array_header_2_0(f))[0]
+    except (OSError, ValueError, SyntaxError):
+        return False
+    n = 1
+    for d in shape:
+        n *= d
+    return n < SEQUENTIAL_BELOW
