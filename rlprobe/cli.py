@@ -249,6 +249,9 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, pe
                        plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet,
                        key_map=key_mapping, config_ignore=list(config_ignore),
                        config_ignore_defaults=not no_default_config_ignore)
+    from rlprobe.process_exit import outputs_closed
+
+    outputs_closed()  # OUT is published (or kept as it was): the process may end without teardown
     raise click.exceptions.Exit(code)
 
 
@@ -380,5 +383,12 @@ def history(file: str, plots_dir: str | None, no_plots: bool, last: int) -> None
     raise click.exceptions.Exit(history_command(file, plots_dir, no_plots, last))
 
 
+def console() -> None:
+    """The `rlprobe` console script: main(), ended by rlprobe.process_exit."""
+    from rlprobe.process_exit import run
+
+    run(main)
+
+
 if __name__ == "__main__":
-    main()
+    console()

@@ -3,12 +3,36 @@ kernel, so neither has to import the other to set it; and numba loaded ahead of 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
+import threading
+
+#: the modules that define numba kernels (tests/test_numba_cache.py keeps the list whole). numba
+#: checks a cached function against its own file only, so a kernel compiled into another one
+#: (pair_kernels' element kernel into batch_kernels' batch) was loaded stale after only the first
+#: file changed; the cache folder is named after the contents of all of them instead
+KERNEL_MODULES = ("compare/pair_kernels.py", "compare/batch_kernels.py", "check/token_kernel.py",
+                  "frameworks/cpu_grad_kernel.py", "frameworks/cpu_param_kernel.py")
+
+
+def kernel_sources_digest(package_dir: str | None = None) -> str:
+    """A digest of the kernel modules' sources (of this package, or of the rlprobe at `package_dir`)."""
+    root = package_dir or os.path.dirname(os.path.abspath(__file__))
+    digest = hashlib.sha1()
+    for name in KERNEL_MODULES:
+        digest.update(name.encode() + b"\0")
+        try:
+            with open(os.path.join(root, name), "rb") as f:
+                digest.update(f.read())
+        except OSError:
+            digest.update(b"(missing)")
+    return digest.hexdigest()[:16]
 
 
 def use_user_cache_dir() -> None:
-    """Point numba's on-disk cache at a user cache dir unless the user chose one.
+    """Point numba's on-disk cache at a user cache dir unless the user chose one:
+    ``~/.cache/rlprobe/numba/<kernel_sources_digest()>``.
 
     ``cache=True`` would otherwise try to write next to the installed package, which fails
     for read-only installs, and each module that imported numba first would keep its kernels
@@ -21,7 +45,7 @@ def use_user_cache_dir() -> None:
     if os.environ.get("NUMBA_CACHE_DIR"):
         return
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "rlprobe", "numba")
+    path = os.path.join(base, "rlprobe", "numba", kernel_sources_digest())
     try:
         os.makedirs(path, exist_ok=True)
     except OSError:
@@ -34,13 +58,31 @@ def use_user_cache_dir() -> None:
         sys.modules["numba.core.config"].CACHE_DIR = path
 
 
+_import_lock = threading.Lock()
+
+
+def import_numba() -> None:
+    """Import numba (and its CPU target's registry) in one thread at a time: two threads importing it
+    at once can meet in its circular imports, and Python then raises _DeadlockError in one of them.
+    Every rlprobe module that defines kernels calls it (after use_user_cache_dir) before `import numba`."""
+    with _import_lock:
+        import numba.core.registry  # noqa: F401
+
+
 def load_numba() -> None:
     """Import numba and set up its CPU target (typing and lowering registries): the ~0.3 s the
     first kernel of a process pays, whether it is compiled or loaded from the cache. Compiles
     nothing, so a thread can pay it while the dumps are read and only the kernels a comparison
     runs get compiled (a cold cache takes seconds a kernel)."""
     use_user_cache_dir()
+    import_numba()
+    from numba.core.compiler_lock import global_compiler_lock
     from numba.core.registry import cpu_target
 
-    cpu_target.typing_context.refresh()
-    cpu_target.target_context.refresh()
+    # the contexts are made outside the compiler lock (making one takes it, under the lock of the lazy
+    # attribute), then refreshed under it: a kernel that loads in another thread refreshes the same
+    # registries, and two refreshes at once fail ("ValueError: generator already executing")
+    typing_context, target_context = cpu_target.typing_context, cpu_target.target_context
+    with global_compiler_lock:
+        typing_context.refresh()
+        target_context.refresh()

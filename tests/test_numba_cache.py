@@ -45,13 +45,14 @@ def test_a_users_numba_cache_dir_is_left_alone(tmp_path):
 
 def test_compare_compiles_only_the_kernels_its_pairs_run(tmp_path):
     """A cold cache: comparing float32 tensors compiles the float kernel, never the integer one
-    (seconds each); numba itself is loaded ahead, in a thread, while the statistics are read."""
+    (seconds each); numba itself is loaded ahead, in a thread, while the statistics are read.
+    (100 elements: tensors under numpy_kernels.SEQUENTIAL_BELOW are compared without numba.)"""
     import numpy as np
 
     for name, value in (("a", 1.0), ("b", 2.0)):
         d = tmp_path / name / "data" / "x" / "step0" / "rank0" / "micro_step0"
         d.mkdir(parents=True)
-        np.save(d / "x.npy", np.full(4, value, np.float32))
+        np.save(d / "x.npy", np.full(100, value, np.float32))
     code = ("import threading\nfrom rlprobe.cli import main\ntry:\n"
             f"    main(['compare', {str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r},"
             f" '-o', {str(tmp_path / 'out')!r}])\n"
@@ -62,3 +63,55 @@ def test_compare_compiles_only_the_kernels_its_pairs_run(tmp_path):
     assert "1 mismatch" in done.stdout
     cached = {p.name.split("-")[0] for p in (tmp_path / "cache" / "rlprobe" / "numba").rglob("*.nbi")}
     assert "pair_kernels._float_kernel" in cached and "pair_kernels._int_kernel" not in cached, cached
+
+
+def test_loading_numba_in_a_thread_while_a_kernel_loads(tmp_path):
+    """`rlprobe compare` loads numba in a thread while the first pair may load its kernel: the two
+    refreshed numba's registries at once ("ValueError: generator already executing")."""
+    code = ("import threading, numpy as np\n"
+            "from rlprobe.numba_cache import load_numba\n"
+            "errors = []\n"
+            "threading.excepthook = lambda args: errors.append(repr(args.exc_value))\n"
+            "t = threading.Thread(target=load_numba)\n"
+            "t.start()\n"
+            "from rlprobe.compare.pair_kernels import kernel_for\n"
+            "x = np.arange(100, dtype=np.float32)\n"
+            "n = kernel_for(np.dtype(np.float32))(x, x, 0, 100)[1]\n"
+            "t.join()\n"
+            "print(n, errors)\n")
+    cache = tmp_path / "cache"
+    _run(code, cache)  # compiles the kernel: the runs below load it from the cache, the fast path that raced
+    for _ in range(4):
+        done = _run(code, cache)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip().splitlines()[-1] == "100 []", done.stdout[-2000:]
+
+
+def test_every_module_with_kernels_names_the_cache_folder():
+    """numba checks a cached kernel against its own file only: every module defining kernels is in
+    KERNEL_MODULES, so a change to any of them gives a fresh cache folder."""
+    from rlprobe.numba_cache import KERNEL_MODULES
+
+    package = ROOT / "rlprobe"
+    with_kernels = {str(p.relative_to(package)) for p in package.rglob("*.py")
+                    if "numba.njit" in p.read_text(encoding="utf-8") or "@njit" in p.read_text(encoding="utf-8")}
+    assert with_kernels and with_kernels <= set(KERNEL_MODULES), sorted(with_kernels - set(KERNEL_MODULES))
+    assert all((package / m).is_file() for m in KERNEL_MODULES)
+
+
+def test_a_changed_kernel_source_gets_a_new_cache_folder(tmp_path):
+    """batch_kernels compiles pair_kernels' element kernel into its batch: after only pair_kernels.py
+    changed, numba would load the batch with the old element kernel from its cache."""
+    import shutil
+
+    from rlprobe.numba_cache import KERNEL_MODULES, kernel_sources_digest
+
+    copy = tmp_path / "rlprobe"
+    for name in KERNEL_MODULES:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / "rlprobe" / name, copy / name)
+    before = kernel_sources_digest(str(copy))
+    assert before == kernel_sources_digest()
+    with open(copy / "compare" / "pair_kernels.py", "a", encoding="utf-8") as f:
+        f.write("\n# changed\n")
+    assert kernel_sources_digest(str(copy)) != before

@@ -142,17 +142,18 @@ def _prepend_read_errors(key_data: pa.Table, read_errors: list[str]) -> pa.Table
 
 def _mark_first(key_data: pa.Table, first: dict[str, Any] | None) -> pa.Table:
     """key_data with is_first_divergence: true on the first row equal to `first` (by key)."""
-    import numpy as np
     import pyarrow.compute as pc
 
-    flags = np.zeros(key_data.num_rows, np.bool_)
-    if first is not None and key_data.num_rows:
+    n = key_data.num_rows
+    hit = -1
+    if first is not None and n:
         mask = None
         for c in ("key", "step", "rank", "micro_step", "index"):
             value = first[c]
             eq = pc.is_null(key_data[c]) if value is None else pc.fill_null(pc.equal(key_data[c], value), False)
             mask = eq if mask is None else pc.and_(mask, eq)
         hit = pc.index(mask, True).as_py()
-        if hit >= 0:
-            flags[hit] = True
-    return key_data.append_column("is_first_divergence", pa.array(flags, pa.bool_()))
+    # from Arrow scalars, not a numpy array: pa.array(ndarray) imports numpy.ma (~10-30 ms of start-up)
+    flags = (pa.concat_arrays([pa.repeat(False, hit), pa.array([True]), pa.repeat(False, n - hit - 1)]) if hit >= 0
+             else pa.repeat(False, n))
+    return key_data.append_column("is_first_divergence", flags)

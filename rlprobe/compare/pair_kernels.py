@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from rlprobe.numba_cache import use_user_cache_dir
+from rlprobe.numba_cache import import_numba, use_user_cache_dir
 
 use_user_cache_dir()
+import_numba()  # not at once with the warm-up thread of `rlprobe compare`
 
 import numba  # noqa: E402  (after the cache dir is set)
 from numba import types as _nt  # noqa: E402
@@ -90,6 +91,10 @@ def _float_exact(a, b, start, stop):  # pragma: no cover - runs compiled
 
 
 _BLOCK = 2048  # elements per block of the float kernel (a few KB: stays in L1 across its passes)
+# a block shorter than this is compared element by element (sums in index order, whatever the CPU's
+# vector width), as rlprobe.compare.numpy_kernels does: numpy_kernels.SEQUENTIAL_BELOW, kept equal by
+# tests/compare/test_numpy_kernels.py (a literal here: numba's cache of this file sees no other file)
+_SEQUENTIAL_BELOW = 8
 
 
 @numba.njit(nogil=True, cache=True)
@@ -146,8 +151,8 @@ def _float_kernel(a, b, start, stop):  # pragma: no cover - runs compiled
 
     Block by block: a block with only finite values (the common case) takes the vectorized
     `_finite_block`; one holding a NaN or an infinity, or whose float64 difference overflows,
-    is redone by `_float_exact`. The first mismatch is searched for only in the first block that
-    has one."""
+    is redone by `_float_exact`, and so is one shorter than _SEQUENTIAL_BELOW. The first mismatch
+    is searched for only in the first block that has one."""
     eq = 0
     first = -1
     max_abs = 0.0
@@ -169,7 +174,7 @@ def _float_kernel(a, b, start, stop):  # pragma: no cover - runs compiled
         n = be - bs
         ac = a[bs:be]
         bc = b[bs:be]
-        fast = _nonfinite_count(ac, bc) == 0
+        fast = n >= _SEQUENTIAL_BELOW and _nonfinite_count(ac, bc) == 0
         if fast:
             e, c3, c2, d_, s1, s2 = _finite_block(ac, bc, dbuf, rbuf)
             out[0] = _max_int(dbits[:n])

@@ -33,16 +33,19 @@ one float32 rounding of a tolerance bound may be counted differently.
 Everything is accumulated in float64 (counts in int64). The kernel is compiled for exactly
 three signatures - (float32, float32), (float64, float64) and (int64, int64), read-only
 C-contiguous 1-D arrays - lazily on first use (``warm_up()`` pays it up front) and cached on
-disk (``cache=True``). Other dtype pairs are converted chunk by chunk: bool/int/uint ->
-int64 (a chunk holding uint64 values above 2**63-1 takes a slower exact path),
+disk (``cache=True``). A chunk shorter than ``SEQUENTIAL_BELOW`` (8) elements is compared by
+rlprobe.compare.numpy_kernels instead, bit for bit the same, so a comparison of small tensors
+never imports numba (~0.3 s of start-up). Other dtype pairs are converted chunk by chunk:
+bool/int/uint -> int64 (a chunk holding uint64 values above 2**63-1 takes a slower exact path),
 float16/float32 -> float32 (exact), any other float mix and int-vs-float -> float64
 (int-vs-float is compared as floats, so integers above 2**53 round).
 
-The float kernel works in blocks of 2048 elements: a block whose values are all finite (the
-common case) goes through a branch-free loop that the compiler vectorizes (its float64 sums
-may be reassociated, its maxima taken over the bits of the non-negative errors); a block with
-a NaN or an infinity, or a float64 difference that overflows, is redone element by element
-with every rule above. Sums are reduced per chunk of ``chunk`` elements (blocks start at the
+The float kernel works in blocks of 2048 elements: a block of at least 8 elements whose values
+are all finite (the common case) goes through a branch-free loop that the compiler vectorizes
+(its float64 sums may be reassociated, its maxima taken over the bits of the non-negative
+errors); a block with a NaN or an infinity, or a float64 difference that overflows, is redone
+element by element with every rule above, its sums added in index order, as is a block of fewer
+than 8 elements. Sums are reduced per chunk of ``chunk`` elements (blocks start at the
 chunk's start), chunks are aligned to multiples of ``chunk`` in the flat index space, and
 ``combine`` adds the chunk sums with ``math.fsum`` (exactly rounded, order independent). So
 splitting a pair into ranges whose boundaries are multiples of ``chunk`` gives bit-identical
@@ -57,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from rlprobe.compare.flat_sources import ArraySource, FlatSource, MappedPages, chunk_bounds
-from rlprobe.compare.pair_kernels import kernel_for, warm_up
+from rlprobe.compare.numpy_kernels import SEQUENTIAL_BELOW, partial_of
 from rlprobe.compare.partials import METRIC_KEYS, Partial, combine, partial_from
 
 __all__ = [
@@ -130,7 +133,8 @@ def _wide_int_partial(ca: np.ndarray, cb: np.ndarray, offset: int) -> Partial:
 def chunk_partial(ca: np.ndarray, cb: np.ndarray, offset: int = 0) -> Partial:
     """Aggregates of two 1-D chunks of equal length; ``offset`` is the flat index of element 0.
 
-    Converts the chunks only when their dtypes are not a compiled signature.
+    Converts the chunks only when their dtypes are not a compiled signature. A chunk shorter than
+    ``numpy_kernels.SEQUENTIAL_BELOW`` is compared in numpy (the same bits, without loading numba).
     """
     if ca.shape[0] != cb.shape[0]:
         raise ValueError(f"chunks differ in length: {ca.shape[0]} vs {cb.shape[0]}")
@@ -139,6 +143,10 @@ def chunk_partial(ca: np.ndarray, cb: np.ndarray, offset: int = 0) -> Partial:
         return _wide_int_partial(np.asarray(ca).reshape(-1), np.asarray(cb).reshape(-1), offset)
     ca = _prepare(ca, target)
     cb = _prepare(cb, target)
+    if ca.shape[0] < SEQUENTIAL_BELOW:  # numpy, bit for bit the kernel's: no numba for small tensors
+        return partial_from(partial_of(ca, cb), offset)
+    from rlprobe.compare.pair_kernels import kernel_for  # numba: imported with the first larger chunk
+
     return partial_from(kernel_for(target)(ca, cb, 0, ca.shape[0]), offset)
 
 
@@ -152,6 +160,13 @@ def range_partials(a: FlatSource, b: FlatSource, start: int, stop: int, chunk: i
         a.release(s, e)
         b.release(s, e)
     return out
+
+
+def warm_up() -> None:
+    """Import numba and compile (or load from its on-disk cache) the three kernels, ahead of the pairs."""
+    from rlprobe.compare.pair_kernels import warm_up as load_kernels
+
+    load_kernels()
 
 
 def ranges(numel: int, parts: int, align: int = 1) -> list[tuple[int, int]]:

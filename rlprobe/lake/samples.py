@@ -13,6 +13,7 @@ the writer thread hashes rows vectorised (`sample_table`), with no Python loop o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -30,8 +31,14 @@ from rlprobe.lake.statistics import STACK_BYTES, stack_groups
 PROMPT_KEYS = ("prompts", "prompt_ids", "input_ids", "prompt_token_ids", "queries", "query_ids")
 
 _SEED = 0x9E3779B97F4A7C15  # fixed: hashes must agree across runs, processes and hosts
-_MULTIPLIERS = np.random.Generator(np.random.PCG64(_SEED)).integers(
-    0, 2**63, 4096, dtype=np.uint64) * np.uint64(2) + np.uint64(1)  # odd: no single-word collision
+
+
+@functools.lru_cache(maxsize=1)
+def _multipliers() -> np.ndarray:
+    """4096 odd uint64 multipliers (no single-word collision), made on first use: importing numpy.random
+    cost every command that reads a dump ~10 ms of start-up (issue 18)."""
+    return np.random.Generator(np.random.PCG64(_SEED)).integers(
+        0, 2**63, 4096, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
 
 
 @dataclass
@@ -128,9 +135,10 @@ def row_hashes(raw: np.ndarray) -> np.ndarray:
     if width % 8:
         b = np.concatenate([b, np.zeros((n, 8 - width % 8), np.uint8)], axis=1)
     words = b.view("<u8")
-    k = _MULTIPLIERS[np.arange(words.shape[1]) % len(_MULTIPLIERS)]
-    if words.shape[1] > len(_MULTIPLIERS):  # long rows: vary the multiplier per pass over the table
-        k = k + (np.arange(words.shape[1], dtype=np.uint64) // np.uint64(len(_MULTIPLIERS))) * np.uint64(2)
+    multipliers = _multipliers()
+    k = multipliers[np.arange(words.shape[1]) % len(multipliers)]
+    if words.shape[1] > len(multipliers):  # long rows: vary the multiplier per pass over the table
+        k = k + (np.arange(words.shape[1], dtype=np.uint64) // np.uint64(len(multipliers))) * np.uint64(2)
     with np.errstate(over="ignore"):
         h = (words * k).sum(axis=1, dtype=np.uint64) ^ np.uint64(width)
         h ^= h >> np.uint64(30)

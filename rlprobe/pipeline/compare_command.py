@@ -34,6 +34,7 @@ def compare(
     written (or holds files rlprobe did not write); `out` then keeps its earlier files.
     `extra_files(folder)` adds files to the folder before it is published (msprobe's layout).
     `key_map`: a trainer's key names; `config_ignore`: config paths the config diff leaves out."""
+    from rlprobe.compare.kernel_use import may_run_compiled_kernels
     from rlprobe.compare.run import compare_dumps, warm_up_kernels
     from rlprobe.lake.reader import open_dump
     from rlprobe.report.comparison_files import ReportOptions, write_reports, write_summary_json, write_tables
@@ -43,9 +44,9 @@ def compare(
     out = Path(out)
     prepare_output(out, "output directory")  # before the work: a folder of other files is refused at once
     dump_a, dump_b = open_dump(a), open_dump(b)
-    if dump_a.may_hold_tensors and dump_b.may_hold_tensors:
-        # load numba and the compiled kernels while the runs' statistics are read and matched
-        # (not at all for statistics-only or gradient-only dumps: ~0.3 s saved)
+    if dump_a.may_hold_tensors and dump_b.may_hold_tensors and may_run_compiled_kernels(dump_a):
+        # load numba and the compiled kernels while the runs' statistics are read and matched (not at
+        # all for statistics-only or gradient-only dumps, nor a few small tensors, which numpy compares)
         threading.Thread(target=warm_up_kernels, name="rlprobe-warm-up", daemon=True).start()
     tables, summary = compare_dumps(dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
                                     stats_rtol=stats_rtol, order=order, progress=progress, key_map=key_map,

@@ -14,8 +14,10 @@ import pytest
 import rlprobe
 from rlprobe.unused_imports import UNUSED, refused
 
-# loaded by nothing the default `rlprobe compare` of tensor dumps does
-NEVER_LOADED = ("pandas", "scipy", "cffi", "torch", "mindspore", "ray", "matplotlib", "polars", "transformers")
+# loaded by nothing the default `rlprobe compare` of tensor dumps does (numba: not for tensors of fewer
+# than 8 elements, which numpy compares: rlprobe.compare.numpy_kernels)
+NEVER_LOADED = ("pandas", "scipy", "cffi", "torch", "mindspore", "ray", "matplotlib", "polars", "transformers",
+                "numba")
 
 RUN_AND_LIST_MODULES = """
 import json, sys

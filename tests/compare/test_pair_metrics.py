@@ -562,7 +562,7 @@ def test_property_combine_over_random_splits(data):
 def test_only_three_signatures_compiled():
     rng = np.random.default_rng(0)
     for da, db in DTYPE_PAIRS:
-        a, b = random_pair(rng, 50, da, db)
+        a, b = random_pair(rng, 500, da, db)  # over numpy_kernels.SEQUENTIAL_BELOW: the compiled kernels
         pair_metrics(a, b)
     for dispatcher in pk._compiled.values():
         assert len(dispatcher.signatures) == 1
@@ -611,7 +611,7 @@ def test_numba_cache_dir_defaults_to_user_cache(tmp_path):
             d.chmod(0o755)
     assert out.returncode == 0, out.stderr
     cache_dir, equal = out.stdout.split()
-    assert Path(cache_dir) == home / ".cache" / "rlprobe" / "numba"
+    assert Path(cache_dir).parent == home / ".cache" / "rlprobe" / "numba"  # a folder per kernel sources
     assert equal == "3"
     assert list(Path(cache_dir).rglob("*.nbi")), "no numba cache index written"
     # an explicit NUMBA_CACHE_DIR is respected
