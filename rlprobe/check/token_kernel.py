@@ -93,7 +93,7 @@ class PairFigures:
         """quantile() of each of qs, from one pass over the histogram (its nonzero bins only);
         `counts`, `filled`: abs_hist() and its nonzero bins, when the caller has them already."""
         counts = self.abs_hist() if counts is None else counts
-        filled = np.flatnonzero(counts) if filled is None else filled
+        filled = np.flatnonzero(counts != 0) if filled is None else filled
         if filled.size == 0:
             return [None] * len(qs)
         cumulative = np.cumsum(counts[filled])
@@ -103,11 +103,10 @@ class PairFigures:
         return [float(min(edge, self.max_abs)) for edge in edges]
 
     def clear(self, filled: np.ndarray) -> None:
-        """Back to no pairs, zeroing only the histogram's `filled` magnitude bins (abs_hist's nonzero ones)."""
+        """Back to no pairs, zeroing only the histogram bins in `filled` (indexes of hist)."""
         self.tokens = self.outside = self.nonfinite = 0
         self.sum_delta = self.sum_sq = self.sum_abs = self.max_abs = 0.0
         self.hist[filled] = 0
-        self.hist[HALF + filled] = 0
         for name in ("pos_count", "pos_sum", "pos_max", "prob_count", "prob_sum"):
             getattr(self, name).fill(0)
 
