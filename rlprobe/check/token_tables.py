@@ -83,37 +83,45 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
     keys = sorted(work)
     count = max(1, workers) if len(keys) < max(1, workers) else 1  # few jobs: split them so every thread works
     pieces = [(key, piece) for key in keys for piece in split_rows(work[key], count)]
-    cut = {key for key, _ in pieces} if count > 1 else set()  # their pieces' figures are added before the rows
+    cut = count > 1  # every key in pieces: their figures are added up before the rows are built
     edges = _Edges()
     scratch = threading.local()  # a thread's figures, zeroed where filled after each key: no 256 KiB page-in a key
 
-    def piece_job(key: tuple[str, int, int], parts: list[Part]) -> tuple[PairFigures | None, list, _KeyRows | None]:
-        if key in cut:
+    def piece_job(key: tuple[str, int, int], parts: list[Part]) -> tuple[PairFigures | _KeyRows, list]:
+        if cut:
             figures = PairFigures()
-        else:
-            figures = getattr(scratch, "figures", None) or PairFigures()
-            scratch.figures = None  # a key that fails leaves it dirty: the next one starts afresh
+            return figures, _reduce_parts(dump, parts, eps, figures)
+        figures = getattr(scratch, "figures", None) or PairFigures()
+        scratch.figures = None  # a key that fails leaves it dirty: the next one starts afresh
         sequences = _reduce_parts(dump, parts, eps, figures)
-        if key in cut:
-            return figures, sequences, None
-        rows = _key_rows(key, figures, _meta(work[key]), eps, edges)  # in the worker: both threads share this too
+        rows = _key_rows(key, figures, _meta(work[key]), eps, edges)
         figures.clear(rows.filled)
         scratch.figures = figures
-        return None, sequences, rows
+        return rows, sequences
 
-    def job(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> list:
-        return [piece_job(key, parts) for key, parts in batch]
+    def job(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> tuple[list, dict[str, pa.Table]]:
+        """A run of pieces, and their tables (built here: both threads share that work too)."""
+        found = [piece_job(key, parts) for key, parts in batch]
+        tables = {} if cut else _step_tables([rows for rows, _ in found])
+        tables["token_sequences"] = _sequence_table([(key, s) for (key, _), (_, seqs) in zip(batch, found)
+                                                     for s in seqs])
+        return found, tables
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        results = [r for batch in pool.map(job, batches(pieces, JOBS_PER_THREAD * max(1, workers))) for r in batch]
-    merged: dict[tuple[str, int, int], PairFigures] = {}
-    for (key, _), (figures, _, _) in zip(pieces, results):
-        if figures is not None:
+        results = list(pool.map(job, batches(pieces, JOBS_PER_THREAD * max(1, workers))))
+    tables = [t for _, t in results]
+    if cut:
+        merged: dict[tuple[str, int, int], PairFigures] = {}
+        for (key, _), (figures, _) in zip(pieces, (piece for found, _ in results for piece in found)):
             merged.setdefault(key, PairFigures()).add(figures)
-    done = {key: rows for (key, _), (_, _, rows) in zip(pieces, results) if rows is not None}
-    done.update({key: _key_rows(key, f, _meta(work[key]), eps, edges) for key, f in merged.items()})
-    sequences = [(key, s) for (key, _), (_, found, _) in zip(pieces, results) for s in found]
-    return {**_step_tables([done[key] for key in keys]), "token_sequences": _sequence_table(sequences)}
+        tables.append(_step_tables([_key_rows(key, f, _meta(work[key]), eps, edges) for key, f in merged.items()]))
+    return {name: _concat([t[name] for t in tables if name in t], schema)
+            for name, schema in (("token_steps", STEPS), ("token_hist", HIST), ("token_positions", BUCKETS),
+                                 ("token_probability", BUCKETS), ("token_sequences", SEQUENCES))}
+
+
+def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 JOBS_PER_THREAD = 4  # batches a thread: enough to even out the threads' ends, few enough that a job's cost is the work
