@@ -81,7 +81,9 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
     for part in pairs(tensor_rows(stats), samples_table(dump) if samples is None else samples):
         work.setdefault((part.pair, part.a["step"], part.a["rank"]), []).append(part)
     keys = sorted(work)
-    count = max(1, workers) if len(keys) < max(1, workers) else 1  # few jobs: split them so every thread works
+    jobs = JOBS_PER_THREAD * max(1, workers)
+    # few keys: each cut into row ranges (split_rows), so that the threads end together
+    count = -(-jobs // len(keys)) if workers > 1 and 0 < len(keys) < jobs else 1
     pieces = [(key, piece) for key in keys for piece in split_rows(work[key], count)]
     cut = count > 1  # every key in pieces: their figures are added up before the rows are built
     edges = _Edges()
@@ -108,7 +110,7 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
         return found, tables
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        results = list(pool.map(job, batches(pieces, JOBS_PER_THREAD * max(1, workers))))
+        results = list(pool.map(job, batches(pieces, jobs)))
     tables = [t for _, t in results]
     if cut:
         merged: dict[tuple[str, int, int], PairFigures] = {}
