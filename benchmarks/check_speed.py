@@ -19,7 +19,8 @@
    process of its own, alternating, with paired ratios (baseline / this checkout).
 3. Kernel: the same pairs read into memory first, reduced by the kernel alone on 1 thread and on
    2 (the pairs split between them): GB/s and the 2-thread scaling, wall clock and the 1-thread
-   figure also in thread CPU time (what the kernel costs when other processes share the cores).
+   figure also in thread CPU time (what the kernel costs when other processes share the cores);
+   with --baseline also paired with the other checkout's kernel (processes of their own, alternating).
 
     python benchmarks/check_speed.py [--steps 1000 --ranks 64 --micro 2] [--pairs 64 --rows 64 --cols 4096]
                                      [--cache DIR] [--repeat 3] [--workloads bench,few,one,many,nomask,extras]
@@ -125,7 +126,7 @@ def tensor_dump(path: Path, pairs: int, rows: int, cols: int, masked: bool = Tru
     return nbytes
 
 
-def token_phase(path: Path, warm: Path, repeat: int) -> dict[str, list[float]]:
+def token_phase(path: Path, warm: Path | str, repeat: int | str) -> dict[str, list[float]]:
     """The token phase of check_dump on `path`, `repeat` times after a warm-up check of `warm`
     (start-up): its wall seconds (CheckResult.timings["tokens"]) and the CPU seconds (user + system,
     all threads) of the same phase run again on its own (check_dump's calls, between two getrusage)."""
@@ -139,7 +140,7 @@ def token_phase(path: Path, warm: Path, repeat: int) -> dict[str, list[float]]:
 
     check_dump(warm)  # start-up: numba's compiled kernel loads (or compiles) here
     wall, cpu = [], []
-    for _ in range(repeat):
+    for _ in range(int(repeat)):
         wall.append(check_dump(path).timings["tokens"])
         dump = open_dump(path)
         stats = inputs.stats_table(dump)
@@ -153,19 +154,19 @@ def token_phase(path: Path, warm: Path, repeat: int) -> dict[str, list[float]]:
     return {"wall": wall, "cpu": cpu}
 
 
-def child_token_phase(checkout: Path, path: Path, warm: Path, repeat: int) -> dict[str, list[float]]:
-    """token_phase() in a fresh process whose rlprobe is the one of `checkout`."""
+def in_child(checkout: Path, call: str, *args: str) -> dict:
+    """check_speed.<call>(*args) in a fresh process whose rlprobe is the one of `checkout`."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import check_speed; from pathlib import Path; "
-            "print(json.dumps(check_speed.token_phase(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))))")
-    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent), str(path), str(warm),
-                           str(repeat)], env=env, cwd=checkout, capture_output=True, text=True, check=False)
+            f"print(json.dumps(check_speed.{call}(Path(sys.argv[2]), *sys.argv[3:])))")
+    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent), *args], env=env,
+                          cwd=checkout, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"token phase in {checkout} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{call} in {checkout} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def kernel_speed(path: Path, repeat: int) -> dict[str, float]:
+def kernel_speed(path: Path, repeat: int | str) -> dict[str, float]:
     """GB/s of the kernel alone on the dump's rollout/old pairs, in memory: 1 thread (wall and thread
     CPU time), 2 threads (wall), scaling = 2-thread / 1-thread wall GB/s."""
     from rlprobe.check.inputs import stats_table
@@ -190,7 +191,7 @@ def kernel_speed(path: Path, repeat: int) -> dict[str, float]:
     run(triples[:1])  # compiled kernel loaded
     one, one_cpu, two = [], [], []
     with ThreadPoolExecutor(2) as pool:
-        for _ in range(repeat):
+        for _ in range(int(repeat)):
             t = time.perf_counter()
             one_cpu.append(run(triples))
             one.append(time.perf_counter() - t)
@@ -223,7 +224,7 @@ def token_workloads(args: argparse.Namespace, bench: Path, nbytes: int, warm: Pa
                 if len(versions) == 1:
                     got = token_phase(path, warm, 1)
                 else:
-                    got = child_token_phase(versions[label], path, warm, 1)
+                    got = in_child(versions[label], "token_phase", str(path), str(warm), "1")
                 for k in ("wall", "cpu"):
                     runs[label][k] += got[k]
         figures = {"gb": size / 1e9}
@@ -301,6 +302,18 @@ def main(argv: list[str] | None = None) -> int:
           f"({kernel['kernel_1thread_cpu_gb_s']:.2f} GB/s of thread CPU time), 2 threads "
           f"{kernel['kernel_2threads_gb_s']:.2f} GB/s: scaling {kernel['kernel_scaling']:.2f} "
           f"(median of {args.repeat})")
+    if args.baseline:  # the same, each version in a process of its own, alternating
+        runs: dict[str, list[dict]] = {"this": [], "baseline": []}
+        versions = {"this": Path(__file__).resolve().parent.parent, "baseline": Path(args.baseline).resolve()}
+        for i in range(args.repeat):
+            for label in (["this", "baseline"] if i % 2 == 0 else ["baseline", "this"]):
+                runs[label].append(in_child(versions[label], "kernel_speed", str(tensors), "1"))
+        paired = {k: statistics.median(t[k] / b[k] for t, b in zip(runs["this"], runs["baseline"]))
+                  for k in ("kernel_1thread_gb_s", "kernel_1thread_cpu_gb_s", "kernel_2threads_gb_s")}
+        kernel["paired_this_over_baseline"] = paired
+        print("  paired with the baseline (this / baseline, median of "
+              f"{args.repeat}): 1 thread {paired['kernel_1thread_gb_s']:.2f} (thread CPU time "
+              f"{paired['kernel_1thread_cpu_gb_s']:.2f}), 2 threads {paired['kernel_2threads_gb_s']:.2f}")
     if args.json:
         args.json.write_text(json.dumps({**figures, "token_s": token_s, "gb_per_s": rate, "workloads": workloads,
                                          **kernel}))

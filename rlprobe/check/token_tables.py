@@ -10,8 +10,9 @@ Pairs (a: the trainer's recomputation, b: the other side, Δ = b − a), masked 
   different calls), else within one save call (same step, rank, micro_step, index; micro-step 0
   for log_prob; equal shapes);
 - `on_policy`: log_prob vs old_log_prob at micro-step 0 of one save call.
-The pairs of one (pair, step, rank) are one job: a kernel call per part, adding into one set of
-figures (no per-pair histogram or Python object per pair), jobs on a thread pool.
+The pairs of one (pair, step, rank) add into one set of figures, a kernel call per part (no
+per-pair histogram or Python object per pair); pool jobs are runs of such keys, each job building
+its keys' table rows and Arrow tables, so that the main thread only concatenates them.
 """
 
 from __future__ import annotations
