@@ -42,9 +42,11 @@ def simple_header(head: bytes) -> tuple[tuple[int, ...], np.dtype, int] | None:
         return None
 
 
-def map_tensor(dump: Dump, row: dict) -> np.ndarray:
+def map_tensor(dump: Dump, row: dict, rows: slice | None = None) -> np.ndarray:
     """The tensor of a tensor index row (tensor_file, dtype) as Dump.load_tensor returns it, read-only:
-    mapped, or read where the file is at most READ_BELOW bytes (a map's set-up costs more there)."""
+    mapped, or read where the file is at most READ_BELOW bytes (a map's set-up costs more there).
+    `rows`: x[rows] only (a mapped file maps the pages of those rows only: a pair cut between threads
+    does not map every page once per piece)."""
     path = os.path.join(dump.path, row["tensor_file"])
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -66,12 +68,31 @@ def map_tensor(dump: Dump, row: dict) -> np.ndarray:
             elif length <= READ_BELOW:
                 data = head
             else:
-                data = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+                start, stop = _row_range(rows, shape)
+                if stop > start:  # those rows' pages only, from a page boundary
+                    first = offset + start * (size // shape[0])
+                    base = first - first % mmap.ALLOCATIONGRANULARITY
+                    shape, size, offset, rows = (stop - start, *shape[1:]), (stop - start) * (size // shape[0]), \
+                        first - base, None
+                else:
+                    base = 0
+                data = mmap.mmap(fd, offset + size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ,
+                                 offset=base)
         finally:
             os.close(fd)
     except (OSError, ValueError, EOFError) as e:
         raise DumpReadError(f"{path}: cannot read tensor ({e})") from None
     if data is None:
-        return dump.load_tensor(row["tensor_file"], row["dtype"], mmap=True)
-    return restore(np.frombuffer(data, stored, count=size // stored.itemsize, offset=offset).reshape(shape),
-                   row["dtype"])
+        x = dump.load_tensor(row["tensor_file"], row["dtype"], mmap=True)
+    else:
+        x = restore(np.frombuffer(data, stored, count=size // stored.itemsize, offset=offset).reshape(shape),
+                    row["dtype"])
+    return x if rows is None else x[rows]
+
+
+def _row_range(rows: slice | None, shape: tuple[int, ...]) -> tuple[int, int]:
+    """[start, stop) of a step-1 slice of the leading dimension of a tensor of 2+ dimensions; (0, 0) otherwise."""
+    if rows is None or len(shape) < 2 or rows.step not in (None, 1):
+        return 0, 0
+    start, stop, _ = rows.indices(shape[0])
+    return start, stop

@@ -157,6 +157,8 @@ def _reduce_parts(dump: Dump, parts: list[Part], eps: float, figures: PairFigure
     sequences, loaded = [], {}
 
     def load(row: dict, picks: np.ndarray | slice | None) -> np.ndarray:
+        if isinstance(picks, slice):  # a row range of a pair cut between threads: those rows' pages only
+            return map_tensor(dump, row, picks)
         if row["tensor_file"] not in loaded:
             loaded[row["tensor_file"]] = map_tensor(dump, row)
         x = loaded[row["tensor_file"]]

@@ -83,3 +83,14 @@ def test_large_files_are_mapped_and_small_ones_read_alike(tmp_path):
         assert (mapped == dump.load_tensor(row["tensor_file"], row["dtype"])).all()
         assert not mapped.flags.writeable
     assert sizes["old_log_prob"] > READ_BELOW >= sizes["log_prob"]
+
+
+def test_a_row_range_maps_those_rows_only_and_equals_the_slice(tmp_path):
+    rng = np.random.default_rng(3)
+    tensors = {"old_log_prob": rng.random((300, 1000), dtype=np.float32), "response_mask": rng.random((300, 999)) > 0.5}
+    dump, rows = saved(tmp_path, tensors)
+    for row in rows.values():
+        full = dump.load_tensor(row["tensor_file"], row["dtype"])
+        for picks in (slice(0, 300), slice(1, 2), slice(17, 123), slice(299, 300), slice(5, 5), slice(0, 300, 2)):
+            got = map_tensor(dump, row, picks)
+            assert got.shape == full[picks].shape and (got == full[picks]).all(), (row["canonical"], picks)
