@@ -1,6 +1,6 @@
 """Reduce one pair of per-token log-prob tensors (trainer `a`, other `b`; Δ = b − a) to the
-figures the token-level checks read, in one compiled pass over the tokens (numba), no Python
-per token. Pairs are independent: rlprobe/check/token_tables.py runs them on a thread pool (the
+figures the token-level checks read in compiled code (numba: two passes over each row, see
+_reduce), no Python per token. Pairs are independent: rlprobe/check/token_tables.py runs them on a thread pool (the
 kernel releases the GIL), adding the pairs of one step into one set of figures (`into`).
 
 Per pair: token count, Σ Δ, Σ Δ², Σ |Δ|, max |Δ|, the count of tokens whose ratio exp(Δ) lies
