@@ -1,6 +1,6 @@
 """Reduce one pair of per-token log-prob tensors (trainer `a`, other `b`; Δ = b − a) to the
-figures the token-level checks read, in one compiled pass over the tokens (numba), no Python
-per token. Pairs are independent: rlprobe/check/token_tables.py runs them on a thread pool (the
+figures the token-level checks read in compiled code (numba: two passes over each row, see
+_reduce), no Python per token. Pairs are independent: rlprobe/check/token_tables.py runs them on a thread pool (the
 kernel releases the GIL), adding the pairs of one step into one set of figures (`into`).
 
 Per pair: token count, Σ Δ, Σ Δ², Σ |Δ|, max |Δ|, the count of tokens whose ratio exp(Δ) lies
@@ -88,10 +88,12 @@ class PairFigures:
         `upper`: bin_upper_edges(), when the caller has it already."""
         return self.quantiles((q,), upper)[0]
 
-    def quantiles(self, qs: tuple[float, ...], upper: np.ndarray | None = None) -> list[float | None]:
-        """quantile() of each of qs, from one pass over the histogram (its nonzero bins only)."""
-        counts = self.abs_hist()
-        filled = np.flatnonzero(counts)
+    def quantiles(self, qs: tuple[float, ...], upper: np.ndarray | None = None, counts: np.ndarray | None = None,
+                  filled: np.ndarray | None = None) -> list[float | None]:
+        """quantile() of each of qs, from one pass over the histogram (its nonzero bins only);
+        `counts`, `filled`: abs_hist() and its nonzero bins, when the caller has them already."""
+        counts = self.abs_hist() if counts is None else counts
+        filled = np.flatnonzero(counts != 0) if filled is None else filled
         if filled.size == 0:
             return [None] * len(qs)
         cumulative = np.cumsum(counts[filled])
@@ -99,6 +101,14 @@ class PairFigures:
         index = filled[np.searchsorted(cumulative, [max(1, math.ceil(q * total)) for q in qs])]
         edges = (bin_upper_edges() if upper is None else upper)[index]
         return [float(min(edge, self.max_abs)) for edge in edges]
+
+    def clear(self, filled: np.ndarray) -> None:
+        """Back to no pairs, zeroing only the histogram bins in `filled` (indexes of hist)."""
+        self.tokens = self.outside = self.nonfinite = 0
+        self.sum_delta = self.sum_sq = self.sum_abs = self.max_abs = 0.0
+        self.hist[filled] = 0
+        for name in ("pos_count", "pos_sum", "pos_max", "prob_count", "prob_sum"):
+            getattr(self, name).fill(0)
 
 
 @intrinsic
@@ -127,19 +137,48 @@ def _probability_table() -> np.ndarray:
 _PROBABILITY_OF = _probability_table()
 
 
-@numba.njit(cache=True, nogil=True)
+@intrinsic
+def _float64_bits(typingctx, x):  # pragma: no cover - compiled
+    """The bits of a float64 as int64: ordered as the values for values >= 0 (an integer max vectorizes)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+    return types.int64(types.float64), codegen
+
+
+@intrinsic
+def _bits_float64(typingctx, x):  # pragma: no cover - compiled
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+    return types.float64(types.int64), codegen
+
+
+_SKIP = 0xFFFF  # a token the scatter pass skips (masked out or non-finite Δ); bins stop at 0x7FFF
+_BANKS = 4  # probability figures in 4 interleaved copies: a token's update does not wait for the previous one's
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
 def _reduce(a, b, mask, lo, hi, prob_of, thr, sums, hist, pos_count, pos_sum, pos_max, prob_count, prob_sum,
             seq_sum, seq_n):  # pragma: no cover - compiled
-    """One pass over the tokens, row by row and, within a row, position bucket by position bucket
-    (its figures kept in registers, not read and written back per token)."""
+    """Row by row, two passes over the row (its tokens stay in the first-level cache between them):
+    1. per position bucket, the sums, count, max and outside count of Δ; a loop without stores to
+       shared figures, which the compiler runs on vector registers (`reassoc`: sums in several lanes,
+       the same figures up to the rounding of the order of addition). It leaves each token's |Δ| and
+       histogram bin in scratch rows.
+    2. the scatter: the histogram bin and the probability bucket of each counted token.
+    Indexes are row views and unsigned where the compiler could not prove them >= 0 (numba's
+    negative-index wrap-around per access keeps a loop off the vector registers)."""
     rows, width = a.shape
+    bins = np.empty(width, np.uint16)
+    magnitude = np.empty(width, np.float64)
+    bank = np.zeros((_BANKS * 16, 2), np.float64)  # [Σ |Δ|, count]: one 16-byte update per token
     total = 0.0
     sq = 0.0
     absolute = 0.0
-    largest = 0.0
+    largest = 0
     outside = 0
     bad = 0
     for r in range(rows):
+        ar, br, mr = a[r], b[r], mask[r]
         s = 0.0
         n = 0
         start = 0
@@ -147,47 +186,69 @@ def _reduce(a, b, mask, lo, hi, prob_of, thr, sums, hist, pos_count, pos_sum, po
             if start >= width:
                 break
             stop = width if p == N_POSITIONS - 1 else min(width, 1 << p)
+            av, bv, mv = ar[start:stop], br[start:stop], mr[start:stop]
+            bin_v, mag_v = bins[start:stop], magnitude[start:stop]
             count = 0
-            bucket_sum = 0.0
-            bucket_max = 0.0
-            for t in range(start, stop):
-                if mask[r, t] == 0:
-                    continue
-                x = a[r, t]
-                d = np.float64(b[r, t]) - np.float64(x)
-                if not math.isfinite(d):
-                    bad += 1
-                    continue
-                ad = abs(d)
-                count += 1
-                s += d
-                sq += d * d
-                bucket_sum += ad
-                bucket_max = max(bucket_max, ad)
-                outside += (d < lo) | (d > hi)
-                hist[_float32_bits(np.float32(b[r, t]) - np.float32(x)) >> 17] += 1
-                q = prob_of[_float32_bits(np.float32(x)) >> 17]
-                if q < 0:
-                    x64 = np.float64(x)
-                    q = ((x64 >= thr[0]) + (x64 >= thr[1]) + (x64 >= thr[2]) + (x64 >= thr[3]) + (x64 >= thr[4])
-                         + (x64 >= thr[5]) + (x64 >= thr[6]) + (x64 >= thr[7]) + (x64 >= thr[8]))
-                prob_count[q] += 1
-                prob_sum[q] += ad
+            bucket_bad = 0
+            bucket_delta = 0.0
+            bucket_sq = 0.0
+            bucket_abs = 0.0
+            bucket_max = 0
+            bucket_out = 0
+            for t in range(stop - start):
+                x = av[t]
+                y = bv[t]
+                d = np.float64(y) - np.float64(x)
+                finite = abs(d) < math.inf
+                counted = (mv[t] != 0) & finite
+                kept = d if counted else 0.0
+                ad = abs(kept)
+                count += counted
+                bucket_bad += (mv[t] != 0) & (not finite)
+                bucket_delta += kept
+                bucket_sq += kept * kept
+                bucket_abs += ad
+                bucket_max = max(bucket_max, _float64_bits(ad))
+                bucket_out += counted & ((d < lo) | (d > hi))
+                bin_v[t] = np.uint16(_float32_bits(np.float32(y) - np.float32(x)) >> 17) if counted else _SKIP
+                mag_v[t] = ad
             pos_count[p] += count
-            pos_sum[p] += bucket_sum
-            pos_max[p] = max(pos_max[p], bucket_max)
-            absolute += bucket_sum
+            pos_sum[p] += bucket_abs
+            pos_max[p] = max(pos_max[p], _bits_float64(bucket_max))
+            absolute += bucket_abs
             largest = max(largest, bucket_max)
+            sq += bucket_sq
+            outside += bucket_out
+            bad += bucket_bad
+            s += bucket_delta
             n += count
             start = stop
+        for t in range(width):
+            i = bins[t]
+            if i == _SKIP:
+                continue
+            hist[i] += 1
+            x = ar[t]
+            q = prob_of[_float32_bits(np.float32(x)) >> 17]
+            if q < 0:
+                x64 = np.float64(x)
+                q = ((x64 >= thr[0]) + (x64 >= thr[1]) + (x64 >= thr[2]) + (x64 >= thr[3]) + (x64 >= thr[4])
+                     + (x64 >= thr[5]) + (x64 >= thr[6]) + (x64 >= thr[7]) + (x64 >= thr[8]))
+            k = np.uint64((t & (_BANKS - 1)) * 16 + q)
+            bank[k, 0] += magnitude[t]
+            bank[k, 1] += 1.0
         seq_sum[r] = s
         seq_n[r] = n
         total += s
         sums[0] += n
+    for k in range(_BANKS):
+        for q in range(N_PROBABILITY):
+            prob_sum[q] += bank[k * 16 + q, 0]
+            prob_count[q] += np.int64(bank[k * 16 + q, 1])  # exact: a count below 2**53
     sums[1] += total
     sums[2] += sq
     sums[3] += absolute
-    sums[4] = max(sums[4], largest)
+    sums[4] = max(sums[4], _bits_float64(largest))
     sums[5] += outside
     sums[6] += bad
 

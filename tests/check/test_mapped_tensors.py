@@ -8,7 +8,7 @@ import pytest
 
 import rlprobe
 from rlprobe.check.inputs import stats_table
-from rlprobe.check.mapped_tensors import map_tensor
+from rlprobe.check.mapped_tensors import READ_BELOW, map_tensor, simple_header
 from rlprobe.check.token_tables import tensor_rows
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.reader import open_dump
@@ -49,3 +49,48 @@ def test_truncated_and_damaged_tensor_files_are_named(tmp_path):
     path.unlink()
     with pytest.raises(DumpReadError, match="cannot read tensor"):
         map_tensor(dump, row)
+
+
+@pytest.mark.parametrize("array", [np.zeros((64, 4096), np.float32), np.ones(5, np.bool_), np.float64(3.5),
+                                   np.zeros((2, 0, 3), np.uint16), np.arange(12, dtype=">f8").reshape(3, 4)],
+                         ids=["f32", "bool", "scalar", "empty", "big-endian"])
+def test_simple_header_reads_what_numpy_reads(array, tmp_path):
+    np.save(tmp_path / "x.npy", array)
+    raw = (tmp_path / "x.npy").read_bytes()
+    with open(tmp_path / "x.npy", "rb") as f:
+        np.lib.format.read_magic(f)
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        offset = f.tell()
+    assert simple_header(raw[:256]) == (shape, dtype, offset) and not fortran
+
+
+def test_headers_numpy_writes_otherwise_go_to_numpy(tmp_path):
+    for name, array in (("fortran", np.asfortranarray(np.zeros((3, 4)))),
+                        ("structured", np.zeros(3, np.dtype([("a", "<f4")])))):
+        np.save(tmp_path / f"{name}.npy", array)
+        assert simple_header((tmp_path / f"{name}.npy").read_bytes()[:256]) is None, name
+    assert simple_header(b"not a numpy file") is None
+
+
+def test_large_files_are_mapped_and_small_ones_read_alike(tmp_path):
+    rng = np.random.default_rng(2)
+    large = -rng.random((64, 2 * READ_BELOW // 256), dtype=np.float32)  # twice the size read whole
+    dump, rows = saved(tmp_path, {"old_log_prob": large, "log_prob": large[:2, :8].copy()})
+    sizes = {}
+    for row in rows.values():
+        mapped = map_tensor(dump, row)
+        sizes[row["canonical"]] = (dump.path / row["tensor_file"]).stat().st_size
+        assert (mapped == dump.load_tensor(row["tensor_file"], row["dtype"])).all()
+        assert not mapped.flags.writeable
+    assert sizes["old_log_prob"] > READ_BELOW >= sizes["log_prob"]
+
+
+def test_a_row_range_maps_those_rows_only_and_equals_the_slice(tmp_path):
+    rng = np.random.default_rng(3)
+    tensors = {"old_log_prob": rng.random((300, 1000), dtype=np.float32), "response_mask": rng.random((300, 999)) > 0.5}
+    dump, rows = saved(tmp_path, tensors)
+    for row in rows.values():
+        full = dump.load_tensor(row["tensor_file"], row["dtype"])
+        for picks in (slice(0, 300), slice(1, 2), slice(17, 123), slice(299, 300), slice(5, 5), slice(0, 300, 2)):
+            got = map_tensor(dump, row, picks)
+            assert got.shape == full[picks].shape and (got == full[picks]).all(), (row["canonical"], picks)
