@@ -52,7 +52,7 @@ def compare(
                                     config_ignore=config_ignore, config_ignore_defaults=config_ignore_defaults)
     summary["elapsed_s"] = round(time.perf_counter() - started, 3)
     options = ReportOptions(lang=lang, per_key_dir=per_key_dir if per_key_files else None, plots=plots,
-                            plot_every_param=plot_every_param)
+                            plot_every_param=plot_every_param, workers=workers)
 
     def write(folder: Path) -> None:
         xlsx_extras = write_tables(folder, tables)
