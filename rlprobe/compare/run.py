@@ -5,6 +5,7 @@ nothing: `rlprobe compare` and pipelines hand its tables to the report writers
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -42,18 +43,25 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
 
     keep_stats = con is None
     con = con or duckdb.connect()
-    compared = compare_key_data(con, dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
-                                stats_rtol=stats_rtol, order=order, progress=progress, executor=executor,
-                                key_map=key_map)
+    beside = _SingleRunBeside(con, dump_a, dump_b, executor) if workers > 1 else None
+    try:
+        compared = compare_key_data(con, dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
+                                    stats_rtol=stats_rtol, order=order, progress=progress,
+                                    executor=beside.run_pairs if beside is not None else executor, key_map=key_map)
+    except BaseException:
+        if beside is not None:
+            beside.wait(quiet=True)  # the comparison's own error is the one to report
+        raise
     first, read_errors = compared.first, compared.read_errors
 
     diverged_at_step = {}
     if first is not None:
         for r in records(con, "key_status_at_step.sql", step=first["step"]):
             diverged_at_step[r["canonical_key"]] = bool(r["diverged"])
-    saved = {side: {row[0] for row in con.table(table).project("key").distinct().fetchall()}
-             for side, table in (("A", "stats_a"), ("B", "stats_b"))}
-    within = single_run_findings({"A": dump_a, "B": dump_b}, saved)  # each run against itself (rlprobe check)
+    if beside is not None and beside.started:
+        within = beside.wait()
+    else:  # each run against itself (rlprobe check)
+        within = single_run_findings({"A": dump_a, "B": dump_b}, _saved_keys(con))
     verdict = explain(first, diverged_at_step, within)
     if first is not None:
         earliest = records(con, "earliest_in_step.sql", step=first["step"])
@@ -123,6 +131,59 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     explain_config(summary, tables["config_diff"], first and first["canonical_key"], saved_configs(dump_a, dump_b),
                    flow_warning([k["key"] for k in summary["keys"]], key_map, order))
     return tables, summary
+
+
+def _saved_keys(con: "duckdb.DuckDBPyConnection") -> dict[str, set[str]]:
+    """The keys each run saved (its statistics tables stats_a and stats_b in `con`)."""
+    return {side: {row[0] for row in con.table(table).project("key").distinct().fetchall()}
+            for side, table in (("A", "stats_a"), ("B", "stats_b"))}
+
+
+class _SingleRunBeside:
+    """The single-run rules (single_run.py: each run checked against itself, reading its own tensors
+    through its own DuckDB connection) run on a second thread while the tensor pairs are compared:
+    `run_pairs` is the executor compare_key_data calls once both runs' statistics are loaded, when
+    the saved keys are known; it starts the rules, then compares the pairs. Most of both is numba,
+    numpy and DuckDB, which release the GIL."""
+
+    def __init__(self, con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump,
+                 executor: Callable[..., Any] | None):
+        self._con = con
+        self._dumps = {"A": dump_a, "B": dump_b}
+        self._executor = executor
+        self._thread: threading.Thread | None = None
+        self._outcome: tuple[Any, BaseException | None] = (None, None)
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def run_pairs(self, tasks: Any, **kwargs: Any) -> Any:
+        saved = _saved_keys(self._con)  # this thread: the connection is not shared
+        self._thread = threading.Thread(target=self._findings, args=(saved,), name="rlprobe-single-run",
+                                        daemon=True)
+        self._thread.start()
+        if self._executor is None:
+            from rlprobe.compare.executor import run_pairs
+
+            return run_pairs(tasks, **kwargs)
+        return self._executor(tasks, **kwargs)
+
+    def _findings(self, saved: dict[str, set[str]]) -> None:
+        try:
+            self._outcome = (single_run_findings(self._dumps, saved), None)
+        except BaseException as exc:  # noqa: BLE001 - raised again by wait(), in the comparison's thread
+            self._outcome = (None, exc)
+
+    def wait(self, quiet: bool = False) -> Any:
+        """The findings (once the thread is done); its error, if it failed, is raised here (unless `quiet`)."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        result, error = self._outcome
+        if error is not None and not quiet:
+            raise error
+        return result
 
 
 def warm_up_kernels() -> None:
