@@ -26,7 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Hashable, Iterable, NamedTuple
 
 from rlprobe.compare.flat_sources import chunk_bounds
-from rlprobe.compare.npy_files import PairError, _NpyFile
+from rlprobe.compare.npy_files import NpyFile, PairError
 from rlprobe.compare.pair_metrics import DEFAULT_CHUNK, Partial, chunk_partial, combine, common_dtype, ranges
 from rlprobe.compare.pair_results import PairResults
 from rlprobe.compare.small_pairs import plan_jobs, run_batch
@@ -47,7 +47,7 @@ class PairTask(NamedTuple):
 _READ_BYTES = 1 << 20  # read at least this much per call, in whole chunks (larger gave no gain)
 
 
-def _compare_range(fa: _NpyFile, fb: _NpyFile, start: int, stop: int, chunk: int) -> list[Partial]:
+def _compare_range(fa: NpyFile, fb: NpyFile, start: int, stop: int, chunk: int) -> list[Partial]:
     """Partials of [start, stop), one per chunk; files are read in blocks of whole chunks."""
     item = max(fa.dtype.itemsize, fb.dtype.itemsize)
     block = chunk * max(1, _READ_BYTES // (chunk * item))
@@ -65,7 +65,7 @@ def _compare_range(fa: _NpyFile, fb: _NpyFile, start: int, stop: int, chunk: int
 class _Split:
     """A pair cut into ranges that run as separate jobs."""
 
-    def __init__(self, task: PairTask, fa: _NpyFile, fb: _NpyFile, parts: list[tuple[int, int]]):
+    def __init__(self, task: PairTask, fa: NpyFile, fb: NpyFile, parts: list[tuple[int, int]]):
         self.task = task
         self.fa = fa
         self.fb = fb
@@ -87,7 +87,7 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _shape_text(f: _NpyFile) -> str:
+def _shape_text(f: NpyFile) -> str:
     return f"{f.path} has shape {list(f.shape)} ({f.size} elements)"
 
 
@@ -95,8 +95,8 @@ def _open_pair(task: PairTask, io: str, chunk: int, split_elements: int, workers
     """Job: open a pair; compare it whole, or hand back a split plan for a big one."""
     fa = fb = None
     try:
-        fa = _NpyFile(os.fspath(task.path_a), 0, io)
-        fb = _NpyFile(os.fspath(task.path_b), 1, io)
+        fa = NpyFile(os.fspath(task.path_a), 0, io)
+        fb = NpyFile(os.fspath(task.path_b), 1, io)
         if fa.size != fb.size:
             raise PairError(f"shape mismatch: {_shape_text(fa)}, {_shape_text(fb)}")
         try:

@@ -106,7 +106,7 @@ def _scratch(slot: int, nbytes: int) -> np.ndarray:
     return buf[:nbytes]
 
 
-class _NpyFile:
+class NpyFile:
     """A :class:`~rlprobe.compare.pair_metrics.FlatSource` over one ``.npy`` file."""
 
     def __init__(self, path: str, slot: int, io: str):

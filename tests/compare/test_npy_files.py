@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from rlprobe.compare.npy_files import PairError, _NpyFile
+from rlprobe.compare.npy_files import PairError, NpyFile
 
 PLAIN = {
     "f4_2d": np.arange(12, dtype=np.float32).reshape(3, 4),
@@ -28,7 +28,7 @@ OTHER = {  # opened through np.load
 }
 
 
-def _plain(f: _NpyFile, io: str) -> bool:
+def _plain(f: NpyFile, io: str) -> bool:
     if io == "pread":
         return f._fd is not None
     return f._arr is not None and not isinstance(f._arr, np.memmap) and not isinstance(f._arr.base, np.memmap)
@@ -41,7 +41,7 @@ def test_a_file_reads_what_np_load_reads(tmp_path, name, io):
     path = str(tmp_path / f"{name}.npy")
     np.save(path, value)
     want = np.load(path)
-    f = _NpyFile(path, 0, io)
+    f = NpyFile(path, 0, io)
     try:
         assert (f.shape, f.dtype, f.size) == (want.shape, want.dtype, want.size)
         if name in PLAIN:
@@ -60,7 +60,7 @@ def test_a_version_2_header_is_opened_the_plain_way(tmp_path):
     path = str(tmp_path / "v2.npy")
     with open(path, "wb") as fh:
         np.lib.format.write_array(fh, np.arange(4, dtype=np.float32), version=(2, 0))
-    f = _NpyFile(path, 0, "mmap")
+    f = NpyFile(path, 0, "mmap")
     assert _plain(f, "mmap") and f.read(0, 4).tolist() == [0.0, 1.0, 2.0, 3.0]
     f.close()
 
@@ -72,7 +72,7 @@ def test_a_header_whose_length_field_lies_goes_to_np_load_which_names_the_file(t
     raw[8] += 16  # the header claims 16 more bytes than its text
     path.write_bytes(bytes(raw))
     with pytest.raises(PairError, match=str(path).replace("\\", "\\\\")):
-        _NpyFile(str(path), 0, "mmap")
+        NpyFile(str(path), 0, "mmap")
 
 
 @pytest.mark.parametrize("io", ["mmap", "pread"])
@@ -81,4 +81,4 @@ def test_a_truncated_file_is_named_as_truncated(tmp_path, io):
     np.save(path, np.arange(1000, dtype=np.float64))
     os.truncate(path, path.stat().st_size - 8)
     with pytest.raises(PairError, match="truncated .npy file"):
-        _NpyFile(str(path), 0, io)
+        NpyFile(str(path), 0, io)
