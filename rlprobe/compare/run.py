@@ -43,22 +43,23 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
 
     keep_stats = con is None
     con = con or duckdb.connect()
-    beside = _SingleRunBeside(con, dump_a, dump_b, executor) if workers > 1 else None
+    beside = _SingleRunBeside(con, dump_a, dump_b, executor, start=workers > 1)
     try:
         compared = compare_key_data(con, dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
                                     stats_rtol=stats_rtol, order=order, progress=progress,
-                                    executor=beside.run_pairs if beside is not None else executor, key_map=key_map)
+                                    executor=beside.run_pairs, key_map=key_map)
     except BaseException:
-        if beside is not None:
-            beside.wait(quiet=True)  # the comparison's own error is the one to report
+        beside.wait(quiet=True)  # the comparison's own error is the one to report
         raise
     first, read_errors = compared.first, compared.read_errors
+    with _numba_loading:  # what follows may compile kernels too (the single-run rules, gradients)
+        pass
 
     diverged_at_step = {}
     if first is not None:
         for r in records(con, "key_status_at_step.sql", step=first["step"]):
             diverged_at_step[r["canonical_key"]] = bool(r["diverged"])
-    if beside is not None and beside.started:
+    if beside.started:
         within = beside.wait()
     else:  # each run against itself (rlprobe check)
         within = single_run_findings({"A": dump_a, "B": dump_b}, _saved_keys(con))
@@ -106,7 +107,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
 
     if has_module_stats(dump_a) or has_module_stats(dump_b):  # module dumps (probe.stage): docs/modules.md
         tables["modules"], summary["module_first_divergence"] = compare_modules(
-            dump_a, dump_b, steps=steps, ranks=ranks, workers=workers, progress=progress, executor=executor,
+            dump_a, dump_b, steps=steps, ranks=ranks, workers=workers, progress=progress,
+            executor=_after_warm_up(executor),
             read_errors=read_errors, **(modules or {}))
         summary["module_suspect"] = describe(summary["module_first_divergence"])
         summary["suspect"] = summary["suspect"] or summary["module_suspect"]
@@ -140,17 +142,18 @@ def _saved_keys(con: "duckdb.DuckDBPyConnection") -> dict[str, set[str]]:
 
 
 class _SingleRunBeside:
-    """The single-run rules (single_run.py: each run checked against itself, reading its own tensors
-    through its own DuckDB connection) run on a second thread while the tensor pairs are compared:
-    `run_pairs` is the executor compare_key_data calls once both runs' statistics are loaded, when
-    the saved keys are known; it starts the rules, then compares the pairs. Most of both is numba,
-    numpy and DuckDB, which release the GIL."""
+    """The executor compare_key_data calls once both runs' statistics are loaded (the saved keys
+    are then known). It waits for a numba warm-up still loading (start_warm_up), and, with `start`,
+    starts the single-run rules (single_run.py: each run checked against itself, reading its own
+    tensors through its own DuckDB connection) on a second thread before it compares the pairs:
+    most of both is numba, numpy and DuckDB, which release the GIL."""
 
     def __init__(self, con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump,
-                 executor: Callable[..., Any] | None):
+                 executor: Callable[..., Any] | None, start: bool):
         self._con = con
         self._dumps = {"A": dump_a, "B": dump_b}
         self._executor = executor
+        self._start = start
         self._thread: threading.Thread | None = None
         self._outcome: tuple[Any, BaseException | None] = (None, None)
 
@@ -159,10 +162,13 @@ class _SingleRunBeside:
         return self._thread is not None
 
     def run_pairs(self, tasks: Any, **kwargs: Any) -> Any:
-        saved = _saved_keys(self._con)  # this thread: the connection is not shared
-        self._thread = threading.Thread(target=self._findings, args=(saved,), name="rlprobe-single-run",
-                                        daemon=True)
-        self._thread.start()
+        with _numba_loading:  # numba's registries must not be refreshed while a kernel compiles
+            pass
+        if self._start:
+            saved = _saved_keys(self._con)  # this thread: the connection is not shared
+            self._thread = threading.Thread(target=self._findings, args=(saved,), name="rlprobe-single-run",
+                                            daemon=True)
+            self._thread.start()
         if self._executor is None:
             from rlprobe.compare.executor import run_pairs
 
@@ -184,6 +190,45 @@ class _SingleRunBeside:
         if error is not None and not quiet:
             raise error
         return result
+
+
+def _after_warm_up(executor: Callable[..., Any] | None) -> Callable[..., Any]:
+    """`executor` (None: run_pairs), called once a numba warm-up still loading is done."""
+    def run_pairs(tasks: Any, **kwargs: Any) -> Any:
+        with _numba_loading:
+            pass
+        if executor is None:
+            from rlprobe.compare.executor import run_pairs as local
+
+            return local(tasks, **kwargs)
+        return executor(tasks, **kwargs)
+
+    return run_pairs
+
+
+# held while start_warm_up's thread loads numba: numba's typing and target registries are process-wide
+# and refreshing them while another thread compiles a kernel makes that compilation fail
+_numba_loading = threading.Lock()
+
+
+def start_warm_up() -> threading.Thread:
+    """Load numba on a thread ("rlprobe-warm-up") while the runs' statistics are read; compare_dumps
+    runs no kernel before it is done."""
+    _numba_loading.acquire()  # here, not in the thread: no kernel may slip in before the thread starts
+
+    def load() -> None:
+        try:
+            warm_up_kernels()
+        finally:
+            _numba_loading.release()
+
+    thread = threading.Thread(target=load, name="rlprobe-warm-up", daemon=True)
+    try:
+        thread.start()
+    except BaseException:
+        _numba_loading.release()
+        raise
+    return thread
 
 
 def warm_up_kernels() -> None:
