@@ -8,9 +8,10 @@ Workloads (issue 18 adds the two small ones, benchmarks/compare_workloads.py):
 - msprobe_small: 3,200 pairs of [4, 64] / [4, 512] float32 in msprobe format (100 steps x 4
   micro-batches x 8 keys, ~47 MB), msprobe's SingleComparator timed on it too;
 - rlprobe_small: an rlprobe dump of 200 steps x 8 ranks x 16 keys of 4 x 64 float32 (25,600 pairs).
-Each rlprobe command runs with --workers 1 and 2 and its peak RSS (the child's ru_maxrss from
-wait4) is recorded; "beyond start-up" is a command's time minus the median start-up (two one-step
-dumps of one 4-element tensor). With --baseline, the same commands run from another checkout too
+Each rlprobe command runs with --workers 1 and 2 and its peak RSS and CPU time (user + system:
+the child's rusage from wait4, steadier than wall time on a shared machine) are recorded, with the
+1-minute load average at each repeat; "beyond start-up" is a command's time minus the median
+start-up (two one-step dumps of one 4-element tensor). With --baseline, the same commands run from another checkout too
 (PYTHONPATH), alternating with this one, for paired ratios. Prints every target of issue 18 with
 its measured value. The small dumps are written once into --cache (default: a temp folder).
 
@@ -81,9 +82,10 @@ print(time.perf_counter() - t0)
 """
 
 
-def run_child(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> tuple[float, str, int]:
-    """(seconds, stdout, peak RSS in bytes) of one child process (its own rusage, from wait4). `python -m`
-    puts the working folder first on sys.path: run a checkout's commands from inside that checkout."""
+def run_child(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> tuple[float, str, int, float]:
+    """(seconds, stdout, peak RSS in bytes, CPU seconds: user + system) of one child process (its own
+    rusage, from wait4). `python -m` puts the working folder first on sys.path: run a checkout's
+    commands from inside that checkout."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd)
@@ -95,7 +97,7 @@ def run_child(cmd: list[str], env: dict | None = None, cwd: Path | None = None) 
         stdout, stderr = out.read().decode(), err.read().decode()
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}): {stderr[-2000:]}")
-    return elapsed, stdout, int(usage.ru_maxrss) * 1024
+    return elapsed, stdout, int(usage.ru_maxrss) * 1024, usage.ru_utime + usage.ru_stime
 
 
 def rlprobe_env(checkout: Path) -> dict:
@@ -137,6 +139,7 @@ def main() -> None:
 
         n = 0
         for i in range(args.repeat):
+            record("load_average_1min", os.getloadavg()[0])  # a shared machine: the figures are as quiet as this
             order = list(versions.items()) if i % 2 == 0 else list(versions.items())[::-1]
             for label, checkout in order:
                 env = rlprobe_env(checkout)
@@ -145,8 +148,9 @@ def main() -> None:
                         n += 1
                         cmd = [sys.executable, "-m", "rlprobe.cli", "compare", str(a), str(b), "-o",
                                str(work / f"out-{n}"), "--workers", str(workers), "--quiet"]
-                        elapsed, _, peak = run_child(cmd, env, cwd=checkout)
+                        elapsed, _, peak, cpu = run_child(cmd, env, cwd=checkout)
                         record(f"{label}/{wl}/w{workers}/s", elapsed)
+                        record(f"{label}/{wl}/w{workers}/cpu_s", cpu)
                         record(f"{label}/{wl}/w{workers}/peak_MB", peak / 1e6)
                         shutil.rmtree(work / f"out-{n}", ignore_errors=True)
             if msprobe_py.exists() and i < 2:  # msprobe twice: the faster run is its figure
@@ -154,8 +158,8 @@ def main() -> None:
                     if wl in dumps:
                         n += 1
                         a, b = dumps[wl]
-                        elapsed, stdout, peak = run_child([str(msprobe_py), "-c", MSPROBE_SNIPPET, str(a), str(b),
-                                                           str(work / f"out-{n}")])
+                        elapsed, stdout, peak, _ = run_child([str(msprobe_py), "-c", MSPROBE_SNIPPET, str(a), str(b),
+                                                              str(work / f"out-{n}")])
                         record(f"msprobe/{wl}/process_s", elapsed)
                         record(f"msprobe/{wl}/call_s", float(stdout.strip().splitlines()[-1]))
                         record(f"msprobe/{wl}/peak_MB", peak / 1e6)
@@ -174,7 +178,7 @@ def main() -> None:
 def report_targets(runs: dict[str, list], dumps: dict, labels: list[str]) -> None:
     med = {k: statistics.median(v) for k, v in runs.items()}
     print(json.dumps({"medians": med}, indent=1))
-    print(f"load average: {os.getloadavg()}")
+    print(f"load average: {os.getloadavg()} now; 1-minute load at each repeat's start: {runs['load_average_1min']}")
     for label in labels:
         start = med[f"{label}/tiny/w2/s"]
         print(f"\n== {label} (start-up {start:.2f} s: target <= 1 s) ==")
@@ -184,9 +188,11 @@ def report_targets(runs: dict[str, list], dumps: dict, labels: list[str]) -> Non
             w1, w2 = med[f"{label}/{wl}/w1/s"], med[f"{label}/{wl}/w2/s"]
             peak = max(runs[f"{label}/{wl}/w2/peak_MB"] + runs[f"{label}/{wl}/w1/peak_MB"])
             beyond = w2 - start
+            cpu1, cpu2, cpu0 = (med[f"{label}/{w}/cpu_s"] for w in (f"{wl}/w1", f"{wl}/w2", "tiny/w2"))
             line = (f"{wl}: whole {w2:.2f} s (workers 2), {w1:.2f} s (workers 1); beyond start-up, 2 workers "
                     f"{(w1 - start) / beyond if beyond > 0 else float('nan'):.2f} x faster than 1 (target >= 1.7); "
-                    f"peak {peak:.0f} MB")
+                    f"peak {peak:.0f} MB; CPU (user + system) {cpu2:.2f} s (workers 2), {cpu1:.2f} s (workers 1), "
+                    f"{cpu2 - cpu0:.2f} s beyond start-up's {cpu0:.2f} s")
             if wl == "msprobe_small":
                 line += "; target whole <= 2 s"
                 if f"msprobe/{wl}/call_s" in runs:

@@ -20,25 +20,20 @@ file truncated *while* it is compared becomes an error row where the map gives S
 
 from __future__ import annotations
 
-import contextlib
-import math
 import os
-import threading
 from functools import partial
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Hashable, Iterable, NamedTuple
 
-import numpy as np
-
-from rlprobe.compare.flat_sources import MappedPages, chunk_bounds, flat_slice
+from rlprobe.compare.flat_sources import chunk_bounds
+from rlprobe.compare.npy_files import NpyFile, PairError
 from rlprobe.compare.pair_metrics import DEFAULT_CHUNK, Partial, chunk_partial, combine, common_dtype, ranges
+from rlprobe.compare.pair_results import PairResults
 from rlprobe.compare.small_pairs import plan_jobs, run_batch
 
 __all__ = ["DEFAULT_SPLIT_ELEMENTS", "PairTask", "run_pairs"]
 
 DEFAULT_SPLIT_ELEMENTS = 8 * 1024 * 1024
-
-_NPY_MAGIC = b"\x93NUMPY"
 
 
 class PairTask(NamedTuple):
@@ -49,148 +44,10 @@ class PairTask(NamedTuple):
     path_b: str
 
 
-class PairError(Exception):
-    """A pair that cannot be compared; the message becomes the result's ``error``."""
-
-
-def _describe_bad_npy(path: str, exc: BaseException) -> str:
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(len(_NPY_MAGIC))
-    except OSError:
-        return f"cannot read {path}: {exc}"
-    if size == 0:
-        return f"cannot read {path}: empty file (0 bytes), not a .npy file"
-    if head != _NPY_MAGIC:
-        return f"cannot read {path}: not a .npy file (bad magic bytes)"
-    try:
-        shape, _, dtype, header_len = _read_header(path)
-    except Exception:  # noqa: BLE001
-        return f"cannot read {path}: corrupt or truncated .npy header ({size} bytes; numpy: {exc})"
-    if dtype.hasobject:
-        return f"cannot read {path}: holds Python objects (dtype {dtype}), not numbers"
-    expected = header_len + math.prod(shape) * dtype.itemsize
-    if not dtype.hasobject and size < expected:
-        return (f"cannot read {path}: truncated .npy file ({size} bytes, but its header describes "
-                f"{dtype} {list(shape)} needing {expected} bytes)")
-    return f"cannot read {path}: corrupt .npy file ({size} bytes; numpy: {exc})"
-
-
-def _read_header(path: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
-    with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        return shape, fortran, dtype, f.tell()
-
-
-def _open_npy(path: str) -> np.ndarray:
-    try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError:
-        raise PairError(f"cannot read {path}: file not found") from None
-    except IsADirectoryError:
-        raise PairError(f"cannot read {path}: is a directory, not a .npy file") from None
-    except PermissionError as exc:
-        raise PairError(f"cannot read {path}: permission denied ({exc.strerror})") from None
-    except (OSError, ValueError, EOFError) as exc:
-        # numpy versions that cannot memory-map an empty array: accept an empty .npy
-        try:
-            shape, _, dtype, _ = _read_header(path)
-        except Exception:  # noqa: BLE001 - describe the original failure
-            raise PairError(_describe_bad_npy(path, exc)) from None
-        if math.prod(shape) == 0 and not dtype.hasobject:
-            return np.empty(shape, dtype=dtype)
-        raise PairError(_describe_bad_npy(path, exc)) from None
-    if not isinstance(arr, np.ndarray):  # np.load returned an NpzFile
-        getattr(arr, "close", lambda: None)()
-        raise PairError(f"cannot read {path}: an .npz archive, not a .npy file")
-    return arr
-
-
-_local = threading.local()
-_FADVISE = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_SEQUENTIAL")
-
-
-def _scratch(slot: int, nbytes: int) -> np.ndarray:
-    """A per-thread reusable byte buffer (slot 0 for side A, 1 for side B), 64-byte aligned."""
-    bufs = getattr(_local, "bufs", None)
-    if bufs is None:
-        bufs = _local.bufs = [None, None]
-    buf = bufs[slot]
-    if buf is None or buf.nbytes < nbytes:
-        raw = np.empty(nbytes + 64, dtype=np.uint8)
-        start = (-raw.ctypes.data) % 64
-        buf = bufs[slot] = raw[start:start + nbytes]
-    return buf[:nbytes]
-
-
-class _NpyFile:
-    """A :class:`~rlprobe.compare.pair_metrics.FlatSource` over one ``.npy`` file."""
-
-    def __init__(self, path: str, slot: int, io: str):
-        self.path = path
-        self.slot = slot
-        arr = _open_npy(path)
-        self.shape = arr.shape
-        self.dtype = arr.dtype
-        self.size = int(arr.size)
-        self.nbytes = self.size * self.dtype.itemsize
-        self._fd: int | None = None
-        self._arr: np.ndarray | None = None
-        self._pages: MappedPages | None = None
-        c_order = arr.flags.c_contiguous
-        if io == "pread" and c_order and isinstance(arr, np.memmap) and self.size and hasattr(os, "preadv"):
-            self._offset = int(arr.offset)
-            try:
-                self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except OSError as exc:
-                raise PairError(f"cannot read {path}: {exc.strerror or exc}") from None
-            del arr  # unmaps (the header and the length were checked by np.load)
-            if _FADVISE:  # a larger read-ahead window for the sequential reads
-                with contextlib.suppress(OSError):
-                    os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        else:
-            self._arr = arr.reshape(-1) if c_order else arr
-            self._pages = MappedPages(arr)
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        if self._fd is None:
-            return flat_slice(self._arr, start, stop)
-        item = self.dtype.itemsize
-        nbytes = (stop - start) * item
-        buf = _scratch(self.slot, nbytes)
-        pos = self._offset + start * item
-        got = 0
-        while got < nbytes:
-            n = os.preadv(self._fd, [buf[got:]], pos + got)
-            if n <= 0:
-                raise PairError(f"cannot read {self.path}: unexpected end of file at byte {pos + got} "
-                                "(the file was truncated while being compared)")
-            got += n
-        return buf.view(self.dtype)
-
-    def release(self, start: int, stop: int) -> None:
-        """Drop the mapped pages of [start, stop) (io="mmap"); not for a file read whole (closing unmaps
-        them, and each madvise costs a TLB shootdown on the other cores)."""
-        if self._pages is not None and not (start == 0 and stop >= self.size):
-            self._pages.release(start, stop)
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        self._arr = None
-        self._pages = None
-
-
 _READ_BYTES = 1 << 20  # read at least this much per call, in whole chunks (larger gave no gain)
 
 
-def _compare_range(fa: _NpyFile, fb: _NpyFile, start: int, stop: int, chunk: int) -> list[Partial]:
+def _compare_range(fa: NpyFile, fb: NpyFile, start: int, stop: int, chunk: int) -> list[Partial]:
     """Partials of [start, stop), one per chunk; files are read in blocks of whole chunks."""
     item = max(fa.dtype.itemsize, fb.dtype.itemsize)
     block = chunk * max(1, _READ_BYTES // (chunk * item))
@@ -208,7 +65,7 @@ def _compare_range(fa: _NpyFile, fb: _NpyFile, start: int, stop: int, chunk: int
 class _Split:
     """A pair cut into ranges that run as separate jobs."""
 
-    def __init__(self, task: PairTask, fa: _NpyFile, fb: _NpyFile, parts: list[tuple[int, int]]):
+    def __init__(self, task: PairTask, fa: NpyFile, fb: NpyFile, parts: list[tuple[int, int]]):
         self.task = task
         self.fa = fa
         self.fb = fb
@@ -217,6 +74,7 @@ class _Split:
         self.partials: list[Partial] = []
         self.error: str | None = None
         self.reported_bytes = 0
+        self.row = -1  # the pair's row in run_pairs' results
 
     def close(self) -> None:
         self.fa.close()
@@ -229,7 +87,7 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _shape_text(f: _NpyFile) -> str:
+def _shape_text(f: NpyFile) -> str:
     return f"{f.path} has shape {list(f.shape)} ({f.size} elements)"
 
 
@@ -237,8 +95,8 @@ def _open_pair(task: PairTask, io: str, chunk: int, split_elements: int, workers
     """Job: open a pair; compare it whole, or hand back a split plan for a big one."""
     fa = fb = None
     try:
-        fa = _NpyFile(os.fspath(task.path_a), 0, io)
-        fb = _NpyFile(os.fspath(task.path_b), 1, io)
+        fa = NpyFile(os.fspath(task.path_a), 0, io)
+        fb = NpyFile(os.fspath(task.path_b), 1, io)
         if fa.size != fb.size:
             raise PairError(f"shape mismatch: {_shape_text(fa)}, {_shape_text(fb)}")
         try:
@@ -285,6 +143,12 @@ def _file_size(path: Any) -> int:
         return 0
 
 
+def _run_batch(batch: list[PairTask], io: str, chunk: int, split_elements: int):
+    """Job: a batch of small pairs (rlprobe.compare.small_pairs); a pair it cannot take is compared
+    the per-pair way."""
+    return "batch", run_batch(batch, chunk, partial(_open_one, io=io, chunk=chunk, split_elements=split_elements))
+
+
 def run_pairs(
     tasks: Iterable[PairTask],
     workers: int = 2,
@@ -293,8 +157,9 @@ def run_pairs(
     *,
     chunk: int = DEFAULT_CHUNK,
     io: str = "mmap",
-) -> dict[Hashable, dict[str, Any]]:
-    """Compare every pair of ``.npy`` files; returns ``{task_id: metrics}``: the dict of
+) -> PairResults:
+    """Compare every pair of ``.npy`` files; returns ``{task_id: metrics}`` (a PairResults: the same
+    mapping, held column by column, rlprobe.compare.pair_results): the dict of
     :func:`rlprobe.compare.pair_metrics.combine`, or ``{"error": message}`` (a missing, truncated or
     corrupt file, named; ``"shape mismatch: ..."``; a dtype that cannot be compared). Flat, C order.
 
@@ -316,57 +181,68 @@ def run_pairs(
     if len(set(ids)) != len(ids):
         raise ValueError(f"duplicate task_id {next(i for i in ids if ids.count(i) > 1)!r}")
 
-    results: dict[Hashable, dict[str, Any]] = {}
+    results = PairResults(ids)
     if not tasks:
         if progress is not None:
             progress(0, 0)
         return results
 
     jobs = plan_jobs(tasks)
-    # bytes of each pair's files: up front for pairs compared one by one; a batch sizes its own files
-    # (GIL-free), so with batches the total grows as they report
-    pair_bytes = {t.task_id: _file_size(t.path_a) + _file_size(t.path_b) for t in jobs if isinstance(t, PairTask)}
+    # bytes of each pair's files (by row): up front for pairs compared one by one; a batch sizes its
+    # own files (GIL-free), so with batches the total grows as they report
+    pair_bytes = {row: _file_size(t.path_a) + _file_size(t.path_b) for row, t in jobs if isinstance(t, PairTask)}
     total = sum(pair_bytes.values())
     done_bytes = 0
     max_inflight = max(2, 2 * workers)  # bounds open files and queued work
 
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlprobe-compare")
     pending: set[Future] = set()
+    job_of: dict[Future, tuple[int, Any]] = {}  # a pair's or a batch's first row, and the batch
     open_splits: set[_Split] = set()
     todo = iter(jobs)
     exhausted = False
+
+    def submit_pair(row: int, task: PairTask) -> None:
+        fut = pool.submit(_open_pair, task, io, chunk, split_elements, workers)
+        job_of[fut] = (row, None)
+        pending.add(fut)
+
     try:
         while True:
             while not exhausted and len(pending) < max_inflight:
-                job = next(todo, None)
+                row, job = next(todo, (None, None))
                 if job is None:
                     exhausted = True
                     break
                 if isinstance(job, PairTask):
-                    pending.add(pool.submit(_open_pair, job, io, chunk, split_elements, workers))
+                    submit_pair(row, job)
                 else:
-                    pending.add(pool.submit(run_batch, job, chunk, partial(_open_one, io=io, chunk=chunk,
-                                                                           split_elements=split_elements)))
+                    fut = pool.submit(_run_batch, job, io, chunk, split_elements)
+                    job_of[fut] = (row, job)
+                    pending.add(fut)
             if not pending:
                 break
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
                 kind, payload = fut.result()
+                row, batch = job_of.pop(fut, (None, None))
                 if kind == "done":
-                    task, metrics = payload
-                    results[task.task_id] = metrics
-                    done_bytes += pair_bytes[task.task_id]
+                    _, metrics = payload
+                    results.put(row, metrics)
+                    done_bytes += pair_bytes[row]
                 elif kind == "batch":
-                    for task, metrics, nbytes in payload.done:
-                        results[task.task_id] = metrics
-                        done_bytes += nbytes
+                    results.put_rows(row + payload.rows, payload.columns)
+                    for i, metrics in payload.other:
+                        results.put(row + i, metrics)
+                    done_bytes += payload.nbytes
+                    total += payload.nbytes
+                    for i, nbytes in payload.large:
+                        pair_bytes[row + i] = nbytes
                         total += nbytes
-                    for task, nbytes in payload.large:
-                        pair_bytes[task.task_id] = nbytes
-                        total += nbytes
-                        pending.add(pool.submit(_open_pair, task, io, chunk, split_elements, workers))
+                        submit_pair(row + i, batch[i])
                 elif kind == "split":
                     split = payload
+                    split.row = row
                     open_splits.add(split)
                     for s, e in split.parts:
                         pending.add(pool.submit(_run_part, split, s, e, chunk))
@@ -378,14 +254,14 @@ def run_pairs(
                         split.error = error
                     if partials is not None:
                         split.partials.extend(partials)
-                    pb = pair_bytes[split.task.task_id]
+                    pb = pair_bytes[split.row]
                     step = pb * (e - s) // max(1, split.fa.size)
                     if split.remaining == 0:
                         step = pb - split.reported_bytes
                         split.close()
                         open_splits.discard(split)
-                        results[split.task.task_id] = (
-                            {"error": split.error} if split.error is not None else combine(split.partials))
+                        results.put(split.row, {"error": split.error} if split.error is not None
+                                    else combine(split.partials))
                     split.reported_bytes += step
                     done_bytes += step
                 if progress is not None:

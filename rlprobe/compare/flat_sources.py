@@ -49,6 +49,14 @@ class MappedPages:
         self._item = arr.dtype.itemsize
         self._c_order = bool(arr.flags.c_contiguous)
 
+    @classmethod
+    def of_map(cls, mm: _mmap_mod.mmap, start: int, itemsize: int) -> "MappedPages":
+        """The pages of a C-order array read straight from `mm` at byte `start` (npy_files.py)."""
+        pages = cls(np.empty(0))
+        if hasattr(mm, "madvise") and hasattr(_mmap_mod, "MADV_DONTNEED"):
+            pages._mm, pages._start, pages._item, pages._c_order = mm, start, itemsize, True
+        return pages
+
     def release(self, start: int, stop: int) -> None:
         if self._mm is None:
             return

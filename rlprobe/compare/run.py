@@ -5,6 +5,7 @@ nothing: `rlprobe compare` and pipelines hand its tables to the report writers
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -42,18 +43,26 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
 
     keep_stats = con is None
     con = con or duckdb.connect()
-    compared = compare_key_data(con, dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
-                                stats_rtol=stats_rtol, order=order, progress=progress, executor=executor,
-                                key_map=key_map)
+    beside = _SingleRunBeside(con, dump_a, dump_b, executor, start=workers > 1)
+    try:
+        compared = compare_key_data(con, dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
+                                    stats_rtol=stats_rtol, order=order, progress=progress,
+                                    executor=beside.run_pairs, key_map=key_map)
+    except BaseException:
+        beside.wait(quiet=True)  # the comparison's own error is the one to report
+        raise
     first, read_errors = compared.first, compared.read_errors
+    with _numba_loading:  # what follows may compile kernels too (the single-run rules, gradients)
+        pass
 
     diverged_at_step = {}
     if first is not None:
         for r in records(con, "key_status_at_step.sql", step=first["step"]):
             diverged_at_step[r["canonical_key"]] = bool(r["diverged"])
-    saved = {side: {row[0] for row in con.table(table).project("key").distinct().fetchall()}
-             for side, table in (("A", "stats_a"), ("B", "stats_b"))}
-    within = single_run_findings({"A": dump_a, "B": dump_b}, saved)  # each run against itself (rlprobe check)
+    if beside.started:
+        within = beside.wait()
+    else:  # each run against itself (rlprobe check)
+        within = single_run_findings({"A": dump_a, "B": dump_b}, _saved_keys(con))
     verdict = explain(first, diverged_at_step, within)
     if first is not None:
         earliest = records(con, "earliest_in_step.sql", step=first["step"])
@@ -98,7 +107,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
 
     if has_module_stats(dump_a) or has_module_stats(dump_b):  # module dumps (probe.stage): docs/modules.md
         tables["modules"], summary["module_first_divergence"] = compare_modules(
-            dump_a, dump_b, steps=steps, ranks=ranks, workers=workers, progress=progress, executor=executor,
+            dump_a, dump_b, steps=steps, ranks=ranks, workers=workers, progress=progress,
+            executor=_after_warm_up(executor),
             read_errors=read_errors, **(modules or {}))
         summary["module_suspect"] = describe(summary["module_first_divergence"])
         summary["suspect"] = summary["suspect"] or summary["module_suspect"]
@@ -123,6 +133,102 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     explain_config(summary, tables["config_diff"], first and first["canonical_key"], saved_configs(dump_a, dump_b),
                    flow_warning([k["key"] for k in summary["keys"]], key_map, order))
     return tables, summary
+
+
+def _saved_keys(con: "duckdb.DuckDBPyConnection") -> dict[str, set[str]]:
+    """The keys each run saved (its statistics tables stats_a and stats_b in `con`)."""
+    return {side: {row[0] for row in con.table(table).project("key").distinct().fetchall()}
+            for side, table in (("A", "stats_a"), ("B", "stats_b"))}
+
+
+class _SingleRunBeside:
+    """The executor compare_key_data calls once both runs' statistics are loaded (the saved keys
+    are then known). It waits for a numba warm-up still loading (start_warm_up), and, with `start`,
+    starts the single-run rules (single_run.py: each run checked against itself, reading its own
+    tensors through its own DuckDB connection) on a second thread before it compares the pairs:
+    most of both is numba, numpy and DuckDB, which release the GIL."""
+
+    def __init__(self, con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump,
+                 executor: Callable[..., Any] | None, start: bool):
+        self._con = con
+        self._dumps = {"A": dump_a, "B": dump_b}
+        self._executor = executor
+        self._start = start
+        self._thread: threading.Thread | None = None
+        self._outcome: tuple[Any, BaseException | None] = (None, None)
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def run_pairs(self, tasks: Any, **kwargs: Any) -> Any:
+        with _numba_loading:  # numba's registries must not be refreshed while a kernel compiles
+            pass
+        if self._start:
+            saved = _saved_keys(self._con)  # this thread: the connection is not shared
+            self._thread = threading.Thread(target=self._findings, args=(saved,), name="rlprobe-single-run",
+                                            daemon=True)
+            self._thread.start()
+        if self._executor is None:
+            from rlprobe.compare.executor import run_pairs
+
+            return run_pairs(tasks, **kwargs)
+        return self._executor(tasks, **kwargs)
+
+    def _findings(self, saved: dict[str, set[str]]) -> None:
+        try:
+            self._outcome = (single_run_findings(self._dumps, saved), None)
+        except BaseException as exc:  # noqa: BLE001 - raised again by wait(), in the comparison's thread
+            self._outcome = (None, exc)
+
+    def wait(self, quiet: bool = False) -> Any:
+        """The findings (once the thread is done); its error, if it failed, is raised here (unless `quiet`)."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        result, error = self._outcome
+        if error is not None and not quiet:
+            raise error
+        return result
+
+
+def _after_warm_up(executor: Callable[..., Any] | None) -> Callable[..., Any]:
+    """`executor` (None: run_pairs), called once a numba warm-up still loading is done."""
+    def run_pairs(tasks: Any, **kwargs: Any) -> Any:
+        with _numba_loading:
+            pass
+        if executor is None:
+            from rlprobe.compare.executor import run_pairs as local
+
+            return local(tasks, **kwargs)
+        return executor(tasks, **kwargs)
+
+    return run_pairs
+
+
+# held while start_warm_up's thread loads numba: numba's typing and target registries are process-wide
+# and refreshing them while another thread compiles a kernel makes that compilation fail
+_numba_loading = threading.Lock()
+
+
+def start_warm_up() -> threading.Thread:
+    """Load numba on a thread ("rlprobe-warm-up") while the runs' statistics are read; compare_dumps
+    runs no kernel before it is done."""
+    _numba_loading.acquire()  # here, not in the thread: no kernel may slip in before the thread starts
+
+    def load() -> None:
+        try:
+            warm_up_kernels()
+        finally:
+            _numba_loading.release()
+
+    thread = threading.Thread(target=load, name="rlprobe-warm-up", daemon=True)
+    try:
+        thread.start()
+    except BaseException:
+        _numba_loading.release()
+        raise
+    return thread
 
 
 def warm_up_kernels() -> None:

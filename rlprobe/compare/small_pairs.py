@@ -33,12 +33,13 @@ BATCH_MIN = 16  # fewer small pairs than this go one by one (no batch functions 
 BATCH_PAIRS = 256  # pairs per batch job
 
 
-def plan_jobs(tasks: list[Any]) -> list:
-    """Jobs in task order: lists of up to BATCH_PAIRS pairs for compare_small_pairs, or, with fewer
-    than BATCH_MIN pairs, the tasks themselves (compared one by one: no batch functions to load)."""
+def plan_jobs(tasks: list[Any]) -> list[tuple[int, Any]]:
+    """Jobs in task order, each with the position of its first task: lists of up to BATCH_PAIRS pairs
+    for compare_small_pairs, or, with fewer than BATCH_MIN pairs, the tasks themselves (compared one
+    by one: no batch functions to load)."""
     if len(tasks) < BATCH_MIN:
-        return list(tasks)
-    return [tasks[i:i + BATCH_PAIRS] for i in range(0, len(tasks), BATCH_PAIRS)]
+        return list(enumerate(tasks))
+    return [(i, tasks[i:i + BATCH_PAIRS]) for i in range(0, len(tasks), BATCH_PAIRS)]
 
 
 def _dtype_of(code: int) -> np.dtype:
@@ -70,8 +71,9 @@ def _path_bytes(paths: Sequence[Any]) -> tuple[np.ndarray, np.ndarray] | None:
     return arr, starts
 
 
-def _cosines(n: np.ndarray, dot: np.ndarray, sa: np.ndarray, sb: np.ndarray) -> list[float | None]:
-    """partials._cosine of each pair, vectorized (the same float64 operations, so the same bits)."""
+def _cosines(n: np.ndarray, dot: np.ndarray, sa: np.ndarray, sb: np.ndarray) -> np.ndarray:
+    """partials._cosine of each pair, vectorized (the same float64 operations, so the same bits);
+    NaN where _cosine gives None."""
     with np.errstate(all="ignore"):
         prod = sa * sb
         denom = np.where((prod > 0.0) & (prod < np.inf), np.sqrt(prod), np.sqrt(sa) * np.sqrt(sb))
@@ -81,27 +83,37 @@ def _cosines(n: np.ndarray, dot: np.ndarray, sa: np.ndarray, sb: np.ndarray) -> 
     cos[(sa == 0.0) | (sb == 0.0)] = 0.0
     cos[(sa == 0.0) & (sb == 0.0)] = 1.0
     cos[n == 0] = np.nan
-    return [None if c != c else c for c in cos.tolist()]
+    return cos
 
 
-def _metrics(ints: np.ndarray, floats: np.ndarray) -> list[dict[str, Any]]:
-    """combine() of each pair's one partial (combine's exactly rounded sum of one value x is x + 0.0)."""
-    cosine = _cosines(ints[:, 0], floats[:, 2] + 0.0, floats[:, 3] + 0.0, floats[:, 4] + 0.0)
-    first = [None if f < 0 else f for f in ints[:, 2].tolist()]
-    return [{"numel": n, "equal_count": eq, "first_mismatch_index": f, "max_abs_err": mabs, "max_rel_err": mrel,
-             "within_1e3_count": w3, "within_1e2_count": w2, "cosine": c, "nan_mismatch_count": nanmis}
-            for (n, eq, _, w3, w2, nanmis), f, (mabs, mrel, _, _, _), c
-            in zip(ints.tolist(), first, floats.tolist(), cosine)]
+def _metric_columns(ints: np.ndarray, floats: np.ndarray) -> dict[str, np.ndarray]:
+    """combine() of each pair's one partial, a column per metric (combine's exactly rounded sum of
+    one value x is x + 0.0); first_mismatch_index -1 and cosine NaN where there is none."""
+    return {"numel": ints[:, 0], "equal_count": ints[:, 1], "first_mismatch_index": ints[:, 2],
+            "max_abs_err": floats[:, 0], "max_rel_err": floats[:, 1], "within_1e3_count": ints[:, 3],
+            "within_1e2_count": ints[:, 4],
+            "cosine": _cosines(ints[:, 0], floats[:, 2] + 0.0, floats[:, 3] + 0.0, floats[:, 4] + 0.0),
+            "nan_mismatch_count": ints[:, 5]}
 
 
 class Batch(NamedTuple):
-    """What compare_small_pairs did with a batch: `done` (task, metrics, bytes of both files) and the
-    tasks left to the per-pair path, `large` (a file over the limit: streamed, maybe split; with
-    both files' bytes) and `rest` (a file it could not take: the per-pair path names the problem)."""
+    """What compare_small_pairs did with a batch (positions are indices into its task list):
+    `rows` and `columns`, the pairs the compiled kernel compared (a column per metric, see
+    PairResults.put_rows); `other`, (position, metrics dict) of pairs compared otherwise;
+    `nbytes`, the bytes of both files of all those; and the positions left to the per-pair path,
+    `large` (a file over the limit: streamed, maybe split; with both files' bytes) and `rest`
+    (a file it could not take: the per-pair path names the problem)."""
 
-    done: list[tuple[Any, dict[str, Any], int]]
-    large: list[tuple[Any, int]]
-    rest: list[Any]
+    rows: np.ndarray
+    columns: dict[str, np.ndarray]
+    other: list[tuple[int, dict[str, Any]]]
+    nbytes: int
+    large: list[tuple[int, int]]
+    rest: list[int]
+
+
+def _nothing_done(n: int) -> Batch:
+    return Batch(np.empty(0, np.int64), {}, [], 0, [], list(range(n)))
 
 
 def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> Batch:
@@ -113,42 +125,48 @@ def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> 
     n = len(tasks)
     located = _path_bytes([t.path_a for t in tasks] + [t.path_b for t in tasks]) if n else None
     if located is None:
-        return Batch([], [], list(tasks))
+        return _nothing_done(n)
     paths, path_starts = located
     info = np.zeros((2 * n, 4), np.int64)
     sizes = np.empty(2 * n, np.int64)
     buf = bk.read_files(paths, path_starts, limit, info, sizes)
     a, b = info[:n], info[n:]
-    pair_bytes = (sizes[:n] + sizes[n:]).tolist()
+    pair_bytes = sizes[:n] + sizes[n:]
 
     ok = (a[:, 0] == bk.OK) & (b[:, 0] == bk.OK) & (a[:, 2] == b[:, 2])
     fast = ok & (a[:, 1] == b[:, 1]) & np.isin(a[:, 1], (bk.F4, bk.F8, bk.I8))
     large = ((a[:, 0] == bk.BIG) | (b[:, 0] == bk.BIG)) & (sizes[:n] >= 0) & (sizes[n:] >= 0)
-    done: list[tuple[Any, dict[str, Any], int]] = []
     picked = np.flatnonzero(fast)
+    columns: dict[str, np.ndarray] = {}
     if picked.size:
         ints = np.empty((picked.size, 6), np.int64)
         floats = np.empty((picked.size, 5), np.float64)
         bk.compare_batch(buf, info, picked, picked + n, ints, floats)
-        done = [(tasks[i], m, pair_bytes[i]) for i, m in zip(picked.tolist(), _metrics(ints, floats))]
-    for i in np.flatnonzero(ok & ~fast).tolist():  # other dtypes: converted by chunk_partial, from the buffer
+        columns = _metric_columns(ints, floats)
+    other = []
+    slow = np.flatnonzero(ok & ~fast)
+    for i in slow.tolist():  # other dtypes: converted by chunk_partial, from the buffer
         ca = np.frombuffer(buf, _dtype_of(int(a[i, 1])), int(a[i, 2]), int(a[i, 3]))
         cb = np.frombuffer(buf, _dtype_of(int(b[i, 1])), int(b[i, 2]), int(b[i, 3]))
-        done.append((tasks[i], combine([chunk_partial(ca, cb, 0)]), pair_bytes[i]))
-    return Batch(done, [(tasks[i], pair_bytes[i]) for i in np.flatnonzero(large).tolist()],
-                 [tasks[i] for i in np.flatnonzero(~ok & ~large).tolist()])
+        other.append((i, combine([chunk_partial(ca, cb, 0)])))
+    return Batch(picked, columns, other, int(pair_bytes[ok].sum()),
+                 [(i, int(pair_bytes[i])) for i in np.flatnonzero(large).tolist()],
+                 np.flatnonzero(~ok & ~large).tolist())
 
 
-def run_batch(batch: list[Any], chunk: int, compare_one: Callable[[Any], tuple[dict[str, Any], int]]):
+def run_batch(batch: list[Any], chunk: int, compare_one: Callable[[Any], tuple[dict[str, Any], int]]) -> Batch:
     """Executor job: compare_small_pairs over `batch`; each pair it could not take goes to
     `compare_one` (the per-pair path: (metrics or error, bytes)), which names the problem."""
     try:  # a failure of the batch itself (numba cannot compile, say) leaves every pair to compare_one
         done = compare_small_pairs(batch, min(SMALL_FILE_BYTES, chunk))
     except Exception:  # noqa: BLE001
-        done = Batch([], [], list(batch))
-    for task in done.rest:
-        done.done.append((task, *compare_one(task)))
-    return "batch", done
+        done = _nothing_done(len(batch))
+    nbytes = done.nbytes
+    for i in done.rest:
+        metrics, pair_bytes = compare_one(batch[i])
+        done.other.append((i, metrics))
+        nbytes += pair_bytes
+    return done._replace(rest=[], nbytes=nbytes)
 
 
 def warm_up() -> None:

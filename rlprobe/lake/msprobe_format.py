@@ -53,31 +53,36 @@ def key_data_table(root: Path) -> pa.Table:
     and two files per tensor: pathlib and a dict per row cost ~1 ms a tensor); each statistics file
     is read and parsed once."""
     cols: dict[str, list[Any]] = {c: [] for c in ("key", "step", "rank", "micro_step", "index", "tensor_file")}
+    keys, steps, ranks, micros, indexes, tensor_files = cols.values()
     metas: list[str | None] = []
     npys: list[str] = []
     root_s = os.fspath(root)
-    data = os.path.join(root_s, "data")
+    sep = os.sep
+    data = root_s + sep + "data"
     with os.scandir(data) as entries:
         key_names = sorted(d.name for d in entries if d.is_dir())
     for key in key_names:
-        for step, step_dir in _numbered(os.path.join(data, key), _STEP):
+        for step, step_dir in _numbered(data + sep + key, _STEP):
             for rank, rank_dir in _numbered(step_dir, _RANK):
                 for micro, micro_dir in _numbered(rank_dir, _MICRO):
-                    names = sorted(n for n in os.listdir(micro_dir) if not n.startswith("."))
+                    names = os.listdir(micro_dir)
+                    tensors = sorted(n for n in names if n.endswith(".npy") and not n.startswith("."))
+                    if not tensors:
+                        continue
                     present = set(names)
-                    prefix = micro_dir[len(root_s) + 1:].replace(os.sep, "/") + "/"
-                    for name in names:
-                        if not name.endswith(".npy"):
-                            continue
+                    prefix = micro_dir[len(root_s) + 1:].replace(sep, "/") + "/"
+                    base = micro_dir + sep
+                    for name in tensors:
                         stem = name[:-4]
-                        cols["key"].append(key)
-                        cols["step"].append(step)
-                        cols["rank"].append(rank)
-                        cols["micro_step"].append(micro)
-                        cols["index"].append(_index_of(key, stem))
-                        cols["tensor_file"].append(prefix + name)
-                        npys.append(os.path.join(micro_dir, name))
-                        metas.append(os.path.join(micro_dir, stem + ".json") if stem + ".json" in present else None)
+                        keys.append(key)
+                        steps.append(step)
+                        ranks.append(rank)
+                        micros.append(micro)
+                        indexes.append(_index_of(key, stem))
+                        tensor_files.append(prefix + name)
+                        npys.append(base + name)
+                        meta = stem + ".json"
+                        metas.append(base + meta if meta in present else None)
     stats = {c: [] for c in ("shape", "min", "max", "mean", "norm")}
     for npy, meta_file in zip(npys, metas):
         meta = _read_meta(meta_file) if meta_file is not None else {}
@@ -100,13 +105,36 @@ _decode = json.JSONDecoder().decode
 
 
 def _read_meta(meta_file: str) -> dict[str, Any]:
+    text = _read_text(meta_file)
     try:
-        with open(meta_file, encoding="utf-8") as f:
-            meta = _decode(f.read())
+        meta = _decode(text)
     except ValueError as e:
         raise DumpReadError(f"{meta_file}: not valid JSON ({e}); expected msprobe's statistics file") from None
     data = meta.get("data", {}) if isinstance(meta, dict) else {}
     return data if isinstance(data, dict) else {}
+
+
+def _read_text(path: str) -> str:
+    """The file's UTF-8 text, read with os.open/os.read: a dump holds one statistics file per tensor,
+    and a text file object costs more than reading them (issue 18)."""
+    fd = os.open(path, _O_READ)
+    try:
+        parts = []
+        while True:
+            part = os.read(fd, 1 << 16)
+            if not part:
+                break
+            parts.append(part)
+    finally:
+        os.close(fd)
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DumpReadError(f"{path}: not valid JSON ({e}); expected msprobe's statistics file") from None
+
+
+_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 
 def _npy_shape(npy: str) -> list[int] | None:

@@ -5,7 +5,6 @@ be read or an output that cannot be written."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -35,7 +34,7 @@ def compare(
     `extra_files(folder)` adds files to the folder before it is published (msprobe's layout).
     `key_map`: a trainer's key names; `config_ignore`: config paths the config diff leaves out."""
     from rlprobe.compare.kernel_use import may_run_compiled_kernels
-    from rlprobe.compare.run import compare_dumps, warm_up_kernels
+    from rlprobe.compare.run import compare_dumps, start_warm_up
     from rlprobe.lake.reader import open_dump
     from rlprobe.report.comparison_files import ReportOptions, write_reports, write_summary_json, write_tables
     from rlprobe.report.output_folder import prepare_output, publish_output
@@ -45,15 +44,15 @@ def compare(
     prepare_output(out, "output directory")  # before the work: a folder of other files is refused at once
     dump_a, dump_b = open_dump(a), open_dump(b)
     if dump_a.may_hold_tensors and dump_b.may_hold_tensors and may_run_compiled_kernels(dump_a):
-        # load numba and the compiled kernels while the runs' statistics are read and matched (not at
-        # all for statistics-only or gradient-only dumps, nor a few small tensors, which numpy compares)
-        threading.Thread(target=warm_up_kernels, name="rlprobe-warm-up", daemon=True).start()
+        # load numba while the runs' statistics are read and matched (not at all for statistics-only or
+        # gradient-only dumps, nor a few small tensors, which numpy compares)
+        start_warm_up()  # compare_dumps runs no kernel before it is done
     tables, summary = compare_dumps(dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
                                     stats_rtol=stats_rtol, order=order, progress=progress, key_map=key_map,
                                     config_ignore=config_ignore, config_ignore_defaults=config_ignore_defaults)
     summary["elapsed_s"] = round(time.perf_counter() - started, 3)
     options = ReportOptions(lang=lang, per_key_dir=per_key_dir if per_key_files else None, plots=plots,
-                            plot_every_param=plot_every_param)
+                            plot_every_param=plot_every_param, workers=workers)
 
     def write(folder: Path) -> None:
         xlsx_extras = write_tables(folder, tables)

@@ -27,7 +27,10 @@ GRAD_FLAG_COLUMNS = ("monitor", "rank", "step", "param", "status", "shape_a", "s
 @dataclass
 class ReportOptions:
     """Which report files to write: workbook, CSV and Markdown in `lang`; `summary_md`: the text of
-    summary.md (None: the comparison's own); per-key workbooks under `per_key_dir`; PNG plots."""
+    summary.md (None: the comparison's own); per-key workbooks under `per_key_dir`; PNG plots.
+    `workers` > 1: the CSV and the workbook are written at once, by two threads (and the workbook's
+    sheets compressed by a third while the next is made): most of the work is pyarrow.compute and
+    zlib, which release the GIL."""
 
     lang: str = "en"
     xlsx: bool = True
@@ -37,6 +40,7 @@ class ReportOptions:
     per_key_dir: str | None = None
     plots: bool = False
     plot_every_param: bool = False
+    workers: int = 1
 
 
 def write_tables(folder: Path, tables: dict[str, pa.Table]) -> dict[str, Any]:
@@ -81,14 +85,28 @@ def write_reports(folder: Path, tables: dict[str, pa.Table], summary: dict[str, 
                   options: ReportOptions) -> None:
     """key_data.csv, report.xlsx, summary.md, the per-key workbooks and the plots, as `options` say."""
     public = public_key_data(tables["key_data"])
+    csv_writer = None
     if options.csv:
         from rlprobe.report.csv_report import write_key_data_csv
 
-        write_key_data_csv(folder / "key_data.csv", public, lang=options.lang)
-    if options.xlsx:
-        from rlprobe.report.xlsx import write_report_xlsx
+        if options.workers > 1 and options.xlsx:
+            from concurrent.futures import ThreadPoolExecutor
 
-        write_report_xlsx(folder / "report.xlsx", public, summary, lang=options.lang, **xlsx_extras)
+            csv_writer = ThreadPoolExecutor(1, thread_name_prefix="rlprobe-csv")
+            csv_done = csv_writer.submit(write_key_data_csv, folder / "key_data.csv", public, lang=options.lang)
+        else:
+            write_key_data_csv(folder / "key_data.csv", public, lang=options.lang)
+    try:
+        if options.xlsx:
+            from rlprobe.report.xlsx import write_report_xlsx
+
+            write_report_xlsx(folder / "report.xlsx", public, summary, lang=options.lang,
+                              background=options.workers > 1, **xlsx_extras)
+    finally:
+        if csv_writer is not None:
+            csv_writer.shutdown()  # waits for the CSV
+    if csv_writer is not None:
+        csv_done.result()  # its error, if any
     if options.markdown:
         from rlprobe.report.markdown import render_summary_md
 

@@ -5,7 +5,8 @@ rlprobe.report.safe_cells says), and sheet names that follow Excel's rules.
 
 Sheets are written one after another in tab order, each streamed to a temporary file and then
 into the package, so memory stays flat; a sheet's column widths and frozen header are given when
-it is added. Sheet.append_columns writes a whole table of rows with pyarrow.compute (no Python
+it is added. With `background=True` a finished sheet is compressed into the package by a second
+thread while the next one is made (zlib and pyarrow.compute release the GIL; at most one sheet waits). Sheet.append_columns writes a whole table of rows with pyarrow.compute (no Python
 per cell): openpyxl took 20 s for the 900,000 cells of a 25,600-pair comparison, XlsxWriter 9 s,
 this about 1 s (docs/reports.md). A cell format is registered once as a named style ("rlprobe bold FFC7CE" and so
 on, listed among Excel's cell styles) and cells refer to it by number.
@@ -18,6 +19,7 @@ import re
 import shutil
 import tempfile
 import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, Sequence
 
@@ -49,13 +51,15 @@ class Workbook:
     """An xlsx workbook written into a binary file object as sheets are added and finished when
     the `with` block ends; after a failure it is closed unfinished (the caller discards the file)."""
 
-    def __init__(self, fileobj: IO[bytes]) -> None:
+    def __init__(self, fileobj: IO[bytes], *, background: bool = False) -> None:
         # deflate level 1: a tenth of the time of the default level for files a quarter larger
         self._zip = zipfile.ZipFile(fileobj, "w", zipfile.ZIP_DEFLATED, allowZip64=True, compresslevel=1)
         self._formats: dict[CellFormat, int] = {CellFormat(): 0}
         self._names: list[str] = []
         self._filters: list[str | None] = []
         self._sheet: Sheet | None = None
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="rlprobe-xlsx") if background else None
+        self._writing: Future | None = None  # the finished sheet the writer puts into the package
 
     def __enter__(self) -> "Workbook":
         return self
@@ -63,11 +67,14 @@ class Workbook:
     def __exit__(self, exc_type: object, *exc: object) -> None:
         if exc_type is not None:
             self._abandon()
+            if self._writer is not None:
+                self._writer.shutdown()
             return
         try:
             if not self._names:  # a workbook has at least one sheet
                 self.add_sheet("Sheet")
             self._finish_sheet()
+            self._wait_for_writer()
             formats = sorted(self._formats, key=self._formats.__getitem__)
             names = ["Normal"] + [_style_name(f) for f in formats[1:]]
             n = len(self._names)
@@ -85,6 +92,9 @@ class Workbook:
         except BaseException:
             self._abandon()
             raise
+        finally:
+            if self._writer is not None:
+                self._writer.shutdown()
 
     def _abandon(self) -> None:
         """After a failure: drop the open sheet's temporary file and close the archive, rather than
@@ -92,6 +102,10 @@ class Workbook:
         if self._sheet is not None:
             self._sheet.discard()
             self._sheet = None
+        try:
+            self._wait_for_writer()
+        except Exception:  # noqa: BLE001 - the first failure is the one to report
+            pass
         try:
             self._zip.close()
         except Exception:  # noqa: BLE001 - the write already failed; that error is the one to report
@@ -114,9 +128,24 @@ class Workbook:
         return self._sheet
 
     def _finish_sheet(self) -> None:
-        if self._sheet is not None:
-            self._sheet.write_to(self._zip)
-            self._sheet = None
+        if self._sheet is None:
+            return
+        sheet, self._sheet = self._sheet, None
+        if self._writer is None:
+            sheet.write_to(self._zip)
+            return
+        try:
+            self._wait_for_writer()  # one sheet at a time into the package, in tab order
+        except BaseException:
+            sheet.discard()
+            raise
+        self._writing = self._writer.submit(sheet.write_to, self._zip)
+
+    def _wait_for_writer(self) -> None:
+        """Wait for the sheet being put into the package (its error, if any, is raised here)."""
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            writing.result()
 
 
 class Sheet:

@@ -66,9 +66,10 @@ def number_format(column: str) -> str | None:
 def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str, Any], lang: str = "en",
                       extra_sheets: Mapping[str, pa.Table] | None = None,
                       max_sheet_rows: int = MAX_SHEET_ROWS, extra_files: Mapping[str, str] | None = None,
-                      grad_matrix: tuple[pa.Table, pa.Table] | None = None) -> Path:
+                      grad_matrix: tuple[pa.Table, pa.Table] | None = None, background: bool = False) -> Path:
     """Write report.xlsx: Summary, one sheet per key (in the summary's key order), then `extra_sheets`,
     then, given `grad_matrix` = (grads, grad_steps), the "Grad similarity" sheet (see grad_matrix_sheet.py).
+    `background`: a second thread compresses each finished sheet while the next is made (workbook.py).
 
     A key sheet holds at most `max_sheet_rows` rows: every row that differs first (the first
     divergence before all), then matching rows, kept in the table's order. Columns without a
@@ -99,7 +100,7 @@ def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str
         shown[key] = table
 
     def write(f) -> None:
-        with Workbook(f) as book:
+        with Workbook(f, background=background) as book:
             _write_summary_sheet(book, summary_name, summary, key_sheets, lang, left_out)
             for key, table in shown.items():
                 note = _rows_shown(*left_out[key], lang) if key in left_out else None

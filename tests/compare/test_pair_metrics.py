@@ -18,7 +18,8 @@ from hypothesis.extra import numpy as hnp
 
 from rlprobe.compare import pair_kernels as pk
 from rlprobe.compare import pair_metrics as pm
-from rlprobe.compare.executor import PairError, PairTask, _NpyFile, run_pairs
+from rlprobe.compare.executor import PairError, PairTask, run_pairs
+from rlprobe.compare.npy_files import NpyFile
 from rlprobe.compare.pair_metrics import (
     METRIC_KEYS,
     ArraySource,
@@ -741,7 +742,7 @@ def test_run_pairs_many_small_pairs(tmp_path):
 
 def test_file_truncated_while_being_read(tmp_path):
     path = _save(tmp_path / "x.npy", np.arange(100_000, dtype=np.float64))
-    f = _NpyFile(path, 0, "pread")
+    f = NpyFile(path, 0, "pread")
     try:
         assert f.read(0, 10).tolist() == list(range(10))
         os.truncate(path, 4096)

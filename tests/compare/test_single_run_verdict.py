@@ -115,3 +115,27 @@ def test_a_recomputation_off_by_rounding_only_is_named_when_the_runs_part_there(
     assert ("in run B log_prob differs from old_log_prob where the run is on-policy (step 0, rank 0"
             in summary["suspect"])
     assert "within float32 rounding" in summary["suspect"] and "not deterministic" in summary["suspect"]
+
+
+def test_the_rules_read_beside_the_pairs_give_the_findings_read_after_them(tmp_path):
+    """With workers > 1 the single-run rules run on a thread while the tensor pairs are compared
+    (compare/run.py); with one worker after them: the same summary, finding for finding."""
+    a, b = _ppo_epochs(tmp_path / "a", 0.01), _ppo_epochs(tmp_path / "b", 0.01, noise_at=2)
+    one = rlprobe.compare(a, b, tmp_path / "one", workers=1)
+    two = rlprobe.compare(a, b, tmp_path / "two", workers=2)
+    assert two["on_policy_recompute"]["B"] and two["on_policy_recompute"] == one["on_policy_recompute"]
+    for field in ("suspect", "advice", "rollout_vs_trainer", "first_divergence", "counts"):
+        assert two[field] == one[field], field
+
+
+def test_a_rule_that_fails_beside_the_pairs_fails_the_comparison(tmp_path, monkeypatch):
+    import rlprobe.compare.run as compare_run
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("single-run rule bug")
+
+    monkeypatch.setattr(compare_run, "single_run_findings", broken)
+    a = _ppo_epochs(tmp_path / "a", 0.01)
+    with pytest.raises(RuntimeError, match="single-run rule bug"):
+        rlprobe.compare(a, a, tmp_path / "out", workers=2)
+    assert not (tmp_path / "out").exists()

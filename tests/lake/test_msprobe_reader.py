@@ -280,6 +280,28 @@ def test_corrupt_msprobe_json_raises_naming_file(tmp_path: Path):
     assert str(bad) in str(info.value)
 
 
+def test_msprobe_json_not_utf8_raises_naming_file(tmp_path: Path):
+    run = tmp_path / "msprobe_run"
+    _write_item(run, "kl", 0, 0, 0, "kl", np.array(1.0, np.float32))
+    bad = run / "data" / "kl" / "step0" / "rank0" / "micro_step0" / "kl.json"
+    bad.write_bytes(b'{"data": {"max": 1.0, "note": "\xff\xfe"}}')
+    with pytest.raises(DumpReadError) as info:
+        rlprobe.open(run).key_data().collect()
+    assert str(bad) in str(info.value) and "not valid JSON" in str(info.value)
+
+
+def test_msprobe_json_larger_than_one_read(tmp_path: Path):
+    """A statistics file longer than one os.read (64 KiB) is read whole."""
+    run = tmp_path / "msprobe_run"
+    _write_item(run, "kl", 0, 0, 0, "kl", np.arange(3, dtype=np.float32))
+    meta = run / "data" / "kl" / "step0" / "rank0" / "micro_step0" / "kl.json"
+    text = json.loads(meta.read_text())
+    text["data"]["padding"] = "x" * 200_000
+    meta.write_text(json.dumps(text))
+    row = rlprobe.open(run).key_data().collect().row(0, named=True)
+    assert (row["max"], row["min"], row["shape"], row["numel"]) == (2.0, 0.0, [3], 3)
+
+
 def test_corrupt_msprobe_tensor_raises_naming_file(tmp_path: Path):
     run = tmp_path / "msprobe_run"
     _write_item(run, "kl", 0, 0, 0, "kl", np.arange(3, dtype=np.float32))

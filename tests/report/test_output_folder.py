@@ -53,6 +53,35 @@ def test_plots_are_in_the_published_folder_and_nothing_is_written_after_it(runs,
     assert _beside(out) == []
 
 
+def test_reports_written_by_two_threads_are_the_ones_one_thread_writes(runs, tmp_path):
+    """workers=2 writes key_data.csv and report.xlsx at once (and compresses sheets on another thread):
+    the files are byte for byte those of workers=1, but for the times they record."""
+    import zipfile
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    compare(runs["a"], runs["b"], one, workers=1)
+    compare(runs["a"], runs["b"], two, workers=2)
+    assert (one / "key_data.csv").read_bytes() == (two / "key_data.csv").read_bytes()
+    with zipfile.ZipFile(one / "report.xlsx") as a, zipfile.ZipFile(two / "report.xlsx") as b:
+        assert a.namelist() == b.namelist()
+        for name in a.namelist():
+            if name not in ("docProps/core.xml", "xl/worksheets/sheet1.xml"):  # times: written, elapsed
+                assert a.read(name) == b.read(name), name
+
+
+def test_a_failing_csv_written_beside_the_workbook_is_reported(runs, tmp_path, monkeypatch):
+    from rlprobe.report import csv_report
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(csv_report, "write_key_data_csv", broken)
+    out = tmp_path / "out"
+    with pytest.raises(Exception, match="No space left"):
+        compare(runs["a"], runs["b"], out, workers=2)
+    assert not out.exists() and _beside(out) == []
+
+
 def test_a_report_that_raises_leaves_the_previous_output_as_it_was(runs, tmp_path):
     out = tmp_path / "out"
     compare(runs["a"], runs["a"], out)

@@ -150,3 +150,44 @@ def test_a_failure_inside_the_workbook_leaves_no_temporary_file_open(tmp_path):
             sheet.append([1, 2])
             raise RuntimeError("boom")
     assert sheet._rows.closed
+
+
+def _many_sheets(path, background: bool) -> None:
+    with open(path, "wb") as f, Workbook(f, background=background) as book:
+        for s in range(5):
+            sheet = book.add_sheet(f"s{s}", [8, 12])
+            sheet.append(["sheet", "value"], book.style(CellFormat(bold=True)))
+            values = pa.array([s * 1000 + i for i in range(300)], pa.int64())
+            sheet.append_columns([pa.array([f"=s{s}"] * 300), values], [[0, 0, 0, 0], [0, 0, 0, 0]],
+                                 pa.array([0] * 300, pa.int32()))
+
+
+def test_sheets_compressed_by_the_background_writer_read_back_in_tab_order(tmp_path):
+    """Workbook(background=True): each finished sheet goes into the package on a second thread while
+    the next is made; the workbook is the one written in one thread, part for part."""
+    one, two = tmp_path / "one.xlsx", tmp_path / "two.xlsx"
+    _many_sheets(one, background=False)
+    _many_sheets(two, background=True)
+    book = openpyxl.load_workbook(two)
+    assert book.sheetnames == [f"s{s}" for s in range(5)]
+    for s in range(5):
+        rows = list(book[f"s{s}"].iter_rows(values_only=True))
+        assert rows[0] == ("sheet", "value") and len(rows) == 301
+        assert rows[1:] == [(f"=s{s}", s * 1000 + i) for i in range(300)]
+    with zipfile.ZipFile(one) as a, zipfile.ZipFile(two) as b:
+        assert a.namelist() == b.namelist()
+        for name in a.namelist():
+            if name != "docProps/core.xml":  # holds the time of writing
+                assert a.read(name) == b.read(name), name
+
+
+def test_a_failure_with_the_background_writer_leaves_no_temporary_file_open(tmp_path):
+    path = tmp_path / "f.xlsx"
+    with pytest.raises(RuntimeError, match="boom"):
+        with open(path, "wb") as f, Workbook(f, background=True) as book:
+            first = book.add_sheet("s")
+            first.append([1, 2])
+            second = book.add_sheet("t")  # the first goes to the writer thread
+            second.append([3, 4])
+            raise RuntimeError("boom")
+    assert first._rows.closed and second._rows.closed

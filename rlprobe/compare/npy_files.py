@@ -1,0 +1,208 @@
+"""One ``.npy`` file of a pair, read chunk by chunk for the executor (rlprobe.compare.executor):
+opened with ``np.load(mmap_mode='r')``, which validates the header and the file length, then read
+from the memory map (``io="mmap"``, the pages of each chunk dropped once compared) or copied into a
+reusable per-thread buffer with ``os.preadv`` (``io="pread"``). A file that cannot be read becomes
+a PairError whose message names the file and the problem."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import mmap
+import os
+import re
+import threading
+
+import numpy as np
+
+from rlprobe.compare.flat_sources import MappedPages, flat_slice
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+class PairError(Exception):
+    """A pair that cannot be compared; the message becomes the result's ``error``."""
+
+
+def _describe_bad_npy(path: str, exc: BaseException) -> str:
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(len(_NPY_MAGIC))
+    except OSError:
+        return f"cannot read {path}: {exc}"
+    if size == 0:
+        return f"cannot read {path}: empty file (0 bytes), not a .npy file"
+    if head != _NPY_MAGIC:
+        return f"cannot read {path}: not a .npy file (bad magic bytes)"
+    try:
+        shape, _, dtype, header_len = _read_header(path)
+    except Exception:  # noqa: BLE001
+        return f"cannot read {path}: corrupt or truncated .npy header ({size} bytes; numpy: {exc})"
+    if dtype.hasobject:
+        return f"cannot read {path}: holds Python objects (dtype {dtype}), not numbers"
+    expected = header_len + math.prod(shape) * dtype.itemsize
+    if not dtype.hasobject and size < expected:
+        return (f"cannot read {path}: truncated .npy file ({size} bytes, but its header describes "
+                f"{dtype} {list(shape)} needing {expected} bytes)")
+    return f"cannot read {path}: corrupt .npy file ({size} bytes; numpy: {exc})"
+
+
+def _read_header(path: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        return shape, fortran, dtype, f.tell()
+
+
+def _open_npy(path: str) -> np.ndarray:
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise PairError(f"cannot read {path}: file not found") from None
+    except IsADirectoryError:
+        raise PairError(f"cannot read {path}: is a directory, not a .npy file") from None
+    except PermissionError as exc:
+        raise PairError(f"cannot read {path}: permission denied ({exc.strerror})") from None
+    except (OSError, ValueError, EOFError) as exc:
+        # numpy versions that cannot memory-map an empty array: accept an empty .npy
+        try:
+            shape, _, dtype, _ = _read_header(path)
+        except Exception:  # noqa: BLE001 - describe the original failure
+            raise PairError(_describe_bad_npy(path, exc)) from None
+        if math.prod(shape) == 0 and not dtype.hasobject:
+            return np.empty(shape, dtype=dtype)
+        raise PairError(_describe_bad_npy(path, exc)) from None
+    if not isinstance(arr, np.ndarray):  # np.load returned an NpzFile
+        getattr(arr, "close", lambda: None)()
+        raise PairError(f"cannot read {path}: an .npz archive, not a .npy file")
+    return arr
+
+
+# the header as numpy writes it: magic, version 1 (2-byte length) or 2/3 (4-byte), a three-character
+# descr of a bool, integer or float, C order, a shape of whole numbers, padding to 16 bytes, newline
+_PLAIN_HEADER = re.compile(rb"\x93NUMPY([\x01-\x03])\x00(..(?:..)?)\{'descr': '([<|][biuf][1248])', "
+                           rb"'fortran_order': False, 'shape': \(((?:\d+, ?)*\d*)\), \} *\n", re.DOTALL)
+_HEAD_BYTES = 4096
+_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_LITTLE = np.dtype("<f4").isnative
+_local = threading.local()
+_FADVISE = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_SEQUENTIAL")
+
+
+def _scratch(slot: int, nbytes: int) -> np.ndarray:
+    """A per-thread reusable byte buffer (slot 0 for side A, 1 for side B), 64-byte aligned."""
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = [None, None]
+    buf = bufs[slot]
+    if buf is None or buf.nbytes < nbytes:
+        raw = np.empty(nbytes + 64, dtype=np.uint8)
+        start = (-raw.ctypes.data) % 64
+        buf = bufs[slot] = raw[start:start + nbytes]
+    return buf[:nbytes]
+
+
+class NpyFile:
+    """A :class:`~rlprobe.compare.pair_metrics.FlatSource` over one ``.npy`` file."""
+
+    def __init__(self, path: str, slot: int, io: str):
+        self.path = path
+        self.slot = slot
+        self._fd: int | None = None
+        self._arr: np.ndarray | None = None
+        self._pages: MappedPages | None = None
+        if self._open_plain(io):
+            return
+        arr = _open_npy(path)
+        self.shape = arr.shape
+        self.dtype = arr.dtype
+        self.size = int(arr.size)
+        self.nbytes = self.size * self.dtype.itemsize
+        c_order = arr.flags.c_contiguous
+        if io == "pread" and c_order and isinstance(arr, np.memmap) and self.size and hasattr(os, "preadv"):
+            self._offset = int(arr.offset)
+            try:
+                self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError as exc:
+                raise PairError(f"cannot read {path}: {exc.strerror or exc}") from None
+            del arr  # unmaps (the header and the length were checked by np.load)
+            if _FADVISE:  # a larger read-ahead window for the sequential reads
+                with contextlib.suppress(OSError):
+                    os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        else:
+            self._arr = arr.reshape(-1) if c_order else arr
+            self._pages = MappedPages(arr)
+
+    def _open_plain(self, io: str) -> bool:
+        """Open a file whose header numpy wrote the plain way (C order, a little-endian or byte-sized
+        bool, integer or float, data present) without np.load, whose header parsing and np.memmap
+        cost ~150 us a file under the GIL; False (nothing open) for anything else: np.load then
+        opens it and names what is wrong."""
+        try:
+            fd = os.open(self.path, _O_READ)
+        except OSError:
+            return False
+        try:
+            head = os.pread(fd, _HEAD_BYTES, 0)
+            m = _PLAIN_HEADER.match(head)
+            if m is None or (m.group(1) == b"\x01") != (len(m.group(2)) == 2):
+                return False
+            if m.end() != 8 + len(m.group(2)) + int.from_bytes(m.group(2), "little"):
+                return False  # the header's length is not where its text ends
+            dtype = np.dtype(m.group(3).decode())
+            if dtype.byteorder not in "=|" and not (dtype.byteorder == "<" and _LITTLE):
+                return False
+            shape = tuple(int(d) for d in m.group(4).split(b",") if d.strip())
+            offset, size = m.end(), math.prod(shape)
+            if size == 0 or offset % 16 or os.fstat(fd).st_size < offset + size * dtype.itemsize:
+                return False  # np.load handles empty arrays and names a truncated file
+            if io == "pread" and hasattr(os, "preadv"):
+                self._fd, self._offset, fd = fd, offset, None
+                if _FADVISE:
+                    with contextlib.suppress(OSError):
+                        os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            else:
+                mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                self._arr = np.frombuffer(mm, dtype, size, offset)
+                self._pages = MappedPages.of_map(mm, offset, dtype.itemsize)
+        except (OSError, ValueError, TypeError):
+            return False
+        finally:
+            if fd is not None:
+                os.close(fd)
+        self.shape, self.dtype, self.size = shape, dtype, size
+        self.nbytes = size * dtype.itemsize
+        return True
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        if self._fd is None:
+            return flat_slice(self._arr, start, stop)
+        item = self.dtype.itemsize
+        nbytes = (stop - start) * item
+        buf = _scratch(self.slot, nbytes)
+        pos = self._offset + start * item
+        got = 0
+        while got < nbytes:
+            n = os.preadv(self._fd, [buf[got:]], pos + got)
+            if n <= 0:
+                raise PairError(f"cannot read {self.path}: unexpected end of file at byte {pos + got} "
+                                "(the file was truncated while being compared)")
+            got += n
+        return buf.view(self.dtype)
+
+    def release(self, start: int, stop: int) -> None:
+        """Drop the mapped pages of [start, stop) (io="mmap"); not for a file read whole (closing unmaps
+        them, and each madvise costs a TLB shootdown on the other cores)."""
+        if self._pages is not None and not (start == 0 and stop >= self.size):
+            self._pages.release(start, stop)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._arr = None
+        self._pages = None
