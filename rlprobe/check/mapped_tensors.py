@@ -3,43 +3,26 @@ file in one system call, where numpy's memory map (np.load(mmap_mode="r")) takes
 4 KiB page as the kernel reads on, and a read() copies the bytes (measured on a loaded 2-core
 machine: ~2x faster to touch than np.load's map, ~1.5x faster than a read into a reused buffer);
 files of at most 256 KiB are read whole (a pread: ~15 µs for 32 KiB, where a map costs ~40 µs).
-The .npy header numpy writes is read with one regular expression (numpy's own reader evaluates it
-as Python source: about half of the time spent here on 1 MB tensors); any other header goes to numpy."""
+The .npy header numpy writes is read by rlprobe.lake.npy_header (numpy's own reader evaluates it as
+Python source: about half of the time spent here on 1 MB tensors); any other header goes to numpy."""
 
 from __future__ import annotations
 
 import math
 import mmap
 import os
-import re
 
 import numpy as np
 
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.encoding import restore
+from rlprobe.lake.npy_header import plain_header
 from rlprobe.lake.reader import Dump
 
 _FORMAT = np.lib.format
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux; elsewhere a plain map
 _HEAD = 256  # bytes read first: numpy pads the header of a simple array to 128
 READ_BELOW = 1 << 18  # a smaller file is read whole: one pread costs less than setting up a map
-_SIMPLE = re.compile(rb"\{'descr': '([<>|=][a-zA-Z]\d+)', 'fortran_order': False, 'shape': \(([0-9, ]*)\), \} *\n")
-
-
-def simple_header(head: bytes) -> tuple[tuple[int, ...], np.dtype, int] | None:
-    """(shape, stored dtype, data offset) of a version 1.0 .npy header as numpy writes it for a C-order
-    array of a plain dtype; None for anything else (numpy's reader then decides)."""
-    if len(head) < 10 or head[:8] != b"\x93NUMPY\x01\x00":
-        return None
-    offset = 10 + int.from_bytes(head[8:10], "little")
-    found = _SIMPLE.fullmatch(head, 10, offset)
-    if found is None:
-        return None
-    try:
-        dims = tuple(int(n) for n in found[2].split(b",") if n.strip())
-        return dims, np.dtype(found[1].decode()), offset
-    except (TypeError, ValueError):
-        return None
 
 
 def map_tensor(dump: Dump, row: dict, rows: slice | None = None) -> np.ndarray:
@@ -53,7 +36,7 @@ def map_tensor(dump: Dump, row: dict, rows: slice | None = None) -> np.ndarray:
         try:
             length = os.fstat(fd).st_size
             head = os.pread(fd, length if length <= READ_BELOW else _HEAD, 0)
-            header = simple_header(head)
+            header = plain_header(head)
             if header is None:
                 with open(fd, "rb", closefd=False) as f:
                     version = _FORMAT.read_magic(f)

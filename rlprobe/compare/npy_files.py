@@ -10,12 +10,12 @@ import contextlib
 import math
 import mmap
 import os
-import re
 import threading
 
 import numpy as np
 
 from rlprobe.compare.flat_sources import MappedPages, flat_slice
+from rlprobe.lake.npy_header import plain_header
 
 _NPY_MAGIC = b"\x93NUMPY"
 
@@ -82,10 +82,6 @@ def _open_npy(path: str) -> np.ndarray:
     return arr
 
 
-# the header as numpy writes it: magic, version 1 (2-byte length) or 2/3 (4-byte), a three-character
-# descr of a bool, integer or float, C order, a shape of whole numbers, padding to 16 bytes, newline
-_PLAIN_HEADER = re.compile(rb"\x93NUMPY([\x01-\x03])\x00(..(?:..)?)\{'descr': '([<|][biuf][1248])', "
-                           rb"'fortran_order': False, 'shape': \(((?:\d+, ?)*\d*)\), \} *\n", re.DOTALL)
 _HEAD_BYTES = 4096
 _O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _LITTLE = np.dtype("<f4").isnative
@@ -148,16 +144,14 @@ class NpyFile:
             return False
         try:
             head = os.pread(fd, _HEAD_BYTES, 0)
-            m = _PLAIN_HEADER.match(head)
-            if m is None or (m.group(1) == b"\x01") != (len(m.group(2)) == 2):
+            header = plain_header(head)
+            if header is None:
                 return False
-            if m.end() != 8 + len(m.group(2)) + int.from_bytes(m.group(2), "little"):
-                return False  # the header's length is not where its text ends
-            dtype = np.dtype(m.group(3).decode())
-            if dtype.byteorder not in "=|" and not (dtype.byteorder == "<" and _LITTLE):
+            shape, dtype, offset = header
+            native = dtype.byteorder in "=|" or (dtype.byteorder == "<" and _LITTLE)
+            if dtype.kind not in "biuf" or dtype.itemsize not in (1, 2, 4, 8) or not native:
                 return False
-            shape = tuple(int(d) for d in m.group(4).split(b",") if d.strip())
-            offset, size = m.end(), math.prod(shape)
+            size = math.prod(shape)
             if size == 0 or offset % 16 or os.fstat(fd).st_size < offset + size * dtype.itemsize:
                 return False  # np.load handles empty arrays and names a truncated file
             if io == "pread" and hasattr(os, "preadv"):

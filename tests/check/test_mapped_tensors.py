@@ -8,9 +8,10 @@ import pytest
 
 import rlprobe
 from rlprobe.check.inputs import stats_table
-from rlprobe.check.mapped_tensors import READ_BELOW, map_tensor, simple_header
+from rlprobe.check.mapped_tensors import READ_BELOW, map_tensor
 from rlprobe.check.token_tables import tensor_rows
 from rlprobe.errors import DumpReadError
+from rlprobe.lake.npy_header import plain_header
 from rlprobe.lake.reader import open_dump
 
 
@@ -54,22 +55,22 @@ def test_truncated_and_damaged_tensor_files_are_named(tmp_path):
 @pytest.mark.parametrize("array", [np.zeros((64, 4096), np.float32), np.ones(5, np.bool_), np.float64(3.5),
                                    np.zeros((2, 0, 3), np.uint16), np.arange(12, dtype=">f8").reshape(3, 4)],
                          ids=["f32", "bool", "scalar", "empty", "big-endian"])
-def test_simple_header_reads_what_numpy_reads(array, tmp_path):
+def test_plain_header_reads_what_numpy_reads(array, tmp_path):
     np.save(tmp_path / "x.npy", array)
     raw = (tmp_path / "x.npy").read_bytes()
     with open(tmp_path / "x.npy", "rb") as f:
         np.lib.format.read_magic(f)
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
         offset = f.tell()
-    assert simple_header(raw[:256]) == (shape, dtype, offset) and not fortran
+    assert plain_header(raw[:256]) == (shape, dtype, offset) and not fortran
 
 
 def test_headers_numpy_writes_otherwise_go_to_numpy(tmp_path):
     for name, array in (("fortran", np.asfortranarray(np.zeros((3, 4)))),
                         ("structured", np.zeros(3, np.dtype([("a", "<f4")])))):
         np.save(tmp_path / f"{name}.npy", array)
-        assert simple_header((tmp_path / f"{name}.npy").read_bytes()[:256]) is None, name
-    assert simple_header(b"not a numpy file") is None
+        assert plain_header((tmp_path / f"{name}.npy").read_bytes()[:256]) is None, name
+    assert plain_header(b"not a numpy file") is None
 
 
 def test_large_files_are_mapped_and_small_ones_read_alike(tmp_path):
