@@ -37,6 +37,9 @@ def single_run_findings(dumps: dict[str, Dump], saved_keys: dict[str, set[str]])
     read says nothing either (the comparison reports its read errors)."""
     from rlprobe.check import check_dump
     from rlprobe.check.keys import canonical
+    from rlprobe.check.run import all_params
+
+    ulps = all_params()["on_policy_ulps"]  # the rule's default tolerance, in ulps of the value
 
     found = SingleRunFindings()
     for name, dump in dumps.items():
@@ -48,15 +51,11 @@ def single_run_findings(dumps: dict[str, Dump], saved_keys: dict[str, set[str]])
             # between runs is what the verdict explains); each row then says whether the check's
             # default tolerance (rounding of the dtype) covers it
             result = check_dump(dump, {"on_policy_ulps": 0}, only=RULES)
-            strict = _rows(result, "on_policy")
-            beyond = _rows(check_dump(dump, only=("on_policy",)), "on_policy") if strict else []
         except ProbeError:
             continue
+        strict = _rows(result, "on_policy")
         if strict:
-            tolerance = {(r["step"], r["rank"], r["index"]): r["tolerance"] for r in beyond}
-            found.on_policy[name] = [{**r, "tolerance": tolerance.get((r["step"], r["rank"], r["index"])),
-                                      "within_tolerance": (r["step"], r["rank"], r["index"]) not in tolerance}
-                                     for r in strict]
+            found.on_policy[name] = [_judged(r, ulps) for r in strict]
         if _rows(result, "rollout_vs_recompute"):
             found.rollout[name] = _rows(result, "rollout_vs_recompute")
         applies = {r["check"] for r in result.results.to_pylist() if r["status"] != "not_applicable"}
@@ -66,6 +65,16 @@ def single_run_findings(dumps: dict[str, Dump], saved_keys: dict[str, set[str]])
                       if r["pair"] in ROLLOUT_PAIRS and r["max_abs"] is not None]
             found.rollout_max_abs[name] = max(values) if values else None
     return found
+
+
+def _judged(row: dict[str, Any], ulps: float) -> dict[str, Any]:
+    """An on_policy row of tolerance 0 judged at `ulps` as sql/check/on_policy.sql judges it: beyond
+    the tolerance where the difference exceeds it or is unknown or NaN (`tolerance` then says how much
+    it was, else None)."""
+    tolerance = ulps * row["tolerance_per_ulp"]
+    diff = row["max_abs_diff"]
+    beyond = diff is None or diff != diff or diff > tolerance
+    return {**row, "tolerance": tolerance if beyond else None, "within_tolerance": not beyond}
 
 
 def _rows(result: Any, rule: str) -> list[dict[str, Any]]:
