@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -261,21 +262,27 @@ def as_rows(x: np.ndarray) -> np.ndarray:
     return x.reshape(x.shape[0] if x.ndim > 1 else 1, -1)
 
 
+def check_shapes(a: np.ndarray, b: np.ndarray, mask: np.ndarray | None) -> None:
+    if a.shape != b.shape or (mask is not None and np.asarray(mask).size != a.size):
+        raise ValueError(f"shapes differ: {a.shape} vs {b.shape}"
+                         + ("" if mask is None else f", mask {np.asarray(mask).shape}"))
+
+
+def mask_bytes(mask: np.ndarray) -> np.ndarray:
+    """A mask as uint8 0/1 (a bool mask's own bytes: no copy)."""
+    m = np.asarray(mask)
+    return m.view(np.uint8) if m.dtype == np.bool_ else (m != 0).view(np.uint8)
+
+
 def reduce_pair(a: np.ndarray, b: np.ndarray, eps: float, mask: np.ndarray | None = None,
                 into: PairFigures | None = None) -> tuple[PairFigures, np.ndarray, np.ndarray]:
     """(figures, per-sequence Σ Δ, per-sequence token count) of one pair of equal shapes (a mask
     of the same number of elements). Floating point only: token ids are no log-probs. With `into`
     the pair's figures are added to those (one kernel call per pair, no per-pair histogram)."""
     a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape or (mask is not None and np.asarray(mask).size != a.size):
-        raise ValueError(f"shapes differ: {a.shape} vs {b.shape}"
-                         + ("" if mask is None else f", mask {np.asarray(mask).shape}"))
+    check_shapes(a, b, mask)
     a2, b2 = as_rows(a), as_rows(b)
-    if mask is None:
-        m2 = np.ones(a2.shape, np.uint8)
-    else:
-        m2 = as_rows(np.asarray(mask)).reshape(a2.shape)
-        m2 = m2.view(np.uint8) if m2.dtype == np.bool_ else (m2 != 0).view(np.uint8)  # bool: no copy
+    m2 = np.ones(a2.shape, np.uint8) if mask is None else mask_bytes(mask).reshape(a2.shape)
     f = PairFigures() if into is None else into
     sums = np.zeros(7)
     seq_sum = np.zeros(a2.shape[0])
@@ -291,3 +298,95 @@ def reduce_pair(a: np.ndarray, b: np.ndarray, eps: float, mask: np.ndarray | Non
     f.outside += int(sums[5])
     f.nonfinite += int(sums[6])
     return f, seq_sum, seq_n
+
+
+class BatchFigures(NamedTuple):
+    """reduce_batch's figures, by key (rows of the 2-D arrays) and by sequence (seq_sum, seq_n: the
+    parts' rows one after the other); the histograms as the filled bins of each key in bin order
+    (Δ >= 0, then Δ < 0), key k's in bins[ends[k - 1]:ends[k]]."""
+
+    sums: np.ndarray  # [key, 7]: tokens, Σ Δ, Σ Δ², Σ |Δ|, max |Δ|, outside, non-finite
+    pos_count: np.ndarray
+    pos_sum: np.ndarray
+    pos_max: np.ndarray
+    prob_count: np.ndarray
+    prob_sum: np.ndarray
+    seq_sum: np.ndarray
+    seq_n: np.ndarray
+    bins: np.ndarray
+    counts: np.ndarray
+    ends: np.ndarray
+    quantile_bins: np.ndarray  # [key, quantile]: the |Δ| bin (of HALF) holding each quantile, -1 without tokens
+
+
+def reduce_batch(a: np.ndarray, b: np.ndarray, mask: np.ndarray, parts: np.ndarray, keys: int, eps: float,
+                 qs: tuple[float, ...]) -> BatchFigures:
+    """Many small pairs in one call (one per pair costs more around the kernel than in it): a, b
+    (float32) and mask (uint8) hold the pairs' tokens one after the other; parts: int64 [pair, 5] of
+    key (ascending), first token, rows, row width, first sequence. The figures of a key are those
+    reduce_pair adds up over its pairs, in the same order; quantile_bins those PairFigures.quantiles reads."""
+    sequences = int((parts[:, 2]).sum()) if len(parts) else 0
+    bound = np.zeros(keys, np.int64)
+    np.add.at(bound, parts[:, 0], parts[:, 2] * parts[:, 3])
+    room = int(np.minimum(bound, N_BINS).sum())
+    out = BatchFigures(np.zeros((keys, 7)), np.zeros((keys, N_POSITIONS), np.int64), np.zeros((keys, N_POSITIONS)),
+                       np.zeros((keys, N_POSITIONS)), np.zeros((keys, N_PROBABILITY), np.int64),
+                       np.zeros((keys, N_PROBABILITY)), np.zeros(sequences), np.zeros(sequences, np.int64),
+                       np.empty(room, np.int64), np.empty(room, np.int64), np.zeros(keys, np.int64),
+                       np.full((keys, len(qs)), -1, np.int64))
+    lo = math.log(1.0 - eps) if eps < 1 else -math.inf
+    _reduce_batch(a, b, mask, parts, lo, math.log(1.0 + eps), _PROBABILITY_OF, _LOG_THRESHOLDS,
+                  np.array(qs, np.float64), np.zeros((len(parts), 7)), np.zeros(N_BINS, np.int64), *out)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _reduce_batch(a, b, mask, parts, lo, hi, prob_of, thr, qs, part_sums, hist, sums, pos_count, pos_sum, pos_max,
+                  prob_count, prob_sum, seq_sum, seq_n, bins, counts, ends, quantile_bins):  # pragma: no cover
+    used = 0
+    for p in range(parts.shape[0]):
+        k, start, rows, width, first = parts[p, 0], parts[p, 1], parts[p, 2], parts[p, 3], parts[p, 4]
+        stop = start + rows * width
+        _reduce(a[start:stop].reshape((rows, width)), b[start:stop].reshape((rows, width)),
+                mask[start:stop].reshape((rows, width)), lo, hi, prob_of, thr, part_sums[p], hist, pos_count[k],
+                pos_sum[k], pos_max[k], prob_count[k], prob_sum[k], seq_sum[first:first + rows],
+                seq_n[first:first + rows])
+        for i in (0, 1, 2, 3, 5, 6):  # as reduce_pair adds a pair's sums to its PairFigures
+            sums[k, i] += part_sums[p, i]
+        sums[k, 4] = max(sums[k, 4], part_sums[p, 4])
+        if p + 1 < parts.shape[0] and parts[p + 1, 0] == k:
+            continue
+        begin = used
+        for i in range(N_BINS):  # the key's filled bins, in order, and the histogram zeroed for the next key
+            if hist[i] != 0:
+                bins[used] = i
+                counts[used] = hist[i]
+                hist[i] = 0
+                used += 1
+        ends[k] = used
+        _quantile_bins(bins[begin:used], counts[begin:used], qs, quantile_bins[k])
+
+
+@numba.njit(cache=True, nogil=True)
+def _quantile_bins(bins, counts, qs, found):  # pragma: no cover - compiled
+    """The |Δ| bin of each quantile: the first whose cumulative count reaches max(1, ⌈q · total⌉),
+    the |Δ| bins merged from the Δ >= 0 and Δ < 0 ones (as PairFigures.quantiles)."""
+    total = counts.sum()
+    mid = 0
+    while mid < bins.size and bins[mid] < HALF:
+        mid += 1
+    i, j, seen = 0, mid, 0
+    while i < mid or j < bins.size:
+        if j >= bins.size or (i < mid and bins[i] <= bins[j] - HALF):
+            at, c = bins[i], counts[i]
+            i += 1
+            if j < bins.size and bins[j] - HALF == at:
+                c += counts[j]
+                j += 1
+        else:
+            at, c = bins[j] - HALF, counts[j]
+            j += 1
+        seen += c
+        for q in range(qs.size):
+            if found[q] < 0 and seen >= max(1, math.ceil(qs[q] * total)):
+                found[q] = at

@@ -21,7 +21,7 @@ import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -103,7 +103,14 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
         return rows, sequences
 
     def job(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> tuple[list, dict[str, pa.Table]]:
-        """A run of pieces, and their tables (built here: both threads share that work too)."""
+        """A run of pieces, and their tables (built here: both threads share that work too); small
+        pairs in one kernel call (token_batch.py)."""
+        if not cut:
+            from rlprobe.check.token_batch import batch_tables
+
+            tables = batch_tables(dump, batch, [_meta(work[key]) for key, _ in batch], eps, edges)
+            if tables is not None:
+                return [], tables
         found = [piece_job(key, parts) for key, parts in batch]
         tables = {} if cut else _step_tables([rows for rows, _ in found])
         tables["token_sequences"] = _sequence_table([(key, s) for (key, _), (_, seqs) in zip(batch, found)
@@ -133,7 +140,7 @@ JOBS_PER_THREAD = 4  # batches a thread: enough to even out the threads' ends, f
 def batches(pieces: list[tuple[Any, list[Part]]], count: int) -> list[list[tuple[Any, list[Part]]]]:
     """The pieces in order as up to `count` runs of about equal tokens (one per pool job: a
     thousand small pairs are not a thousand jobs)."""
-    sizes = [sum(_tokens(p) for p in parts) for _, parts in pieces]
+    sizes = [sum(part_tokens(p) for p in parts) for _, parts in pieces]
     target = sum(sizes) / max(1, count)
     found: list[list] = [[]]
     filled = 0.0
@@ -145,7 +152,7 @@ def batches(pieces: list[tuple[Any, list[Part]]], count: int) -> list[list[tuple
     return [b for b in found if b]
 
 
-def _tokens(part: Part) -> int:
+def part_tokens(part: Part) -> int:
     shape = part.a["shape"] or [1]
     rows = len(range(shape[0])[part.a_rows]) if isinstance(part.a_rows, slice) else (
         len(part.a_rows) if part.a_rows is not None else shape[0])
@@ -154,16 +161,7 @@ def _tokens(part: Part) -> int:
 
 def _reduce_parts(dump: Dump, parts: list[Part], eps: float, figures: PairFigures) -> list:
     """Every part through the kernel into `figures`; (micro_step, rows, tokens, log ratios) per part."""
-    sequences, loaded = [], {}
-
-    def load(row: dict, picks: np.ndarray | slice | None) -> np.ndarray:
-        if isinstance(picks, slice):  # a row range of a pair cut between threads: those rows' pages only
-            return map_tensor(dump, row, picks)
-        if row["tensor_file"] not in loaded:
-            loaded[row["tensor_file"]] = map_tensor(dump, row)
-        x = loaded[row["tensor_file"]]
-        return x if picks is None else np.asarray(x)[picks]
-
+    sequences, load = [], loader(dump)
     for p in parts:
         mask = None if p.mask is None else load(p.mask, p.mask_rows)
         _, seq_sum, seq_n = reduce_pair(load(p.a, p.a_rows), load(p.b, p.b_rows), eps, mask, into=figures)
@@ -172,6 +170,20 @@ def _reduce_parts(dump: Dump, parts: list[Part], eps: float, figures: PairFigure
             rows = rows + p.a_rows.start
         sequences.append((p.a["micro_step"], rows, seq_n, seq_sum))
     return sequences
+
+
+def loader(dump: Dump) -> Callable[[dict, np.ndarray | slice | None], np.ndarray]:
+    """load(tensor index row, rows picked): each file mapped (or read) once."""
+    loaded: dict[str, np.ndarray] = {}
+
+    def load(row: dict, picks: np.ndarray | slice | None) -> np.ndarray:
+        if isinstance(picks, slice):  # a row range of a pair cut between threads: those rows' pages only
+            return map_tensor(dump, row, picks)
+        if row["tensor_file"] not in loaded:
+            loaded[row["tensor_file"]] = map_tensor(dump, row)
+        x = loaded[row["tensor_file"]]
+        return x if picks is None else np.asarray(x)[picks]
+    return load
 
 
 def _meta(parts: list[Part]) -> dict[str, Any]:
