@@ -104,12 +104,13 @@ def _steps(keys: list[tuple[str, int, int]], metas: list[dict[str, Any]], f: Bat
 
 def _keyed(keys: list[tuple[str, int, int]], sizes: np.ndarray, values: dict[str, np.ndarray],
            schema: pa.Schema) -> pa.Table:
-    """A table of blocks of sizes[i] rows for keys[i]: the key columns repeated."""
+    """A table of blocks of sizes[i] rows for keys[i]: the key columns gathered by each row's key."""
+    of = np.repeat(np.arange(len(keys)), sizes)
     names = sorted({key[0] for key in keys})
-    codes = np.repeat(np.array([names.index(key[0]) for key in keys], np.int32), sizes)
+    codes = np.array([names.index(key[0]) for key in keys], np.int32)[of]
     columns = {"pair": pa.DictionaryArray.from_arrays(codes, pa.array(names, pa.string())).cast(pa.string()),
-               "step": pa.array(np.repeat(np.array([key[1] for key in keys], np.int64), sizes)),
-               "rank": pa.array(np.repeat(np.array([key[2] for key in keys], np.int64), sizes))}
+               "step": pa.array(np.array([key[1] for key in keys], np.int64)[of]),
+               "rank": pa.array(np.array([key[2] for key in keys], np.int64)[of])}
     columns.update({name: pa.array(values[name], schema.field(name).type) for name in schema.names[3:]})
     return pa.table(columns, schema=schema)
 

@@ -357,14 +357,33 @@ def _reduce_batch(a, b, mask, parts, lo, hi, prob_of, thr, qs, part_sums, hist, 
         if p + 1 < parts.shape[0] and parts[p + 1, 0] == k:
             continue
         begin = used
-        for i in range(N_BINS):  # the key's filled bins, in order, and the histogram zeroed for the next key
-            if hist[i] != 0:
-                bins[used] = i
-                counts[used] = hist[i]
-                hist[i] = 0
-                used += 1
+        # the key's filled bins, in order, and the histogram zeroed for the next key: those up to the
+        # bin of max |Δ| (and the next: a float32 Δ rounds at most a bin above it), all where those miss a token
+        top = min(HALF, ((_float32_bits(np.float32(sums[k, 4])) >> 17) + 9) & ~7)
+        if hist[:top].sum() + hist[HALF:HALF + top].sum() != sums[k, 0]:
+            top = HALF
+        used = _take(hist, 0, top, bins, counts, used)
+        used = _take(hist, HALF, HALF + top, bins, counts, used)
         ends[k] = used
         _quantile_bins(bins[begin:used], counts[begin:used], qs, quantile_bins[k])
+
+
+@numba.njit(cache=True, nogil=True)
+def _take(hist, start, stop, bins, counts, used):  # pragma: no cover - compiled
+    """The filled bins of hist[start:stop] (a multiple of 8 long) into bins, counts from `used`, zeroed
+    (indexes from 0 on a view: the compiler proves them >= 0, no negative-index wrap-around per access)."""
+    h = hist[start:stop]
+    for block in range(h.size // 8):
+        at = block * 8
+        if (h[at] | h[at + 1] | h[at + 2] | h[at + 3] | h[at + 4] | h[at + 5] | h[at + 6] | h[at + 7]) == 0:
+            continue
+        for i in range(at, at + 8):
+            if h[i] != 0:
+                bins[used] = start + i
+                counts[used] = h[i]
+                h[i] = 0
+                used += 1
+    return used
 
 
 @numba.njit(cache=True, nogil=True)

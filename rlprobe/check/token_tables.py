@@ -68,7 +68,7 @@ def pairs(rows: dict[tuple, dict[str, Any]], samples: pa.Table | None = None) ->
             continue
         mask = (rows.get(("response_mask", step, rank, micro, index))
                 or rows.get(("response_mask", step, rank, micro, "")))
-        if mask is not None and int(np.prod(mask["shape"] or [1])) != int(np.prod(a["shape"] or [1])):
+        if mask is not None and math.prod(mask["shape"] or [1]) != math.prod(a["shape"] or [1]):
             mask = None
         found.append(Part(pair, a, b, mask))
     return found
