@@ -6,16 +6,19 @@ token_tables.py builds key by key (tests/check/test_token_tables.py)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from rlprobe.check import token_tables as tt
-from rlprobe.check.pair_part import Part
 from rlprobe.check.mapped_tensors import read_into
-from rlprobe.check.token_kernel import BatchFigures, as_rows, check_shapes, mask_bytes, reduce_batch
+from rlprobe.check.pair_part import Part
+from rlprobe.check.token_kernel import (_LOG_THRESHOLDS, _PROBABILITY_OF, HALF, N_BINS, N_POSITIONS, N_PROBABILITY,
+                                        _float32_bits, _reduce, as_rows, check_shapes, mask_bytes)
 from rlprobe.lake.reader import Dump
+
+import numba  # noqa: E402  (after token_kernel has set numba's cache dir)
 
 SMALL = 1 << 16  # tokens: a larger pair goes to the kernel as it is (copying it into the batch costs more)
 
@@ -141,3 +144,114 @@ def _sequences(keys: list[tuple[str, int, int]], parts: list[tuple[int, np.ndarr
     return _keyed(keys, sizes, {"micro_step": np.repeat(np.array([m for m, _, _ in parts], np.int64), sizes),
                                 "sequence": np.concatenate(numbers) if numbers else np.zeros(0, np.int64),
                                 "tokens": f.seq_n, "log_ratio": f.seq_sum}, tt.SEQUENCES)
+
+
+class BatchFigures(NamedTuple):
+    """reduce_batch's figures, by key (rows of the 2-D arrays) and by sequence (seq_sum, seq_n: the
+    parts' rows one after the other); the histograms as the filled bins of each key in bin order
+    (Δ >= 0, then Δ < 0), key k's in bins[ends[k - 1]:ends[k]]."""
+
+    sums: np.ndarray  # [key, 7]: tokens, Σ Δ, Σ Δ², Σ |Δ|, max |Δ|, outside, non-finite
+    pos_count: np.ndarray
+    pos_sum: np.ndarray
+    pos_max: np.ndarray
+    prob_count: np.ndarray
+    prob_sum: np.ndarray
+    seq_sum: np.ndarray
+    seq_n: np.ndarray
+    bins: np.ndarray
+    counts: np.ndarray
+    ends: np.ndarray
+    quantile_bins: np.ndarray  # [key, quantile]: the |Δ| bin (of HALF) holding each quantile, -1 without tokens
+
+
+def reduce_batch(a: np.ndarray, b: np.ndarray, mask: np.ndarray, parts: np.ndarray, keys: int, eps: float,
+                 qs: tuple[float, ...]) -> BatchFigures:
+    """Many small pairs in one call (one per pair costs more around the kernel than in it): a, b
+    (float32) and mask (uint8) hold the pairs' tokens one after the other; parts: int64 [pair, 5] of
+    key (ascending), first token, rows, row width, first sequence. The figures of a key are those
+    reduce_pair adds up over its pairs, in the same order; quantile_bins those PairFigures.quantiles reads."""
+    sequences = int((parts[:, 2]).sum()) if len(parts) else 0
+    bound = np.zeros(keys, np.int64)
+    np.add.at(bound, parts[:, 0], parts[:, 2] * parts[:, 3])
+    room = int(np.minimum(bound, N_BINS).sum())
+    out = BatchFigures(np.zeros((keys, 7)), np.zeros((keys, N_POSITIONS), np.int64), np.zeros((keys, N_POSITIONS)),
+                       np.zeros((keys, N_POSITIONS)), np.zeros((keys, N_PROBABILITY), np.int64),
+                       np.zeros((keys, N_PROBABILITY)), np.zeros(sequences), np.zeros(sequences, np.int64),
+                       np.empty(room, np.int64), np.empty(room, np.int64), np.zeros(keys, np.int64),
+                       np.full((keys, len(qs)), -1, np.int64))
+    lo = math.log(1.0 - eps) if eps < 1 else -math.inf
+    _reduce_batch(a, b, mask, parts, lo, math.log(1.0 + eps), _PROBABILITY_OF, _LOG_THRESHOLDS,
+                  np.array(qs, np.float64), np.zeros((len(parts), 7)), np.zeros(N_BINS, np.int64), *out)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _reduce_batch(a, b, mask, parts, lo, hi, prob_of, thr, qs, part_sums, hist, sums, pos_count, pos_sum, pos_max,
+                  prob_count, prob_sum, seq_sum, seq_n, bins, counts, ends, quantile_bins):  # pragma: no cover
+    used = 0
+    for p in range(parts.shape[0]):
+        k, start, rows, width, first = parts[p, 0], parts[p, 1], parts[p, 2], parts[p, 3], parts[p, 4]
+        stop = start + rows * width
+        _reduce(a[start:stop].reshape((rows, width)), b[start:stop].reshape((rows, width)),
+                mask[start:stop].reshape((rows, width)), lo, hi, prob_of, thr, part_sums[p], hist, pos_count[k],
+                pos_sum[k], pos_max[k], prob_count[k], prob_sum[k], seq_sum[first:first + rows],
+                seq_n[first:first + rows])
+        for i in (0, 1, 2, 3, 5, 6):  # as reduce_pair adds a pair's sums to its PairFigures
+            sums[k, i] += part_sums[p, i]
+        sums[k, 4] = max(sums[k, 4], part_sums[p, 4])
+        if p + 1 < parts.shape[0] and parts[p + 1, 0] == k:
+            continue
+        begin = used
+        # the key's filled bins, in order, and the histogram zeroed for the next key: those up to the
+        # bin of max |Δ| (and the next: a float32 Δ rounds at most a bin above it), all where those miss a token
+        top = min(HALF, ((_float32_bits(np.float32(sums[k, 4])) >> 17) + 9) & ~7)
+        if hist[:top].sum() + hist[HALF:HALF + top].sum() != sums[k, 0]:
+            top = HALF
+        used = _take(hist, 0, top, bins, counts, used)
+        used = _take(hist, HALF, HALF + top, bins, counts, used)
+        ends[k] = used
+        _quantile_bins(bins[begin:used], counts[begin:used], qs, quantile_bins[k])
+
+
+@numba.njit(cache=True, nogil=True)
+def _take(hist, start, stop, bins, counts, used):  # pragma: no cover - compiled
+    """The filled bins of hist[start:stop] (a multiple of 8 long) into bins, counts from `used`, zeroed
+    (indexes from 0 on a view: the compiler proves them >= 0, no negative-index wrap-around per access)."""
+    h = hist[start:stop]
+    for block in range(h.size // 8):
+        at = block * 8
+        if (h[at] | h[at + 1] | h[at + 2] | h[at + 3] | h[at + 4] | h[at + 5] | h[at + 6] | h[at + 7]) == 0:
+            continue
+        for i in range(at, at + 8):
+            if h[i] != 0:
+                bins[used] = start + i
+                counts[used] = h[i]
+                h[i] = 0
+                used += 1
+    return used
+
+
+@numba.njit(cache=True, nogil=True)
+def _quantile_bins(bins, counts, qs, found):  # pragma: no cover - compiled
+    """The |Δ| bin of each quantile: the first whose cumulative count reaches max(1, ⌈q · total⌉),
+    the |Δ| bins merged from the Δ >= 0 and Δ < 0 ones (as PairFigures.quantiles)."""
+    total = counts.sum()
+    mid = 0
+    while mid < bins.size and bins[mid] < HALF:
+        mid += 1
+    i, j, seen = 0, mid, 0
+    while i < mid or j < bins.size:
+        if j >= bins.size or (i < mid and bins[i] <= bins[j] - HALF):
+            at, c = bins[i], counts[i]
+            i += 1
+            if j < bins.size and bins[j] - HALF == at:
+                c += counts[j]
+                j += 1
+        else:
+            at, c = bins[j] - HALF, counts[j]
+            j += 1
+        seen += c
+        for q in range(qs.size):
+            if found[q] < 0 and seen >= max(1, math.ceil(qs[q] * total)):
+                found[q] = at

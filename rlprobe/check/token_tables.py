@@ -12,16 +12,18 @@ Pairs (a: the trainer's recomputation, b: the other side, Δ = b − a), masked 
 - `on_policy`: log_prob vs old_log_prob at micro-step 0 of one save call.
 The pairs of one (pair, step, rank) add into one set of figures, a kernel call per part (no
 per-pair histogram or Python object per pair); pool jobs are runs of such keys, each job building
-its keys' table rows and Arrow tables, so that the main thread only concatenates them.
+its keys' table rows and Arrow tables, so that the main thread only concatenates them. A job of
+small pairs only is one compiled call with tables built a column at a time (token_batch.py).
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa

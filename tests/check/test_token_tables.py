@@ -65,7 +65,8 @@ def test_batches_keep_the_order_and_even_out_the_tokens():
 
 def mixed_steps(path):
     """Steps of two save calls (two pairs a key), the on-policy pair, a step without a mask, one
-    masked out whole, non-finite log-probs, and a step whose rollout rows pair by sample."""
+    masked out whole, non-finite log-probs, an integer mask, float64 log-probs, and a step whose
+    rollout rows pair by sample."""
     rng = np.random.default_rng(11)
     with rlprobe.Probe(path, flush_interval=0) as p:
         for step in range(7):
@@ -77,6 +78,10 @@ def mixed_steps(path):
                     batch["response_mask"] = np.zeros(old.shape, bool) if step == 3 else rng.random(old.shape) > 0.3
                 if step == 4:
                     batch["rollout_log_prob"][1, :3] = [np.nan, np.inf, -np.inf]
+                if step == 5:  # an integer mask: not read straight into the batch
+                    batch["response_mask"] = batch["response_mask"].astype(np.int64) * 3
+                if step == 6:  # float64 log-probs: their job goes one call a pair
+                    batch = {k: v.astype(np.float64) if k != "response_mask" else v for k, v in batch.items()}
                 if micro == 0:
                     batch["log_prob"] = old + rng.normal(0, 1e-4, old.shape).astype(np.float32)
                 p.save(batch)
