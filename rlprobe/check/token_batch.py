@@ -11,11 +11,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from rlprobe.check import token_tables as tt
+from rlprobe.check import token_rows as tt
 from rlprobe.check.mapped_tensors import read_into
 from rlprobe.check.pair_part import Part
-from rlprobe.check.token_kernel import (_LOG_THRESHOLDS, _PROBABILITY_OF, HALF, N_BINS, N_POSITIONS, N_PROBABILITY,
-                                        _float32_bits, _reduce, as_rows, check_shapes, mask_bytes)
+from rlprobe.check.token_kernel import (LOG_THRESHOLDS, PROBABILITY_OF, HALF, N_BINS, N_POSITIONS, N_PROBABILITY,
+                                        float32_bits, reduce_rows, as_rows, check_shapes, mask_bytes)
 from rlprobe.lake.reader import Dump
 
 import numba  # noqa: E402  (after token_kernel has set numba's cache dir)
@@ -181,7 +181,7 @@ def reduce_batch(a: np.ndarray, b: np.ndarray, mask: np.ndarray, parts: np.ndarr
                        np.empty(room, np.int64), np.empty(room, np.int64), np.zeros(keys, np.int64),
                        np.full((keys, len(qs)), -1, np.int64))
     lo = math.log(1.0 - eps) if eps < 1 else -math.inf
-    _reduce_batch(a, b, mask, parts, lo, math.log(1.0 + eps), _PROBABILITY_OF, _LOG_THRESHOLDS,
+    _reduce_batch(a, b, mask, parts, lo, math.log(1.0 + eps), PROBABILITY_OF, LOG_THRESHOLDS,
                   np.array(qs, np.float64), np.zeros((len(parts), 7)), np.zeros(N_BINS, np.int64), *out)
     return out
 
@@ -193,7 +193,7 @@ def _reduce_batch(a, b, mask, parts, lo, hi, prob_of, thr, qs, part_sums, hist, 
     for p in range(parts.shape[0]):
         k, start, rows, width, first = parts[p, 0], parts[p, 1], parts[p, 2], parts[p, 3], parts[p, 4]
         stop = start + rows * width
-        _reduce(a[start:stop].reshape((rows, width)), b[start:stop].reshape((rows, width)),
+        reduce_rows(a[start:stop].reshape((rows, width)), b[start:stop].reshape((rows, width)),
                 mask[start:stop].reshape((rows, width)), lo, hi, prob_of, thr, part_sums[p], hist, pos_count[k],
                 pos_sum[k], pos_max[k], prob_count[k], prob_sum[k], seq_sum[first:first + rows],
                 seq_n[first:first + rows])
@@ -205,7 +205,7 @@ def _reduce_batch(a, b, mask, parts, lo, hi, prob_of, thr, qs, part_sums, hist, 
         begin = used
         # the key's filled bins, in order, and the histogram zeroed for the next key: those up to the
         # bin of max |Δ| (and the next: a float32 Δ rounds at most a bin above it), all where those miss a token
-        top = min(HALF, ((_float32_bits(np.float32(sums[k, 4])) >> 17) + 9) & ~7)
+        top = min(HALF, ((float32_bits(np.float32(sums[k, 4])) >> 17) + 9) & ~7)
         if hist[:top].sum() + hist[HALF:HALF + top].sum() != sums[k, 0]:
             top = HALF
         used = _take(hist, 0, top, bins, counts, used)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 from typing import Any, NamedTuple
@@ -29,15 +28,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rlprobe.check.mapped_tensors import map_tensor
 from rlprobe.check.pair_part import Part, is_float
 from rlprobe.check.sample_pairs import sample_parts, samples_table
 from rlprobe.check.token_kernel import (N_POSITIONS, N_PROBABILITY, HALF, PairFigures, bin_lower_edges,
                                         bin_upper_edges, position_bounds, reduce_pair)
+from rlprobe.check.token_rows import BUCKETS, HIST, QUANTILES, SEQUENCES, STEPS, loader, part_tokens
 from rlprobe.lake.reader import Dump
 
 _WANTED = ("log_prob", "old_log_prob", "rollout_log_prob", "response_mask", "advantages", "group_ids")
-QUANTILES = (("p50_abs", 0.5), ("p95_abs", 0.95), ("p99_abs", 0.99))
+
 
 
 def tensor_rows(stats: pa.Table) -> dict[tuple[str, int, int, int, str], dict[str, Any]]:
@@ -154,13 +153,6 @@ def batches(pieces: list[tuple[Any, list[Part]]], count: int) -> list[list[tuple
     return [b for b in found if b]
 
 
-def part_tokens(part: Part) -> int:
-    shape = part.a["shape"] or [1]
-    rows = len(range(shape[0])[part.a_rows]) if isinstance(part.a_rows, slice) else (
-        len(part.a_rows) if part.a_rows is not None else shape[0])
-    return rows * math.prod(shape[1:])
-
-
 def _reduce_parts(dump: Dump, parts: list[Part], eps: float, figures: PairFigures) -> list:
     """Every part through the kernel into `figures`; (micro_step, rows, tokens, log ratios) per part."""
     sequences, load = [], loader(dump)
@@ -172,20 +164,6 @@ def _reduce_parts(dump: Dump, parts: list[Part], eps: float, figures: PairFigure
             rows = rows + p.a_rows.start
         sequences.append((p.a["micro_step"], rows, seq_n, seq_sum))
     return sequences
-
-
-def loader(dump: Dump) -> Callable[[dict, np.ndarray | slice | None], np.ndarray]:
-    """load(tensor index row, rows picked): each file mapped (or read) once."""
-    loaded: dict[str, np.ndarray] = {}
-
-    def load(row: dict, picks: np.ndarray | slice | None) -> np.ndarray:
-        if isinstance(picks, slice):  # a row range of a pair cut between threads: those rows' pages only
-            return map_tensor(dump, row, picks)
-        if row["tensor_file"] not in loaded:
-            loaded[row["tensor_file"]] = map_tensor(dump, row)
-        x = loaded[row["tensor_file"]]
-        return x if picks is None else np.asarray(x)[picks]
-    return load
 
 
 def _meta(parts: list[Part]) -> dict[str, Any]:
@@ -222,21 +200,6 @@ def split_rows(parts: list[Part], count: int) -> list[list[Part]]:
                 pieces[i].append(p._replace(a_rows=p.a_rows[lo:hi], b_rows=p.b_rows[lo:hi],
                                             mask_rows=None if p.mask_rows is None else p.mask_rows[lo:hi]))
     return [piece for piece in pieces if piece]
-
-
-SEQUENCES = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("micro_step", pa.int64()),
-                       ("sequence", pa.int64()), ("tokens", pa.int64()), ("log_ratio", pa.float64())])
-STEPS = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("dtype_a", pa.string()),
-                   ("dtype_b", pa.string()), ("masked", pa.bool_()), ("tokens", pa.int64()),
-                   ("nonfinite", pa.int64()), ("mean_delta", pa.float64()), ("sd_delta", pa.float64()),
-                   ("mean_abs", pa.float64()), ("p50_abs", pa.float64()), ("p95_abs", pa.float64()),
-                   ("p99_abs", pa.float64()), ("max_abs", pa.float64()), ("eps", pa.float64()),
-                   ("outside_share", pa.float64())])
-HIST = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("lo", pa.float64()),
-                  ("hi", pa.float64()), ("tokens", pa.int64())])
-BUCKETS = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("lo", pa.float64()),
-                     ("hi", pa.float64()), ("tokens", pa.int64()), ("mean_abs", pa.float64()),
-                     ("max_abs", pa.float64())])
 
 
 class _Edges:
