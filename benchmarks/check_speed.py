@@ -9,7 +9,7 @@
 2. Tensors: a dump of PAIRS rollout_log_prob/old_log_prob pairs of ROWS x COLS float32 (with a
    response mask); the token phase's throughput in bytes of log-prob pairs per second (goal >= 1 GB/s
    on 2 cores beyond start-up). Start-up, not timed: the process start, imports, and a first check of
-   a small dump, where numba's compiled kernel is loaded from its cache (or compiled). Timed: the
+   a small dump (warm_dump), where numba's compiled kernels are loaded from their cache (or compiled). Timed: the
    token phase of check_dump (CheckResult.timings["tokens"]: pairing the tensor index, mapping and
    reading the files, the kernel on 2 threads, the token tables), wall clock and the process's CPU time.
    --workloads adds the class of workloads (each cached): `few` (4 pairs of 64 x 32768), `one` (a
@@ -124,6 +124,25 @@ def tensor_dump(path: Path, pairs: int, rows: int, cols: int, masked: bool = Tru
             p.step()
     marker.write_text(json.dumps(shape))
     return nbytes
+
+
+def warm_dump(path: Path) -> None:
+    """The start-up check's dump: a small pair (the kernel's batched call) and one above 65,536 tokens
+    (its call a pair), so that every compiled kernel the timed phases call is loaded."""
+    import rlprobe
+
+    marker = path.with_name(path.name + ".json")
+    if marker.exists() and json.loads(marker.read_text()) == {"layout": 2} and path.is_dir():
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    rng = np.random.default_rng(0)
+    with rlprobe.Probe(path, mode="overwrite", flush_interval=0) as p:
+        for shape in ((2, 8), (2, 40_000)):
+            old = -rng.random(shape, dtype=np.float32)
+            p.save({"rollout_log_prob": old + np.float32(0.01), "old_log_prob": old,
+                    "response_mask": np.ones(shape, np.bool_)})
+            p.step()
+    marker.write_text(json.dumps({"layout": 2}))
 
 
 def token_phase(path: Path, warm: Path | str, repeat: int | str) -> dict[str, list[float]]:
@@ -291,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     tensors = args.cache / "tensors"
     nbytes = tensor_dump(tensors, args.pairs, args.rows, args.cols)
     warm = args.cache / "warm"
-    tensor_dump(warm, 1, 2, 8)
+    warm_dump(warm)
     alternating = ", alternating with --baseline in processes of their own" if args.baseline else ""
     print(f"tensors, token phase beyond start-up (median of {args.repeat}{alternating}; bench: {args.pairs} "
           f"pairs of {args.rows} x {args.cols} float32), load average {os.getloadavg()[0]:.1f}:")

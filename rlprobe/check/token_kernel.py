@@ -1,6 +1,6 @@
 """Reduce one pair of per-token log-prob tensors (trainer `a`, other `b`; Δ = b − a) to the
 figures the token-level checks read in compiled code (numba: two passes over each row, see
-_reduce), no Python per token. Pairs are independent: rlprobe/check/token_tables.py runs them on a thread pool (the
+reduce_rows), no Python per token. Pairs are independent: rlprobe/check/token_tables.py runs them on a thread pool (the
 kernel releases the GIL), adding the pairs of one step into one set of figures (`into`).
 
 Per pair: token count, Σ Δ, Σ Δ², Σ |Δ|, max |Δ|, the count of tokens whose ratio exp(Δ) lies
@@ -33,7 +33,7 @@ N_BINS = 1 << 15  # float32 bits >> 17: bins 0..16383 are Δ >= 0, 16384.. are �
 HALF = N_BINS // 2
 N_POSITIONS = 24  # position buckets [2^(k-1), 2^k); the last takes everything beyond
 N_PROBABILITY = 10
-_LOG_THRESHOLDS = np.log(np.arange(1, N_PROBABILITY) / N_PROBABILITY)
+LOG_THRESHOLDS = np.log(np.arange(1, N_PROBABILITY) / N_PROBABILITY)
 
 
 def bin_upper_edges() -> np.ndarray:
@@ -112,7 +112,7 @@ class PairFigures:
 
 
 @intrinsic
-def _float32_bits(typingctx, x):  # pragma: no cover - compiled
+def float32_bits(typingctx, x):  # pragma: no cover - compiled
     """The bits of a float32 as uint32 (a register move: no memory round trip per token)."""
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.IntType(32))
@@ -128,13 +128,13 @@ def _probability_table() -> np.ndarray:
         near, far = bits.view(np.float32), (bits | np.uint32(0x1FFFF)).view(np.float32)
         low = np.nextafter(np.minimum(near, far), np.float32(-np.inf))
         high = np.nextafter(np.maximum(near, far), np.float32(np.inf))
-    below = (low.astype(np.float64)[:, None] >= _LOG_THRESHOLDS).sum(axis=1)
-    above = (high.astype(np.float64)[:, None] >= _LOG_THRESHOLDS).sum(axis=1)
+    below = (low.astype(np.float64)[:, None] >= LOG_THRESHOLDS).sum(axis=1)
+    above = (high.astype(np.float64)[:, None] >= LOG_THRESHOLDS).sum(axis=1)
     finite = np.isfinite(near) & np.isfinite(far) & np.isfinite(low) & np.isfinite(high)
     return np.where(finite & (below == above), below, -1).astype(np.int8)
 
 
-_PROBABILITY_OF = _probability_table()
+PROBABILITY_OF = _probability_table()
 
 
 @intrinsic
@@ -157,7 +157,7 @@ _BANKS = 4  # probability figures in 4 interleaved copies: a token's update does
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _reduce(a, b, mask, lo, hi, prob_of, thr, sums, hist, pos_count, pos_sum, pos_max, prob_count, prob_sum,
+def reduce_rows(a, b, mask, lo, hi, prob_of, thr, sums, hist, pos_count, pos_sum, pos_max, prob_count, prob_sum,
             seq_sum, seq_n):  # pragma: no cover - compiled
     """Row by row, two passes over the row (its tokens stay in the first-level cache between them):
     1. per position bucket, the sums, count, max and outside count of Δ; a loop without stores to
@@ -210,7 +210,7 @@ def _reduce(a, b, mask, lo, hi, prob_of, thr, sums, hist, pos_count, pos_sum, po
                 bucket_abs += ad
                 bucket_max = max(bucket_max, _float64_bits(ad))
                 bucket_out += counted & ((d < lo) | (d > hi))
-                bin_v[t] = np.uint16(_float32_bits(np.float32(y) - np.float32(x)) >> 17) if counted else _SKIP
+                bin_v[t] = np.uint16(float32_bits(np.float32(y) - np.float32(x)) >> 17) if counted else _SKIP
                 mag_v[t] = ad
             pos_count[p] += count
             pos_sum[p] += bucket_abs
@@ -229,7 +229,7 @@ def _reduce(a, b, mask, lo, hi, prob_of, thr, sums, hist, pos_count, pos_sum, po
                 continue
             hist[i] += 1
             x = ar[t]
-            q = prob_of[_float32_bits(np.float32(x)) >> 17]
+            q = prob_of[float32_bits(np.float32(x)) >> 17]
             if q < 0:
                 x64 = np.float64(x)
                 q = ((x64 >= thr[0]) + (x64 >= thr[1]) + (x64 >= thr[2]) + (x64 >= thr[3]) + (x64 >= thr[4])
@@ -261,27 +261,33 @@ def as_rows(x: np.ndarray) -> np.ndarray:
     return x.reshape(x.shape[0] if x.ndim > 1 else 1, -1)
 
 
+def check_shapes(a: np.ndarray, b: np.ndarray, mask: np.ndarray | None) -> None:
+    if a.shape != b.shape or (mask is not None and np.asarray(mask).size != a.size):
+        raise ValueError(f"shapes differ: {a.shape} vs {b.shape}"
+                         + ("" if mask is None else f", mask {np.asarray(mask).shape}"))
+
+
+def mask_bytes(mask: np.ndarray) -> np.ndarray:
+    """A mask as uint8 0/1 (a bool mask's own bytes: no copy)."""
+    m = np.asarray(mask)
+    return m.view(np.uint8) if m.dtype == np.bool_ else (m != 0).view(np.uint8)
+
+
 def reduce_pair(a: np.ndarray, b: np.ndarray, eps: float, mask: np.ndarray | None = None,
                 into: PairFigures | None = None) -> tuple[PairFigures, np.ndarray, np.ndarray]:
     """(figures, per-sequence Σ Δ, per-sequence token count) of one pair of equal shapes (a mask
     of the same number of elements). Floating point only: token ids are no log-probs. With `into`
     the pair's figures are added to those (one kernel call per pair, no per-pair histogram)."""
     a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape or (mask is not None and np.asarray(mask).size != a.size):
-        raise ValueError(f"shapes differ: {a.shape} vs {b.shape}"
-                         + ("" if mask is None else f", mask {np.asarray(mask).shape}"))
+    check_shapes(a, b, mask)
     a2, b2 = as_rows(a), as_rows(b)
-    if mask is None:
-        m2 = np.ones(a2.shape, np.uint8)
-    else:
-        m2 = as_rows(np.asarray(mask)).reshape(a2.shape)
-        m2 = m2.view(np.uint8) if m2.dtype == np.bool_ else (m2 != 0).view(np.uint8)  # bool: no copy
+    m2 = np.ones(a2.shape, np.uint8) if mask is None else mask_bytes(mask).reshape(a2.shape)
     f = PairFigures() if into is None else into
     sums = np.zeros(7)
     seq_sum = np.zeros(a2.shape[0])
     seq_n = np.zeros(a2.shape[0], np.int64)
     lo = math.log(1.0 - eps) if eps < 1 else -math.inf
-    _reduce(a2, b2, m2, lo, math.log(1.0 + eps), _PROBABILITY_OF, _LOG_THRESHOLDS, sums, f.hist, f.pos_count,
+    reduce_rows(a2, b2, m2, lo, math.log(1.0 + eps), PROBABILITY_OF, LOG_THRESHOLDS, sums, f.hist, f.pos_count,
             f.pos_sum, f.pos_max, f.prob_count, f.prob_sum, seq_sum, seq_n)
     f.tokens += int(sums[0])
     f.sum_delta += sums[1]
@@ -291,3 +297,4 @@ def reduce_pair(a: np.ndarray, b: np.ndarray, eps: float, mask: np.ndarray | Non
     f.outside += int(sums[5])
     f.nonfinite += int(sums[6])
     return f, seq_sum, seq_n
+

@@ -12,7 +12,8 @@ Pairs (a: the trainer's recomputation, b: the other side, Δ = b − a), masked 
 - `on_policy`: log_prob vs old_log_prob at micro-step 0 of one save call.
 The pairs of one (pair, step, rank) add into one set of figures, a kernel call per part (no
 per-pair histogram or Python object per pair); pool jobs are runs of such keys, each job building
-its keys' table rows and Arrow tables, so that the main thread only concatenates them.
+its keys' table rows and Arrow tables, so that the main thread only concatenates them. A job of
+small pairs only is one compiled call with tables built a column at a time (token_batch.py).
 """
 
 from __future__ import annotations
@@ -27,15 +28,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rlprobe.check.mapped_tensors import map_tensor
 from rlprobe.check.pair_part import Part, is_float
 from rlprobe.check.sample_pairs import sample_parts, samples_table
 from rlprobe.check.token_kernel import (N_POSITIONS, N_PROBABILITY, HALF, PairFigures, bin_lower_edges,
                                         bin_upper_edges, position_bounds, reduce_pair)
+from rlprobe.check.token_rows import BUCKETS, HIST, QUANTILES, SEQUENCES, STEPS, loader, part_tokens
 from rlprobe.lake.reader import Dump
 
 _WANTED = ("log_prob", "old_log_prob", "rollout_log_prob", "response_mask", "advantages", "group_ids")
-QUANTILES = (("p50_abs", 0.5), ("p95_abs", 0.95), ("p99_abs", 0.99))
+
 
 
 def tensor_rows(stats: pa.Table) -> dict[tuple[str, int, int, int, str], dict[str, Any]]:
@@ -68,7 +69,7 @@ def pairs(rows: dict[tuple, dict[str, Any]], samples: pa.Table | None = None) ->
             continue
         mask = (rows.get(("response_mask", step, rank, micro, index))
                 or rows.get(("response_mask", step, rank, micro, "")))
-        if mask is not None and int(np.prod(mask["shape"] or [1])) != int(np.prod(a["shape"] or [1])):
+        if mask is not None and math.prod(mask["shape"] or [1]) != math.prod(a["shape"] or [1]):
             mask = None
         found.append(Part(pair, a, b, mask))
     return found
@@ -103,7 +104,14 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
         return rows, sequences
 
     def job(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> tuple[list, dict[str, pa.Table]]:
-        """A run of pieces, and their tables (built here: both threads share that work too)."""
+        """A run of pieces, and their tables (built here: both threads share that work too); small
+        pairs in one kernel call (token_batch.py)."""
+        if not cut:
+            from rlprobe.check.token_batch import batch_tables
+
+            tables = batch_tables(dump, batch, [_meta(work[key]) for key, _ in batch], eps, edges)
+            if tables is not None:
+                return [], tables
         found = [piece_job(key, parts) for key, parts in batch]
         tables = {} if cut else _step_tables([rows for rows, _ in found])
         tables["token_sequences"] = _sequence_table([(key, s) for (key, _), (_, seqs) in zip(batch, found)
@@ -133,7 +141,7 @@ JOBS_PER_THREAD = 4  # batches a thread: enough to even out the threads' ends, f
 def batches(pieces: list[tuple[Any, list[Part]]], count: int) -> list[list[tuple[Any, list[Part]]]]:
     """The pieces in order as up to `count` runs of about equal tokens (one per pool job: a
     thousand small pairs are not a thousand jobs)."""
-    sizes = [sum(_tokens(p) for p in parts) for _, parts in pieces]
+    sizes = [sum(part_tokens(p) for p in parts) for _, parts in pieces]
     target = sum(sizes) / max(1, count)
     found: list[list] = [[]]
     filled = 0.0
@@ -145,25 +153,9 @@ def batches(pieces: list[tuple[Any, list[Part]]], count: int) -> list[list[tuple
     return [b for b in found if b]
 
 
-def _tokens(part: Part) -> int:
-    shape = part.a["shape"] or [1]
-    rows = len(range(shape[0])[part.a_rows]) if isinstance(part.a_rows, slice) else (
-        len(part.a_rows) if part.a_rows is not None else shape[0])
-    return rows * math.prod(shape[1:])
-
-
 def _reduce_parts(dump: Dump, parts: list[Part], eps: float, figures: PairFigures) -> list:
     """Every part through the kernel into `figures`; (micro_step, rows, tokens, log ratios) per part."""
-    sequences, loaded = [], {}
-
-    def load(row: dict, picks: np.ndarray | slice | None) -> np.ndarray:
-        if isinstance(picks, slice):  # a row range of a pair cut between threads: those rows' pages only
-            return map_tensor(dump, row, picks)
-        if row["tensor_file"] not in loaded:
-            loaded[row["tensor_file"]] = map_tensor(dump, row)
-        x = loaded[row["tensor_file"]]
-        return x if picks is None else np.asarray(x)[picks]
-
+    sequences, load = [], loader(dump)
     for p in parts:
         mask = None if p.mask is None else load(p.mask, p.mask_rows)
         _, seq_sum, seq_n = reduce_pair(load(p.a, p.a_rows), load(p.b, p.b_rows), eps, mask, into=figures)
@@ -208,21 +200,6 @@ def split_rows(parts: list[Part], count: int) -> list[list[Part]]:
                 pieces[i].append(p._replace(a_rows=p.a_rows[lo:hi], b_rows=p.b_rows[lo:hi],
                                             mask_rows=None if p.mask_rows is None else p.mask_rows[lo:hi]))
     return [piece for piece in pieces if piece]
-
-
-SEQUENCES = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("micro_step", pa.int64()),
-                       ("sequence", pa.int64()), ("tokens", pa.int64()), ("log_ratio", pa.float64())])
-STEPS = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("dtype_a", pa.string()),
-                   ("dtype_b", pa.string()), ("masked", pa.bool_()), ("tokens", pa.int64()),
-                   ("nonfinite", pa.int64()), ("mean_delta", pa.float64()), ("sd_delta", pa.float64()),
-                   ("mean_abs", pa.float64()), ("p50_abs", pa.float64()), ("p95_abs", pa.float64()),
-                   ("p99_abs", pa.float64()), ("max_abs", pa.float64()), ("eps", pa.float64()),
-                   ("outside_share", pa.float64())])
-HIST = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("lo", pa.float64()),
-                  ("hi", pa.float64()), ("tokens", pa.int64())])
-BUCKETS = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("lo", pa.float64()),
-                     ("hi", pa.float64()), ("tokens", pa.int64()), ("mean_abs", pa.float64()),
-                     ("max_abs", pa.float64())])
 
 
 class _Edges:

@@ -4,9 +4,11 @@ figures from one to the next, and every step's rows equal those of the step redu
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import rlprobe
+from rlprobe.check import token_batch
 from rlprobe.check.inputs import stats_table
 from rlprobe.check.pair_part import Part
 from rlprobe.check.token_kernel import reduce_pair
@@ -59,3 +61,51 @@ def test_batches_keep_the_order_and_even_out_the_tokens():
     assert 2 <= len(found) <= 4 and [key for key, _ in found[0]] == [0]  # the large piece is a job of its own
     assert batches(pieces[:3], 8) == [[p] for p in pieces[:3]]
     assert batches([], 4) == []
+
+
+def mixed_steps(path):
+    """Steps of two save calls (two pairs a key), the on-policy pair, a step without a mask, one
+    masked out whole, non-finite log-probs, an integer mask, float64 log-probs, and a step whose
+    rollout rows pair by sample."""
+    rng = np.random.default_rng(11)
+    with rlprobe.Probe(path, flush_interval=0) as p:
+        for step in range(7):
+            for micro in range(2):
+                old = -rng.random((4, 30 + 7 * step), dtype=np.float32) * 5
+                batch = {"rollout_log_prob": old + rng.normal(0, 0.02, old.shape).astype(np.float32),
+                         "old_log_prob": old}
+                if step != 2:
+                    batch["response_mask"] = np.zeros(old.shape, bool) if step == 3 else rng.random(old.shape) > 0.3
+                if step == 4:
+                    batch["rollout_log_prob"][1, :3] = [np.nan, np.inf, -np.inf]
+                if step == 5:  # an integer mask: not read straight into the batch
+                    batch["response_mask"] = batch["response_mask"].astype(np.int64) * 3
+                if step == 6:  # float64 log-probs: their job goes one call a pair
+                    batch = {k: v.astype(np.float64) if k != "response_mask" else v for k, v in batch.items()}
+                if micro == 0:
+                    batch["log_prob"] = old + rng.normal(0, 1e-4, old.shape).astype(np.float32)
+                p.save(batch)
+            p.step()
+        ids = np.arange(6)
+        trainer = -rng.random((6, 20), dtype=np.float32)
+        p.save({"rollout_log_prob": trainer + 0.01, "response_mask": rng.random((6, 20)) > 0.2}, sample_ids=ids)
+        order = rng.permutation(6)
+        for chunk in np.array_split(order, 2):
+            p.save({"old_log_prob": trainer[chunk]}, sample_ids=ids[chunk])
+        p.step()
+    return open_dump(path)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_small_pairs_in_one_kernel_call_give_the_tables_of_one_call_a_pair(tmp_path, monkeypatch, workers):
+    dump = mixed_steps(tmp_path / "d")
+    batched = token_tables(dump, stats_table(dump), 0.2, workers=workers)
+    monkeypatch.setattr(token_batch, "SMALL", -1)  # every key through reduce_pair and PairFigures
+    alone = token_tables(dump, stats_table(dump), 0.2, workers=workers)
+    steps = alone["token_steps"].to_pylist()
+    assert {r["pair"] for r in steps} == {"rollout_vs_old", "on_policy"} and len(steps) == 15
+    assert [r["tokens"] for r in steps if r["step"] == 3] == [0, 0] and any(r["nonfinite"] for r in steps)
+    assert alone["token_sequences"].num_rows > 60
+    for name, table in alone.items():
+        assert table.schema == batched[name].schema, name
+        pd.testing.assert_frame_equal(batched[name].to_pandas(), table.to_pandas(), check_exact=True, obj=name)

@@ -1,0 +1,52 @@
+"""What token_tables.py and token_batch.py share: the token tables' schemas, the quantiles read,
+a part's token count and the tensor loader."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from rlprobe.check.mapped_tensors import map_tensor
+from rlprobe.check.pair_part import Part
+from rlprobe.lake.reader import Dump
+
+QUANTILES = (("p50_abs", 0.5), ("p95_abs", 0.95), ("p99_abs", 0.99))
+
+
+def part_tokens(part: Part) -> int:
+    shape = part.a["shape"] or [1]
+    rows = len(range(shape[0])[part.a_rows]) if isinstance(part.a_rows, slice) else (
+        len(part.a_rows) if part.a_rows is not None else shape[0])
+    return rows * math.prod(shape[1:])
+
+
+def loader(dump: Dump) -> Callable[[dict, np.ndarray | slice | None], np.ndarray]:
+    """load(tensor index row, rows picked): each file mapped (or read) once."""
+    loaded: dict[str, np.ndarray] = {}
+
+    def load(row: dict, picks: np.ndarray | slice | None) -> np.ndarray:
+        if isinstance(picks, slice):  # a row range of a pair cut between threads: those rows' pages only
+            return map_tensor(dump, row, picks)
+        if row["tensor_file"] not in loaded:
+            loaded[row["tensor_file"]] = map_tensor(dump, row)
+        x = loaded[row["tensor_file"]]
+        return x if picks is None else np.asarray(x)[picks]
+    return load
+
+
+SEQUENCES = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("micro_step", pa.int64()),
+                       ("sequence", pa.int64()), ("tokens", pa.int64()), ("log_ratio", pa.float64())])
+STEPS = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("dtype_a", pa.string()),
+                   ("dtype_b", pa.string()), ("masked", pa.bool_()), ("tokens", pa.int64()),
+                   ("nonfinite", pa.int64()), ("mean_delta", pa.float64()), ("sd_delta", pa.float64()),
+                   ("mean_abs", pa.float64()), ("p50_abs", pa.float64()), ("p95_abs", pa.float64()),
+                   ("p99_abs", pa.float64()), ("max_abs", pa.float64()), ("eps", pa.float64()),
+                   ("outside_share", pa.float64())])
+HIST = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("lo", pa.float64()),
+                  ("hi", pa.float64()), ("tokens", pa.int64())])
+BUCKETS = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("lo", pa.float64()),
+                     ("hi", pa.float64()), ("tokens", pa.int64()), ("mean_abs", pa.float64()),
+                     ("max_abs", pa.float64())])
