@@ -13,7 +13,7 @@ import threading
 #: (pair_kernels' element kernel into batch_kernels' batch) was loaded stale after only the first
 #: file changed; the cache folder is named after the contents of all of them instead
 KERNEL_MODULES = ("compare/pair_kernels.py", "compare/batch_kernels.py", "check/token_kernel.py",
-                  "check/token_batch.py",
+                  "check/token_batch.py", "check/npy_reads.py",
                   "frameworks/cpu_grad_kernel.py", "frameworks/cpu_param_kernel.py")
 
 

@@ -79,34 +79,3 @@ def _row_range(rows: slice | None, shape: tuple[int, ...]) -> tuple[int, int]:
         return 0, 0
     start, stop, _ = rows.indices(shape[0])
     return start, stop
-
-
-_PLAIN_HEAD = 128  # numpy's header of a plain array of a short shape, padded: the data starts here
-_HEADERS: dict[bytes, tuple | None] = {}  # header bytes -> plain_header(): a run's files share a few
-
-
-def read_into(root: str, row: dict, out: np.ndarray, stored: tuple[np.dtype, ...]) -> bool:
-    """The data of a small tensor file straight into `out` (a contiguous array of its size: one
-    open and one vectored read of header and data, no buffer of its own); True where the file is
-    numpy's plain .npy of the row's shape, its data stored as one of `stored` (the same size as
-    out's) at byte 128; False: not read (the caller loads it as map_tensor does, and says why not)."""
-    path = os.path.join(root, row["tensor_file"])
-    head = bytearray(_PLAIN_HEAD)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            got = os.preadv(fd, [head, out], 0)
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise DumpReadError(f"{path}: cannot read tensor ({e})") from None
-    if got != _PLAIN_HEAD + out.nbytes:
-        return False
-    key = bytes(head)
-    if key not in _HEADERS:
-        if len(_HEADERS) > 4096:
-            _HEADERS.clear()
-        _HEADERS[key] = plain_header(key)
-    header = _HEADERS[key]
-    return (header is not None and header[2] == _PLAIN_HEAD and header[1] in stored
-            and header[0] == tuple(row["shape"] or ()))

@@ -1,255 +1,257 @@
-"""A pool job of many small pairs (a [batch, seq] log-prob per micro-batch and step) in one kernel
-call and columnar tables: reduce_pair a pair, a PairFigures and table rows a key cost ~0.4 ms of
-Python and allocation around a kernel that takes tens of µs on such a pair. The rows equal those
-token_tables.py builds key by key (tests/check/test_token_tables.py)."""
+"""A pool job of many small pairs (a [batch, seq] log-prob per micro-batch and step) in one compiled
+call: reduce_pair a pair, a PairFigures and table rows a key cost ~0.4 ms of Python and allocation
+around a kernel that takes tens of µs on such a pair, and reading each file from Python as long
+again. Each part's files are read in compiled code (npy_reads.py) into the thread's scratch rows and
+reduced there while their bytes are in the cache; each key's filled histogram bins are taken from the
+blocks the kernel marked. The tables are built a column at a time (token_batch_tables.py); they equal
+those token_tables.py builds key by key (tests/check/test_token_tables.py)."""
 
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
+from rlprobe.check import npy_reads
 from rlprobe.check import token_rows as tt
-from rlprobe.check.mapped_tensors import read_into
 from rlprobe.check.pair_part import Part
-from rlprobe.check.token_kernel import (LOG_THRESHOLDS, PROBABILITY_OF, HALF, N_BINS, N_POSITIONS, N_PROBABILITY,
-                                        float32_bits, reduce_rows, as_rows, check_shapes, mask_bytes)
+from rlprobe.check.token_batch_tables import BatchFigures, figures_tables
+from rlprobe.check.token_kernel import (BLOCK_BITS, LOG_THRESHOLDS, N_BINS, N_POSITIONS, N_PROBABILITY,
+                                        PROBABILITY_OF, as_rows, check_shapes, mask_bytes, reduce_rows)
+from rlprobe.errors import DumpReadError
 from rlprobe.lake.reader import Dump
 
 import numba  # noqa: E402  (after token_kernel has set numba's cache dir)
 
 SMALL = 1 << 16  # tokens: a larger pair goes to the kernel as it is (copying it into the batch costs more)
+_READ = 4  # parts[:, _READ]: where a part's tokens start in the preloaded arrays, -1: its files are read here
+
+
+class _Plan(NamedTuple):
+    """What the compiled call reads: per part (int64 columns) key, rows, width, first sequence,
+    preloaded at (or -1), the paths' places in `paths` of a, b and the mask (-1: none), the headers
+    of a and b and of the mask (rows of `headers`, header_sizes[h] bytes long)."""
+
+    parts: np.ndarray
+    paths: np.ndarray
+    headers: np.ndarray
+    header_sizes: np.ndarray
+    picks: list[np.ndarray | None]  # a part's rows' numbers in its tensors (a sample pair), None: 0, 1, …
+    micro_steps: list[int]
 
 
 def batch_tables(dump: Dump, batch: list[tuple[tuple[str, int, int], list[Part]]], metas: list[dict[str, Any]],
                  eps: float, edges: Any) -> dict[str, pa.Table] | None:
     """The tables of a run of keys (metas: token_tables._meta of each); None where a pair is not
     small or not float32 (the caller reduces those keys one by one)."""
-    sizes = [[tt.part_tokens(p) for p in parts] for _, parts in batch]
-    if any(size > SMALL for row in sizes for size in row):
+    plan = _plan(batch)
+    if plan is None:
         return None
-    total = sum(map(sum, sizes))
-    a_all, b_all, m_all = np.empty(total, np.float32), np.empty(total, np.float32), np.empty(total, np.uint8)
-    spec, sequences, load, root = [], [], tt.loader(dump), str(dump.path)
-    first = start = 0
-    for k, (_, parts) in enumerate(batch):
-        for p, size in zip(parts, sizes[k]):
-            stop = start + size
-            shape = _read(root, p, a_all[start:stop], b_all[start:stop], m_all[start:stop])
-            if shape is None:  # not numpy's plain float32 files of the shapes in the index: as reduce_pair reads them
-                a, b = load(p.a, p.a_rows), load(p.b, p.b_rows)
-                mask = None if p.mask is None else load(p.mask, p.mask_rows)
-                if a.dtype != np.float32 or b.dtype != np.float32 or a.size != size:
-                    return None
-                check_shapes(a, b, mask)
-                a_all[start:stop], b_all[start:stop] = a.reshape(-1), b.reshape(-1)
-                m_all[start:stop] = 1 if mask is None else mask_bytes(mask).reshape(-1)
-                shape = as_rows(a).shape
-            spec.append((k, start, *shape, first))
-            sequences.append((p.a["micro_step"], p.a_rows if isinstance(p.a_rows, np.ndarray) else None, shape[0]))
-            start = stop
-            first += shape[0]
-    qs = tuple(q for _, q in tt.QUANTILES)
-    f = reduce_batch(a_all, b_all, m_all, np.array(spec, np.int64).reshape(-1, 5), len(batch), eps, qs)
-    keys = [key for key, _ in batch]
-    return {"token_steps": _steps(keys, metas, f, eps, edges),
-            "token_hist": _hist(keys, f, edges),
-            "token_positions": _buckets(keys, f.pos_count, f.pos_sum, f.pos_max, edges.pos_lo, edges.pos_hi),
-            "token_probability": _buckets(keys, f.prob_count, f.prob_sum, np.full(f.prob_sum.shape, np.nan),
-                                          edges.prob_lo, edges.prob_lo + 1 / len(edges.prob_lo)),
-            "token_sequences": _sequences([keys[k] for k, *_ in spec], sequences, f)}
+    f = _reduce(dump, batch, plan, eps, edges)
+    if f is None:
+        return None
+    return figures_tables([key for key, _ in batch], metas, f, plan.parts[:, :4], plan.picks, plan.micro_steps,
+                          eps, edges)
 
 
-_FLOAT32 = (np.dtype("<f4"),)
-_MASKS = (np.dtype(np.bool_), np.dtype(np.uint8), np.dtype(np.int8))  # a byte a token, nonzero: counted
-
-
-def _read(root: str, p: Part, a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> tuple[int, int] | None:
-    """The part's files straight into a, b and mask (its tokens' places in the batch); its (rows,
-    width), or None where they are not numpy's plain files of float32 (masks: of a byte a token) of
-    the shapes in the tensor index, or the part picks rows (a sample pair)."""
-    if p.a_rows is not None or p.b_rows is not None or p.mask_rows is not None:
-        return None
-    if not (read_into(root, p.a, a, _FLOAT32) and read_into(root, p.b, b, _FLOAT32)):
-        return None
-    if p.mask is None:
-        mask.fill(1)
-    elif not read_into(root, p.mask, mask, _MASKS):
-        return None
+def _rows_width(p: Part) -> tuple[int, int]:
+    """The part's (sequences, tokens a sequence), as as_rows() shapes its tensors (rows picked)."""
     shape = p.a["shape"] or []
-    return (1, 1) if not shape else (1, shape[0]) if len(shape) == 1 else (shape[0], math.prod(shape[1:]))
+    picked = None if p.a_rows is None else len(p.a_rows)
+    if not shape:
+        return 1, 1
+    if len(shape) == 1:
+        return 1, shape[0] if picked is None else picked
+    return shape[0] if picked is None else picked, math.prod(shape[1:])
 
 
-def _steps(keys: list[tuple[str, int, int]], metas: list[dict[str, Any]], f: BatchFigures, eps: float,
-           edges: Any) -> pa.Table:
-    """As token_tables._key_rows: the same operations on the same float64 values, a column at a time."""
-    n = f.sums[:, 0].astype(np.int64)
-    none = n == 0
-    d = np.where(none, 1, n).astype(np.float64)
-    mean = f.sums[:, 1] / d
-    var = f.sums[:, 2] / d - mean * mean
-    sd = np.sqrt(np.where(0.0 > var, 0.0, var))  # max(var, 0.0)
-    quantiles = np.minimum(edges.upper[np.maximum(f.quantile_bins, 0)], f.sums[:, 4:5])
-    columns: dict[str, Any] = {
-        "pair": [k[0] for k in keys], "step": [k[1] for k in keys], "rank": [k[2] for k in keys],
-        "dtype_a": [m["dtype_a"] for m in metas], "dtype_b": [m["dtype_b"] for m in metas],
-        "masked": [m["masked"] for m in metas], "tokens": n, "nonfinite": f.sums[:, 6].astype(np.int64),
-        "mean_delta": mean, "sd_delta": sd, "mean_abs": f.sums[:, 3] / d,
-        **{name: quantiles[:, i] for i, (name, _) in enumerate(tt.QUANTILES)},
-        "max_abs": f.sums[:, 4], "eps": np.full(len(keys), eps), "outside_share": f.sums[:, 5] / d}
-    nullable = {"mean_delta", "sd_delta", "mean_abs", "max_abs", "outside_share", *(q for q, _ in tt.QUANTILES)}
-    return pa.table({name: pa.array(columns[name], tt.STEPS.field(name).type,
-                                    mask=none if name in nullable else None) for name in tt.STEPS.names},
-                    schema=tt.STEPS)
+def _plan(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> _Plan | None:
+    spec, paths, picks, micro_steps, headers = [], [], [], [], {}
+    at = first = 0
+
+    def path(row: dict) -> int:
+        nonlocal at
+        name = os.fsencode(row["tensor_file"]) + b"\0"
+        paths.append(name)
+        at += len(name)
+        return at - len(name)
+
+    def header(row: dict) -> int:
+        return headers.setdefault(tuple(row["shape"] or ()), len(headers))
+
+    for k, (_, parts) in enumerate(batch):
+        for p in parts:
+            rows, width = _rows_width(p)
+            if rows * width > SMALL:
+                return None
+            if p.a_rows is None and p.b_rows is None and p.mask_rows is None and npy_reads.READS:
+                files = (path(p.a), path(p.b), -1 if p.mask is None else path(p.mask), header(p.a),
+                         -1 if p.mask is None else header(p.mask))
+            else:  # a sample pair's rows: numpy reads and gathers them (_preload)
+                files = (-1, -1, -1, -1, -1)
+            spec.append((k, rows, width, first, -1, *files))
+            picks.append(p.a_rows if isinstance(p.a_rows, np.ndarray) else None)
+            micro_steps.append(p.a["micro_step"])
+            first += rows
+    texts = [npy_reads.npy_header(shape) for shape in headers]
+    sizes = np.array([len(t) for t in texts], np.int64)
+    table = np.zeros((len(texts), int(sizes.max()) if texts else 0), np.uint8)
+    for i, t in enumerate(texts):
+        table[i, :len(t)] = np.frombuffer(t, np.uint8)
+    return _Plan(np.array(spec, np.int64).reshape(-1, 10), np.frombuffer(b"".join(paths) or b"\0", np.uint8),
+                 table, sizes, picks, micro_steps)
 
 
-def _keyed(keys: list[tuple[str, int, int]], sizes: np.ndarray, values: dict[str, np.ndarray],
-           schema: pa.Schema) -> pa.Table:
-    """A table of blocks of sizes[i] rows for keys[i]: the key columns gathered by each row's key."""
-    of = np.repeat(np.arange(len(keys)), sizes)
-    names = sorted({key[0] for key in keys})
-    codes = np.array([names.index(key[0]) for key in keys], np.int32)[of]
-    columns = {"pair": pa.DictionaryArray.from_arrays(codes, pa.array(names, pa.string())).cast(pa.string()),
-               "step": pa.array(np.array([key[1] for key in keys], np.int64)[of]),
-               "rank": pa.array(np.array([key[2] for key in keys], np.int64)[of])}
-    columns.update({name: pa.array(values[name], schema.field(name).type) for name in schema.names[3:]})
-    return pa.table(columns, schema=schema)
+def _preload(load: Any, p: Part, rows: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A part's tokens read by numpy (rlprobe's map_tensor): a sample pair's rows, or files not in
+    numpy's plain float32 layout of the index's shape; None where they are not float32 pairs of that
+    shape (the job then reduces its keys one by one, which reads them or says why not)."""
+    a, b = load(p.a, p.a_rows), load(p.b, p.b_rows)
+    mask = None if p.mask is None else load(p.mask, p.mask_rows)
+    if a.dtype != np.float32 or b.dtype != np.float32 or as_rows(a).shape != (rows, width):
+        return None
+    check_shapes(a, b, mask)
+    m = np.ones(rows * width, np.uint8) if mask is None else mask_bytes(mask).reshape(-1)
+    return a.reshape(-1), b.reshape(-1), m
 
 
-def _hist(keys: list[tuple[str, int, int]], f: BatchFigures, edges: Any) -> pa.Table:
-    used = int(f.ends[-1]) if len(f.ends) else 0
-    bins = f.bins[:used]
-    sizes = np.diff(f.ends, prepend=0)
-    return _keyed(keys, sizes, {"lo": edges.signed_lo[bins], "hi": edges.signed_hi[bins], "tokens": f.counts[:used]},
-                  tt.HIST)
-
-
-def _buckets(keys: list[tuple[str, int, int]], count: np.ndarray, total: np.ndarray, largest: np.ndarray,
-             lo: np.ndarray, hi: np.ndarray) -> pa.Table:
-    """Each key's filled buckets (count [key, bucket] > 0), in key then bucket order."""
-    k, bucket = np.nonzero(count)
-    sizes = np.bincount(k, minlength=len(keys))
-    c = count[k, bucket]
-    return _keyed(keys, sizes, {"lo": lo[bucket], "hi": hi[bucket], "tokens": c, "mean_abs": total[k, bucket] / c,
-                                "max_abs": largest[k, bucket]}, tt.BUCKETS)
-
-
-def _sequences(keys: list[tuple[str, int, int]], parts: list[tuple[int, np.ndarray | None, int]],
-               f: BatchFigures) -> pa.Table:
-    """One row a sequence: each part's micro-step, and its rows' numbers (a sample pair's) or 0, 1, …"""
-    sizes = np.array([rows for _, _, rows in parts], np.int64)
-    numbers = [np.arange(rows) if picked is None else picked for _, picked, rows in parts]
-    return _keyed(keys, sizes, {"micro_step": np.repeat(np.array([m for m, _, _ in parts], np.int64), sizes),
-                                "sequence": np.concatenate(numbers) if numbers else np.zeros(0, np.int64),
-                                "tokens": f.seq_n, "log_ratio": f.seq_sum}, tt.SEQUENCES)
-
-
-class BatchFigures(NamedTuple):
-    """reduce_batch's figures, by key (rows of the 2-D arrays) and by sequence (seq_sum, seq_n: the
-    parts' rows one after the other); the histograms as the filled bins of each key in bin order
-    (Δ >= 0, then Δ < 0), key k's in bins[ends[k - 1]:ends[k]]."""
-
-    sums: np.ndarray  # [key, 7]: tokens, Σ Δ, Σ Δ², Σ |Δ|, max |Δ|, outside, non-finite
-    pos_count: np.ndarray
-    pos_sum: np.ndarray
-    pos_max: np.ndarray
-    prob_count: np.ndarray
-    prob_sum: np.ndarray
-    seq_sum: np.ndarray
-    seq_n: np.ndarray
-    bins: np.ndarray
-    counts: np.ndarray
-    ends: np.ndarray
-    quantile_bins: np.ndarray  # [key, quantile]: the |Δ| bin (of HALF) holding each quantile, -1 without tokens
-
-
-def reduce_batch(a: np.ndarray, b: np.ndarray, mask: np.ndarray, parts: np.ndarray, keys: int, eps: float,
-                 qs: tuple[float, ...]) -> BatchFigures:
-    """Many small pairs in one call (one per pair costs more around the kernel than in it): a, b
-    (float32) and mask (uint8) hold the pairs' tokens one after the other; parts: int64 [pair, 5] of
-    key (ascending), first token, rows, row width, first sequence. The figures of a key are those
-    reduce_pair adds up over its pairs, in the same order; quantile_bins those PairFigures.quantiles reads."""
-    sequences = int((parts[:, 2]).sum()) if len(parts) else 0
+def _reduce(dump: Dump, batch: list[tuple[Any, list[Part]]], plan: _Plan, eps: float, edges: Any
+            ) -> BatchFigures | None:
+    """The compiled call over every part; where it stops at a part it cannot read, numpy reads that
+    part (_preload) and the call goes on from there."""
+    spec, keys = plan.parts.copy(), len(batch)  # its column _READ changes as parts are preloaded
+    qs = np.array([q for _, q in tt.QUANTILES], np.float64)
+    sequences = int(spec[:, 1].sum()) if len(spec) else 0
     bound = np.zeros(keys, np.int64)
-    np.add.at(bound, parts[:, 0], parts[:, 2] * parts[:, 3])
+    np.add.at(bound, spec[:, 0], spec[:, 1] * spec[:, 2])
     room = int(np.minimum(bound, N_BINS).sum())
     out = BatchFigures(np.zeros((keys, 7)), np.zeros((keys, N_POSITIONS), np.int64), np.zeros((keys, N_POSITIONS)),
                        np.zeros((keys, N_POSITIONS)), np.zeros((keys, N_PROBABILITY), np.int64),
                        np.zeros((keys, N_PROBABILITY)), np.zeros(sequences), np.zeros(sequences, np.int64),
-                       np.empty(room, np.int64), np.empty(room, np.int64), np.zeros(keys, np.int64),
-                       np.full((keys, len(qs)), -1, np.int64))
+                       np.empty(room, np.int64), np.empty(room, np.int64), np.empty(room), np.empty(room),
+                       np.zeros(keys, np.int64), np.full((keys, len(qs)), -1, np.int64))
     lo = math.log(1.0 - eps) if eps < 1 else -math.inf
-    _reduce_batch(a, b, mask, parts, lo, math.log(1.0 + eps), PROBABILITY_OF, LOG_THRESHOLDS,
-                  np.array(qs, np.float64), np.zeros((len(parts), 7)), np.zeros(N_BINS, np.int64), *out)
-    return out
+    parts, load = [p for _, ps in batch for p in ps], tt.loader(dump)
+    loaded = [_preload(load, p, int(spec[i, 1]), int(spec[i, 2])) if spec[i, 5] < 0 else None
+              for i, p in enumerate(parts)]
+    if any(x is None and spec[i, 5] < 0 for i, x in enumerate(loaded)):
+        return None
+    hist, touched = np.zeros(N_BINS, np.int64), np.zeros(N_BINS >> BLOCK_BITS, np.uint8)
+    part_sums = np.zeros((len(parts), 7))
+    try:
+        directory = os.open(dump.path, os.O_RDONLY) if npy_reads.READS else -1
+    except OSError as e:
+        raise DumpReadError(f"{dump.path}: cannot open the dump's folder ({e})") from None
+    try:
+        start = used = 0
+        while True:
+            pre = _concatenated(spec, loaded)
+            start, used = _reduce_batch(directory, npy_reads.OPEN_FLAGS, plan.paths, spec, plan.headers,
+                                        plan.header_sizes, *pre, start, used, lo, math.log(1.0 + eps), PROBABILITY_OF,
+                                        LOG_THRESHOLDS, qs, npy_reads.FLOAT32, npy_reads.MASK_BYTES, part_sums, hist,
+                                        touched, edges.signed_lo, edges.signed_hi, *out)
+            if start == len(parts):
+                return out
+            loaded[start] = _preload(load, parts[start], int(spec[start, 1]), int(spec[start, 2]))
+            if loaded[start] is None:
+                return None
+    finally:
+        if directory >= 0:
+            os.close(directory)
+
+
+def _concatenated(spec: np.ndarray, loaded: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The preloaded parts' tokens one after the other; spec[:, _READ] set to where each starts."""
+    at = 0
+    for i, x in enumerate(loaded):
+        if x is not None:
+            spec[i, _READ] = at
+            at += x[0].size
+    if at == 0:
+        return np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.uint8)
+    return tuple(np.concatenate([x[j] for x in loaded if x is not None]) for j in range(3))
 
 
 @numba.njit(cache=True, nogil=True)
-def _reduce_batch(a, b, mask, parts, lo, hi, prob_of, thr, qs, part_sums, hist, sums, pos_count, pos_sum, pos_max,
-                  prob_count, prob_sum, seq_sum, seq_n, bins, counts, ends, quantile_bins):  # pragma: no cover
-    used = 0
-    for p in range(parts.shape[0]):
-        k, start, rows, width, first = parts[p, 0], parts[p, 1], parts[p, 2], parts[p, 3], parts[p, 4]
-        stop = start + rows * width
-        reduce_rows(a[start:stop].reshape((rows, width)), b[start:stop].reshape((rows, width)),
-                mask[start:stop].reshape((rows, width)), lo, hi, prob_of, thr, part_sums[p], hist, pos_count[k],
-                pos_sum[k], pos_max[k], prob_count[k], prob_sum[k], seq_sum[first:first + rows],
-                seq_n[first:first + rows])
+def _reduce_batch(directory, flags, paths, parts, headers, header_sizes, pre_a, pre_b, pre_m, start, used, lo, hi,
+                  prob_of, thr, qs, float32, mask_bytes, part_sums, hist, touched, signed_lo, signed_hi, sums,
+                  pos_count, pos_sum, pos_max, prob_count, prob_sum, seq_sum, seq_n, bins, counts, hist_lo, hist_hi,
+                  ends, quantile_bins):  # pragma: no cover - compiled
+    """From part `start` on, as reduce_pair adds each of a key's parts into its figures in order;
+    (the part it could not read, or len(parts); bins taken out so far)."""
+    most = 1
+    for p in range(start, parts.shape[0]):
+        most = max(most, parts[p, 1] * parts[p, 2])
+    head = header_sizes.max() if header_sizes.size else 0
+    buf_a, buf_b, buf_m = np.empty(head + 4 * most, np.uint8), np.empty(head + 4 * most, np.uint8), \
+        np.empty(head + most, np.uint8)
+    for p in range(start, parts.shape[0]):
+        k, rows, width, first, at = parts[p, 0], parts[p, 1], parts[p, 2], parts[p, 3], parts[p, 4]
+        n = rows * width
+        if at >= 0:
+            a, b, m = pre_a[at:at + n], pre_b[at:at + n], pre_m[at:at + n]
+        else:
+            size = header_sizes[parts[p, 8]]
+            header = headers[parts[p, 8], :size]
+            if not (npy_reads.read_npy(directory, flags, paths, parts[p, 5], header, float32, buf_a, 4 * n)
+                    and npy_reads.read_npy(directory, flags, paths, parts[p, 6], header, float32, buf_b, 4 * n)):
+                return p, used
+            m = buf_m[:n]
+            if parts[p, 7] < 0:
+                m[:] = 1
+            else:
+                mask_size = header_sizes[parts[p, 9]]
+                if not npy_reads.read_npy(directory, flags, paths, parts[p, 7], headers[parts[p, 9], :mask_size],
+                                          mask_bytes, buf_m, n):
+                    return p, used
+                m = buf_m[mask_size:mask_size + n]
+            a, b = buf_a[size:size + 4 * n].view(np.float32), buf_b[size:size + 4 * n].view(np.float32)
+        reduce_rows(a.reshape((rows, width)), b.reshape((rows, width)), m.reshape((rows, width)), lo, hi, prob_of,
+                    thr, part_sums[p], hist, touched, pos_count[k], pos_sum[k], pos_max[k], prob_count[k],
+                    prob_sum[k], seq_sum[first:first + rows], seq_n[first:first + rows])
         for i in (0, 1, 2, 3, 5, 6):  # as reduce_pair adds a pair's sums to its PairFigures
             sums[k, i] += part_sums[p, i]
         sums[k, 4] = max(sums[k, 4], part_sums[p, 4])
         if p + 1 < parts.shape[0] and parts[p + 1, 0] == k:
             continue
         begin = used
-        # the key's filled bins, in order, and the histogram zeroed for the next key: those up to the
-        # bin of max |Δ| (and the next: a float32 Δ rounds at most a bin above it), all where those miss a token
-        top = min(HALF, ((float32_bits(np.float32(sums[k, 4])) >> 17) + 9) & ~7)
-        if hist[:top].sum() + hist[HALF:HALF + top].sum() != sums[k, 0]:
-            top = HALF
-        used = _take(hist, 0, top, bins, counts, used)
-        used = _take(hist, HALF, HALF + top, bins, counts, used)
+        for block in range(touched.size):  # the key's filled bins in bin order (Δ >= 0, then Δ < 0), zeroed
+            if touched[block] == 0:
+                continue
+            touched[block] = 0
+            for i in range(block << BLOCK_BITS, (block + 1) << BLOCK_BITS):
+                if hist[i] != 0:
+                    bins[used], counts[used] = i, hist[i]
+                    hist_lo[used], hist_hi[used] = signed_lo[i], signed_hi[i]
+                    hist[i] = 0
+                    used += 1
         ends[k] = used
         _quantile_bins(bins[begin:used], counts[begin:used], qs, quantile_bins[k])
-
-
-@numba.njit(cache=True, nogil=True)
-def _take(hist, start, stop, bins, counts, used):  # pragma: no cover - compiled
-    """The filled bins of hist[start:stop] (a multiple of 8 long) into bins, counts from `used`, zeroed
-    (indexes from 0 on a view: the compiler proves them >= 0, no negative-index wrap-around per access)."""
-    h = hist[start:stop]
-    for block in range(h.size // 8):
-        at = block * 8
-        if (h[at] | h[at + 1] | h[at + 2] | h[at + 3] | h[at + 4] | h[at + 5] | h[at + 6] | h[at + 7]) == 0:
-            continue
-        for i in range(at, at + 8):
-            if h[i] != 0:
-                bins[used] = start + i
-                counts[used] = h[i]
-                h[i] = 0
-                used += 1
-    return used
+    return parts.shape[0], used
 
 
 @numba.njit(cache=True, nogil=True)
 def _quantile_bins(bins, counts, qs, found):  # pragma: no cover - compiled
     """The |Δ| bin of each quantile: the first whose cumulative count reaches max(1, ⌈q · total⌉),
     the |Δ| bins merged from the Δ >= 0 and Δ < 0 ones (as PairFigures.quantiles)."""
+    half = N_BINS // 2
     total = counts.sum()
     mid = 0
-    while mid < bins.size and bins[mid] < HALF:
+    while mid < bins.size and bins[mid] < half:
         mid += 1
     i, j, seen = 0, mid, 0
     while i < mid or j < bins.size:
-        if j >= bins.size or (i < mid and bins[i] <= bins[j] - HALF):
+        if j >= bins.size or (i < mid and bins[i] <= bins[j] - half):
             at, c = bins[i], counts[i]
             i += 1
-            if j < bins.size and bins[j] - HALF == at:
+            if j < bins.size and bins[j] - half == at:
                 c += counts[j]
                 j += 1
         else:
-            at, c = bins[j] - HALF, counts[j]
+            at, c = bins[j] - half, counts[j]
             j += 1
         seen += c
         for q in range(qs.size):

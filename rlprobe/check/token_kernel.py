@@ -152,19 +152,22 @@ def _bits_float64(typingctx, x):  # pragma: no cover - compiled
     return types.float64(types.int64), codegen
 
 
+BLOCK_BITS = 6  # 64 bins: one octave of one sign of Δ
 _SKIP = 0xFFFF  # a token the scatter pass skips (masked out or non-finite Δ); bins stop at 0x7FFF
 _BANKS = 4  # probability figures in 4 interleaved copies: a token's update does not wait for the previous one's
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
-def reduce_rows(a, b, mask, lo, hi, prob_of, thr, sums, hist, pos_count, pos_sum, pos_max, prob_count, prob_sum,
-            seq_sum, seq_n):  # pragma: no cover - compiled
+def reduce_rows(a, b, mask, lo, hi, prob_of, thr, sums, hist, touched, pos_count, pos_sum, pos_max, prob_count,
+                prob_sum, seq_sum, seq_n):  # pragma: no cover - compiled
     """Row by row, two passes over the row (its tokens stay in the first-level cache between them):
     1. per position bucket, the sums, count, max and outside count of Δ; a loop without stores to
        shared figures, which the compiler runs on vector registers (`reassoc`: sums in several lanes,
        the same figures up to the rounding of the order of addition). It leaves each token's |Δ| and
        histogram bin in scratch rows.
-    2. the scatter: the histogram bin and the probability bucket of each counted token.
+    2. the scatter: the histogram bin and the probability bucket of each counted token, and the
+       bin's block of BLOCK bins marked in `touched` (a caller takes out a few hundred filled bins
+       of 32,768 by scanning the marked blocks only).
     Indexes are row views and unsigned where the compiler could not prove them >= 0 (numba's
     negative-index wrap-around per access keeps a loop off the vector registers)."""
     rows, width = a.shape
@@ -228,6 +231,7 @@ def reduce_rows(a, b, mask, lo, hi, prob_of, thr, sums, hist, pos_count, pos_sum
             if i == _SKIP:
                 continue
             hist[i] += 1
+            touched[i >> BLOCK_BITS] = 1
             x = ar[t]
             q = prob_of[float32_bits(np.float32(x)) >> 17]
             if q < 0:
@@ -287,8 +291,9 @@ def reduce_pair(a: np.ndarray, b: np.ndarray, eps: float, mask: np.ndarray | Non
     seq_sum = np.zeros(a2.shape[0])
     seq_n = np.zeros(a2.shape[0], np.int64)
     lo = math.log(1.0 - eps) if eps < 1 else -math.inf
-    reduce_rows(a2, b2, m2, lo, math.log(1.0 + eps), PROBABILITY_OF, LOG_THRESHOLDS, sums, f.hist, f.pos_count,
-            f.pos_sum, f.pos_max, f.prob_count, f.prob_sum, seq_sum, seq_n)
+    reduce_rows(a2, b2, m2, lo, math.log(1.0 + eps), PROBABILITY_OF, LOG_THRESHOLDS, sums, f.hist,
+                np.empty(N_BINS >> BLOCK_BITS, np.uint8), f.pos_count, f.pos_sum, f.pos_max, f.prob_count, f.prob_sum,
+                seq_sum, seq_n)
     f.tokens += int(sums[0])
     f.sum_delta += sums[1]
     f.sum_sq += sums[2]

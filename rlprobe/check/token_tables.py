@@ -39,13 +39,20 @@ _WANTED = ("log_prob", "old_log_prob", "rollout_log_prob", "response_mask", "adv
 
 
 
-def tensor_rows(stats: pa.Table) -> dict[tuple[str, int, int, int, str], dict[str, Any]]:
-    """(canonical, step, rank, micro_step, index) -> row, for saved tensors of the keys the token checks read."""
-    mask = pc.and_(pc.is_in(stats["canonical"], pa.array(_WANTED)), pc.is_valid(stats["tensor_file"]))
+def tensor_rows(stats: pa.Table, names: tuple[str, ...] = _WANTED
+                ) -> dict[tuple[str, int, int, int, str], dict[str, Any]]:
+    """(canonical, step, rank, micro_step, index) -> row, for saved tensors of the keys the token
+    checks read (or of `names`); the rows built from the columns (Table.to_pylist costs twice as much)."""
+    mask = pc.and_(pc.is_in(stats["canonical"], pa.array(names)), pc.is_valid(stats["tensor_file"]))
     mask = pc.and_(mask, pc.invert(pc.fill_null(stats["absent"], False)))
-    rows = stats.filter(mask).select(["canonical", "step", "rank", "micro_step", "index", "dtype", "shape",
-                                      "tensor_file"]).to_pylist()
-    return {(r["canonical"], r["step"], r["rank"], r["micro_step"], r["index"]): r for r in rows}
+    table = stats.filter(mask)
+    columns = [table[c].to_pylist() for c in _ROW]
+    return {(c, step, rank, micro, index): {"canonical": c, "step": step, "rank": rank, "micro_step": micro,
+                                            "index": index, "dtype": dtype, "shape": shape, "tensor_file": file}
+            for c, step, rank, micro, index, dtype, shape, file in zip(*columns)}
+
+
+_ROW = ("canonical", "step", "rank", "micro_step", "index", "dtype", "shape", "tensor_file")
 
 
 def pairs(rows: dict[tuple, dict[str, Any]], samples: pa.Table | None = None) -> list[Part]:
@@ -293,7 +300,7 @@ def group_advantages(dump: Dump, stats: pa.Table, group_size: int | None, sample
     mean over its tokens). Groups from the advantages' sample rows (`save(..., group_ids=...)`),
     else from a `group_ids` tensor saved in the same call (older dumps), else from consecutive rows
     of `group_size` (a config key)."""
-    rows = tensor_rows(stats)
+    rows = tensor_rows(stats, ("advantages", "group_ids"))
     saved_groups = _sample_groups(samples_table(dump) if samples is None else samples)
     out: list[dict] = []
     for (name, step, rank, micro, index), row in sorted(rows.items(), key=lambda kv: kv[0][1:]):
