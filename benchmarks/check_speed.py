@@ -30,6 +30,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -157,6 +158,9 @@ def token_phase(path: Path, warm: Path | str, repeat: int | str) -> dict[str, li
     from rlprobe.check.token_tables import group_advantages, token_tables
     from rlprobe.lake.reader import open_dump
 
+    from rlprobe.check import run as check_run
+
+    paused = getattr(check_run, "collections_paused", contextlib.nullcontext)  # as check_dump runs the phase
     check_dump(warm)  # start-up: numba's compiled kernel loads (or compiles) here
     wall, cpu = [], []
     for _ in range(int(repeat)):
@@ -165,9 +169,10 @@ def token_phase(path: Path, warm: Path | str, repeat: int | str) -> dict[str, li
         stats = inputs.stats_table(dump)
         info = inputs.run_info(dump, stats, dump.configs(), {})
         before = resource.getrusage(resource.RUSAGE_SELF)
-        samples = samples_table(dump)
-        token_tables(dump, stats, info["eps"], 2, samples)
-        group_advantages(dump, stats, info["group_size"], samples)
+        with paused():
+            samples = samples_table(dump)
+            token_tables(dump, stats, info["eps"], 2, samples)
+            group_advantages(dump, stats, info["group_size"], samples)
         after = resource.getrusage(resource.RUSAGE_SELF)
         cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     return {"wall": wall, "cpu": cpu}

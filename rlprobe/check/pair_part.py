@@ -3,6 +3,7 @@ position (token_tables.py) and by sample (sample_pairs.py)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -23,5 +24,10 @@ class Part(NamedTuple):
 
 def is_float(row: dict[str, Any]) -> bool:
     """A stats row whose dtype is a floating-point one (bf16 and half included)."""
-    dtype = (row.get("dtype") or "float").lower()
+    return _float_dtype(row.get("dtype"))
+
+
+@functools.lru_cache(maxsize=256)
+def _float_dtype(dtype: str | None) -> bool:
+    dtype = (dtype or "float").lower()
     return "float" in dtype or "bf16" in dtype or "half" in dtype or "double" in dtype

@@ -131,8 +131,8 @@ def _reduce(dump: Dump, batch: list[tuple[Any, list[Part]]], plan: _Plan, eps: f
     out = BatchFigures(np.zeros((keys, 7)), np.zeros((keys, N_POSITIONS), np.int64), np.zeros((keys, N_POSITIONS)),
                        np.zeros((keys, N_POSITIONS)), np.zeros((keys, N_PROBABILITY), np.int64),
                        np.zeros((keys, N_PROBABILITY)), np.zeros(sequences), np.zeros(sequences, np.int64),
-                       np.empty(room, np.int64), np.empty(room, np.int64), np.empty(room), np.empty(room),
-                       np.zeros(keys, np.int64), np.full((keys, len(qs)), -1, np.int64))
+                       np.empty(room, np.int64), np.empty(room), np.empty(room), np.zeros(keys, np.int64),
+                       np.full((keys, len(qs)), -1, np.int64))
     lo = math.log(1.0 - eps) if eps < 1 else -math.inf
     parts, load = [p for _, ps in batch for p in ps], tt.loader(dump)
     loaded = [_preload(load, p, int(spec[i, 1]), int(spec[i, 2])) if spec[i, 5] < 0 else None
@@ -178,8 +178,8 @@ def _concatenated(spec: np.ndarray, loaded: list) -> tuple[np.ndarray, np.ndarra
 @numba.njit(cache=True, nogil=True)
 def _reduce_batch(directory, flags, paths, parts, headers, header_sizes, pre_a, pre_b, pre_m, start, used, lo, hi,
                   prob_of, thr, qs, float32, mask_bytes, part_sums, hist, touched, signed_lo, signed_hi, sums,
-                  pos_count, pos_sum, pos_max, prob_count, prob_sum, seq_sum, seq_n, bins, counts, hist_lo, hist_hi,
-                  ends, quantile_bins):  # pragma: no cover - compiled
+                  pos_count, pos_sum, pos_max, prob_count, prob_sum, seq_sum, seq_n, counts, hist_lo, hist_hi, ends,
+                  quantile_bins):  # pragma: no cover - compiled
     """From part `start` on, as reduce_pair adds each of a key's parts into its figures in order;
     (the part it could not read, or len(parts); bins taken out so far)."""
     most = 1
@@ -188,6 +188,7 @@ def _reduce_batch(directory, flags, paths, parts, headers, header_sizes, pre_a, 
     head = header_sizes.max() if header_sizes.size else 0
     buf_a, buf_b, buf_m = np.empty(head + 4 * most, np.uint8), np.empty(head + 4 * most, np.uint8), \
         np.empty(head + most, np.uint8)
+    bins = np.empty(hist.size, np.int64)  # a key's filled bins
     for p in range(start, parts.shape[0]):
         k, rows, width, first, at = parts[p, 0], parts[p, 1], parts[p, 2], parts[p, 3], parts[p, 4]
         n = rows * width
@@ -224,12 +225,12 @@ def _reduce_batch(directory, flags, paths, parts, headers, header_sizes, pre_a, 
             touched[block] = 0
             for i in range(block << BLOCK_BITS, (block + 1) << BLOCK_BITS):
                 if hist[i] != 0:
-                    bins[used], counts[used] = i, hist[i]
+                    bins[used - begin], counts[used] = i, hist[i]
                     hist_lo[used], hist_hi[used] = signed_lo[i], signed_hi[i]
                     hist[i] = 0
                     used += 1
         ends[k] = used
-        _quantile_bins(bins[begin:used], counts[begin:used], qs, quantile_bins[k])
+        _quantile_bins(bins[:used - begin], counts[begin:used], qs, quantile_bins[k])
     return parts.shape[0], used
 
 

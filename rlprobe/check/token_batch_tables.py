@@ -17,7 +17,7 @@ Key = tuple[str, int, int]
 class BatchFigures(NamedTuple):
     """token_batch's figures, by key (rows of the 2-D arrays) and by sequence (seq_sum, seq_n: the
     parts' rows one after the other); the histograms as the filled bins of each key in bin order
-    (Δ >= 0, then Δ < 0) with their edges, key k's in bins[ends[k - 1]:ends[k]]."""
+    (Δ >= 0, then Δ < 0): their counts and edges, key k's in [ends[k - 1], ends[k])."""
 
     sums: np.ndarray  # [key, 7]: tokens, Σ Δ, Σ Δ², Σ |Δ|, max |Δ|, outside, non-finite
     pos_count: np.ndarray
@@ -27,7 +27,6 @@ class BatchFigures(NamedTuple):
     prob_sum: np.ndarray
     seq_sum: np.ndarray
     seq_n: np.ndarray
-    bins: np.ndarray
     counts: np.ndarray
     hist_lo: np.ndarray
     hist_hi: np.ndarray
