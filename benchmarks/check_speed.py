@@ -8,13 +8,16 @@
    sql < 5 s at 1,000 steps x 64 ranks.
 2. Tensors: a dump of PAIRS rollout_log_prob/old_log_prob pairs of ROWS x COLS float32 (with a
    response mask); the token phase's throughput in bytes of log-prob pairs per second (goal >= 1 GB/s
-   on 2 cores beyond start-up). Start-up, not timed: the process start, imports, and a first check of
-   a small dump (warm_dump), where numba's compiled kernels are loaded from their cache (or compiled). Timed: the
-   token phase of check_dump (CheckResult.timings["tokens"]: pairing the tensor index, mapping and
-   reading the files, the kernel on 2 threads, the token tables), wall clock and the process's CPU time.
+   on 2 cores beyond start-up). Start-up, not timed: the process start, imports, and first checks of
+   two small dumps (warm_dump: pairs reduced one by one, and a pool job's pairs in one call), where
+   numba's compiled kernels are loaded from their cache (or compiled). Timed: the token phase of
+   check_dump (CheckResult.timings["tokens"]: pairing the tensor index, reading the files, the kernel
+   on 2 threads, the token tables), wall clock and the process's CPU time. The bytes counted are
+   those of the log-prob pairs reduced (two float32 tensors a pair; masks not counted).
    --workloads adds the class of workloads (each cached): `few` (4 pairs of 64 x 32768), `one` (a
    single pair of 512 x 8192: its rows split between the threads), `many` (1,024 pairs of 8 x 1024),
-   `nomask`, `extras` (log_prob and entropy saved too: the on-policy pair as well).
+   `medium` (128 pairs of 32 x 4096), `nomask`, `extras` (log_prob and entropy saved too: the
+   on-policy pair as well).
    --baseline CHECKOUT: each workload's token phase also from another checkout, each version in a
    process of its own, alternating, with paired ratios (baseline / this checkout).
 3. Kernel: the same pairs read into memory first, reduced by the kernel alone on 1 thread and on
@@ -23,7 +26,8 @@
    with --baseline also paired with the other checkout's kernel (processes of their own, alternating).
 
     python benchmarks/check_speed.py [--steps 1000 --ranks 64 --micro 2] [--pairs 64 --rows 64 --cols 4096]
-                                     [--cache DIR] [--repeat 3] [--workloads bench,few,one,many,nomask,extras]
+                                     [--cache DIR] [--repeat 3]
+                                     [--workloads bench,few,one,many,medium,nomask,extras]
                                      [--baseline /path/to/other/checkout] [--no-stats] [--smoke] [--json FILE]
 """
 
@@ -49,7 +53,8 @@ KEYS = ("log_prob", "old_log_prob", "rollout_log_prob", "ref_log_prob", "advanta
 NAN_RANK = 1
 # name: (save calls, rows, cols, mask, log_prob and entropy saved too)
 WORKLOADS = {"few": (4, 64, 32768, True, False), "one": (1, 512, 8192, True, False),
-             "many": (1024, 8, 1024, True, False), "nomask": (64, 64, 4096, False, False),
+             "many": (1024, 8, 1024, True, False), "medium": (128, 32, 4096, True, False),
+             "nomask": (64, 64, 4096, False, False),
              "extras": (32, 64, 4096, True, True)}
 
 
@@ -127,29 +132,34 @@ def tensor_dump(path: Path, pairs: int, rows: int, cols: int, masked: bool = Tru
     return nbytes
 
 
-def warm_dump(path: Path) -> None:
-    """The start-up check's dump: a small pair (the kernel's batched call) and one above 65,536 tokens
-    (its call a pair), so that every compiled kernel the timed phases call is loaded."""
+def warm_dump(path: Path) -> list[Path]:
+    """The start-up checks' dumps, so that every compiled kernel the timed phases call is loaded:
+    `pairs`, two steps (fewer keys than pool jobs: each pair through the kernel on its own, cut into
+    row ranges), and `batch`, twelve steps of small pairs (a pool job's pairs in one compiled call)."""
     import rlprobe
 
+    dumps = [path / "pairs", path / "batch"]
     marker = path.with_name(path.name + ".json")
-    if marker.exists() and json.loads(marker.read_text()) == {"layout": 2} and path.is_dir():
-        return
+    if marker.exists() and json.loads(marker.read_text()) == {"layout": 3} and all(d.is_dir() for d in dumps):
+        return dumps
     shutil.rmtree(path, ignore_errors=True)
     rng = np.random.default_rng(0)
-    with rlprobe.Probe(path, mode="overwrite", flush_interval=0) as p:
-        for shape in ((2, 8), (2, 40_000)):
-            old = -rng.random(shape, dtype=np.float32)
-            p.save({"rollout_log_prob": old + np.float32(0.01), "old_log_prob": old,
-                    "response_mask": np.ones(shape, np.bool_)})
-            p.step()
-    marker.write_text(json.dumps({"layout": 2}))
+    for dump, shapes in zip(dumps, (((2, 8), (2, 40_000)), ((2, 8),) * 12)):
+        with rlprobe.Probe(dump, mode="overwrite", flush_interval=0) as p:
+            for shape in shapes:
+                old = -rng.random(shape, dtype=np.float32)
+                p.save({"rollout_log_prob": old + np.float32(0.01), "old_log_prob": old,
+                        "response_mask": np.ones(shape, np.bool_)})
+                p.step()
+    marker.write_text(json.dumps({"layout": 3}))
+    return dumps
 
 
 def token_phase(path: Path, warm: Path | str, repeat: int | str) -> dict[str, list[float]]:
-    """The token phase of check_dump on `path`, `repeat` times after a warm-up check of `warm`
-    (start-up): its wall seconds (CheckResult.timings["tokens"]) and the CPU seconds (user + system,
-    all threads) of the same phase run again on its own (check_dump's calls, between two getrusage)."""
+    """The token phase of check_dump on `path`, `repeat` times after warm-up checks of the dumps in
+    `warm` (start-up; os.pathsep between them): its wall seconds (CheckResult.timings["tokens"]) and
+    the CPU seconds (user + system, all threads) of the same phase run again on its own (check_dump's
+    calls, between two getrusage)."""
     import resource
 
     from rlprobe.check import inputs
@@ -161,7 +171,8 @@ def token_phase(path: Path, warm: Path | str, repeat: int | str) -> dict[str, li
     from rlprobe.check import run as check_run
 
     paused = getattr(check_run, "collections_paused", contextlib.nullcontext)  # as check_dump runs the phase
-    check_dump(warm)  # start-up: numba's compiled kernel loads (or compiles) here
+    for dump in str(warm).split(os.pathsep):  # start-up: numba's compiled kernels load (or compile) here
+        check_dump(dump)
     wall, cpu = [], []
     for _ in range(int(repeat)):
         wall.append(check_dump(path).timings["tokens"])
@@ -229,7 +240,7 @@ def kernel_speed(path: Path, repeat: int | str) -> dict[str, float]:
     return figures
 
 
-def token_workloads(args: argparse.Namespace, bench: Path, nbytes: int, warm: Path) -> dict[str, dict]:
+def token_workloads(args: argparse.Namespace, bench: Path, nbytes: int, warm: str) -> dict[str, dict]:
     """Each workload's token phase (and the baseline's, alternating): medians and paired ratios."""
     dumps = {"bench": (bench, nbytes)}
     for name in [w for w in args.workloads.split(",") if w and w != "bench"]:
@@ -314,8 +325,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tensors = args.cache / "tensors"
     nbytes = tensor_dump(tensors, args.pairs, args.rows, args.cols)
-    warm = args.cache / "warm"
-    warm_dump(warm)
+    warm = os.pathsep.join(str(d) for d in warm_dump(args.cache / "warm"))
     alternating = ", alternating with --baseline in processes of their own" if args.baseline else ""
     print(f"tensors, token phase beyond start-up (median of {args.repeat}{alternating}; bench: {args.pairs} "
           f"pairs of {args.rows} x {args.cols} float32), load average {os.getloadavg()[0]:.1f}:")

@@ -26,7 +26,7 @@ from rlprobe.lake.reader import Dump
 
 import numba  # noqa: E402  (after token_kernel has set numba's cache dir)
 
-SMALL = 1 << 16  # tokens: a larger pair goes to the kernel as it is (copying it into the batch costs more)
+SMALL = 1 << 20  # tokens: a larger pair goes to the kernel mapped (its own job, or cut into row ranges)
 _READ = 4  # parts[:, _READ]: where a part's tokens start in the preloaded arrays, -1: its files are read here
 
 
