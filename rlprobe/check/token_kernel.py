@@ -166,8 +166,8 @@ def reduce_rows(a, b, mask, lo, hi, prob_of, thr, sums, hist, touched, pos_count
        the same figures up to the rounding of the order of addition). It leaves each token's |Δ| and
        histogram bin in scratch rows.
     2. the scatter: the histogram bin and the probability bucket of each counted token, and the
-       bin's block of BLOCK bins marked in `touched` (a caller takes out a few hundred filled bins
-       of 32,768 by scanning the marked blocks only).
+       bin's block of 2^BLOCK_BITS bins marked in `touched` unless it is None (token_batch.py takes a
+       key's few hundred filled bins of 32,768 from the marked blocks only).
     Indexes are row views and unsigned where the compiler could not prove them >= 0 (numba's
     negative-index wrap-around per access keeps a loop off the vector registers)."""
     rows, width = a.shape
@@ -231,7 +231,8 @@ def reduce_rows(a, b, mask, lo, hi, prob_of, thr, sums, hist, touched, pos_count
             if i == _SKIP:
                 continue
             hist[i] += 1
-            touched[i >> BLOCK_BITS] = 1
+            if touched is not None:  # pruned at compile time where it is None (one store a token less)
+                touched[i >> BLOCK_BITS] = 1
             x = ar[t]
             q = prob_of[float32_bits(np.float32(x)) >> 17]
             if q < 0:
@@ -291,9 +292,8 @@ def reduce_pair(a: np.ndarray, b: np.ndarray, eps: float, mask: np.ndarray | Non
     seq_sum = np.zeros(a2.shape[0])
     seq_n = np.zeros(a2.shape[0], np.int64)
     lo = math.log(1.0 - eps) if eps < 1 else -math.inf
-    reduce_rows(a2, b2, m2, lo, math.log(1.0 + eps), PROBABILITY_OF, LOG_THRESHOLDS, sums, f.hist,
-                np.empty(N_BINS >> BLOCK_BITS, np.uint8), f.pos_count, f.pos_sum, f.pos_max, f.prob_count, f.prob_sum,
-                seq_sum, seq_n)
+    reduce_rows(a2, b2, m2, lo, math.log(1.0 + eps), PROBABILITY_OF, LOG_THRESHOLDS, sums, f.hist, None,
+                f.pos_count, f.pos_sum, f.pos_max, f.prob_count, f.prob_sum, seq_sum, seq_n)
     f.tokens += int(sums[0])
     f.sum_delta += sums[1]
     f.sum_sq += sums[2]

@@ -93,8 +93,9 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
     jobs = JOBS_PER_THREAD * max(1, workers)
     # few keys: each cut into row ranges (split_rows), so that the threads end together
     count = -(-jobs // len(keys)) if workers > 1 and 0 < len(keys) < jobs else 1
-    pieces = [(key, piece) for key in keys for piece in split_rows(work[key], count)]
     cut = count > 1  # every key in pieces: their figures are added up before the rows are built
+    pieces = [(key, piece) for key in keys for piece in split_rows(work[key], count)] if cut else \
+        [(key, work[key]) for key in keys]
     edges = _Edges()
     scratch = threading.local()  # a thread's figures, zeroed where filled after each key: no 256 KiB page-in a key
 
