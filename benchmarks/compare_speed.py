@@ -85,11 +85,21 @@ def run_child(cmd: list[str], env: dict | None = None, cwd: Path | None = None) 
     return elapsed, stdout, int(usage.ru_maxrss) * 1024, usage.ru_utime + usage.ru_stime
 
 
-def numba_cache_files() -> dict[str, int]:
-    """Every file of the folder where rlprobe keeps numba's compiled kernels, with its mtime: a run
-    that changes it compiled a kernel."""
+def numba_cache_dir(checkout: Path) -> str:
+    """The folder where `checkout`'s rlprobe keeps numba's compiled kernels (named after its kernels'
+    sources: other checkouts, other sessions' tests, compile into folders of their own)."""
     base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "rlprobe", "numba")
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return base
+    digest = subprocess.run([sys.executable, "-c", "from rlprobe.numba_cache import kernel_sources_digest as d; "
+                             "print(d())"], env=rlprobe_env(checkout), cwd=checkout, capture_output=True, text=True)
+    name = digest.stdout.strip()
+    return os.path.join(base, name) if digest.returncode == 0 and name else base
+
+
+def numba_cache_files(base: str) -> dict[str, int]:
+    """Every file under `base` with its mtime: a run that changes them compiled a kernel."""
     found = {}
     for root, _, files in os.walk(base):
         for name in files:
@@ -142,6 +152,7 @@ def main() -> None:
                            "--workers", "2", "--quiet"], rlprobe_env(checkout), cwd=checkout)
                 shutil.rmtree(work / f"out-{n}", ignore_errors=True)
         compiled: list[str] = []
+        cache_dirs = {label: numba_cache_dir(checkout) for label, checkout in versions.items()}
         for i in range(args.repeat):
             record("load_average_1min", os.getloadavg()[0])  # a shared machine: the figures are as quiet as this
             order = list(versions.items()) if i % 2 == 0 else list(versions.items())[::-1]
@@ -152,9 +163,9 @@ def main() -> None:
                         n += 1
                         cmd = [sys.executable, "-m", "rlprobe.cli", "compare", str(a), str(b), "-o",
                                str(work / f"out-{n}"), "--workers", str(workers), "--quiet"]
-                        cache_before = numba_cache_files()
+                        cache_before = numba_cache_files(cache_dirs[label])
                         elapsed, _, peak, cpu = run_child(cmd, env, cwd=checkout)
-                        if numba_cache_files() != cache_before:
+                        if numba_cache_files(cache_dirs[label]) != cache_before:
                             compiled.append(f"{label}/{wl}/w{workers} (repeat {i + 1})")
                         record(f"{label}/{wl}/w{workers}/s", elapsed)
                         record(f"{label}/{wl}/w{workers}/cpu_s", cpu)
