@@ -137,6 +137,8 @@ class Workbook:
         thread; it must not call Workbook.style (register the formats first). Without it the caller
         fills the returned sheet before adding the next one."""
         self._finish_sheet()
+        if self._failed:  # a sheet failed on another thread: its error, here
+            self._wait_for_writer()
         self._names.append(name)
         self._filters.append(autofilter)
         sheet = Sheet(len(self._names), widths, freeze, autofilter)
@@ -163,25 +165,23 @@ class Workbook:
         self._hand_over(sheet, None)
 
     def _hand_over(self, sheet: "Sheet", filling: Future | None) -> None:
-        """Queue `sheet` for the writer thread, which puts it into the package once `filling` is done;
-        one sheet at a time, in tab order."""
-        if self._failed:
-            sheet.discard()
-            self._wait_for_writer()  # raises the failure
-            return
+        """Queue `sheet` for the writer thread, which puts it into the package once `filling` is done
+        (one sheet at a time, in tab order), or drops it after a failure."""
         self._writing.append(self._writer.submit(self._put, sheet, filling))
 
     def _put(self, sheet: "Sheet", filling: Future | None) -> None:
+        """Writer thread: `sheet` into the package once filled; after any failure (its own, or an
+        earlier sheet's) only dropped, and the sheets after it too."""
         try:
             if filling is not None:
                 filling.result()
             if self._failed:
                 raise _Dropped()
+            sheet.write_to(self._zip)
         except BaseException:
             self._failed = True
             sheet.discard()
             raise
-        sheet.write_to(self._zip)
 
     def _wait_for_writer(self) -> None:
         """Wait for every sheet handed to the writer; the first error (a sheet's own, not the drop of

@@ -240,3 +240,26 @@ def test_a_failing_filler_is_raised_and_leaves_no_temporary_file_open(tmp_path, 
     with pytest.raises(RuntimeError, match="filler 2 failed"):
         _filled_sheets(tmp_path / "f.xlsx", fillers=fillers, fail_at=2)
     assert made and all(sheet._rows.closed for sheet in made)
+
+
+def test_a_sheet_that_cannot_go_into_the_package_stops_the_sheets_after_it(tmp_path, monkeypatch):
+    """Background writer: a sheet whose write into the package fails (a full disk) is raised by the
+    workbook; the sheets after it are dropped, not written into the broken package, and closed."""
+    from rlprobe.report.workbook import Sheet
+
+    written, made = [], []
+    original = Sheet.write_to
+
+    def write_to(self, archive):
+        if self._number == 2:
+            self.discard()
+            raise OSError(28, "No space left on device")
+        written.append(self._number)
+        original(self, archive)
+
+    monkeypatch.setattr(Sheet, "write_to", write_to)
+    with pytest.raises(OSError, match="No space left"):
+        with open(tmp_path / "f.xlsx", "wb") as f, Workbook(f, fillers=2) as book:
+            for s in range(5):
+                made.append(book.add_sheet(f"s{s}", fill=lambda sheet: sheet.append([1, 2])))
+    assert written == [1] and all(sheet._rows.closed for sheet in made)
