@@ -13,11 +13,15 @@ the child's rusage from wait4, steadier than wall time on a shared machine) are 
 1-minute load average at each repeat; "beyond start-up" is a command's time minus the median
 start-up (two one-step dumps of one 4-element tensor). With --baseline, the same commands run from another checkout too
 (PYTHONPATH), alternating with this one, for paired ratios. Prints every target of issue 18 with
-its measured value. The small dumps are written once into --cache (default: a temp folder).
+its measured value. The dumps are written once into --cache (default: a temp folder; large: ~1.3 GB).
 
-The large workload:
+Before the timed repeats each checkout compares each workload once, untimed, so that numba's on-disk
+cache holds the kernels (a first run on a cold cache compiles them: seconds); each timed run that still
+changed numba's cache folder (it compiled a kernel) is counted and named in the output.
 
-Makes two msprobe-format dumps (as msprobe's SingleSave writes them: float32 .npy + JSON
+The large workload (compare_workloads.large):
+
+Two msprobe-format dumps (as msprobe's SingleSave writes them: float32 .npy + JSON
 statistics) of 8 keys — log_prob, old_log_prob, ref_log_prob, advantages (float32 256x4096),
 responses (token ids 256x4096, stored as float32 the way msprobe stores integers), prompts
 (256x512), kl_loss and loss (0-d) — x 8 steps x 4 micro steps, about 660 MB each; run B
@@ -44,29 +48,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_workloads  # noqa: E402  (benchmarks/ is not a package)
 
 HERE = Path(__file__).resolve().parent
-KEYS = {"log_prob": (256, 4096), "old_log_prob": (256, 4096), "ref_log_prob": (256, 4096),
-        "advantages": (256, 4096), "responses": (256, 4096), "prompts": (256, 512), "kl_loss": (), "loss": ()}
-STEPS, MICRO = 8, 4
-
-
-def write_msprobe_dump(root: Path, seed: int, perturb_from: int | None) -> None:
-    rng = np.random.default_rng(seed)
-    for step in range(STEPS):
-        for micro in range(MICRO):
-            for key, shape in KEYS.items():
-                if key in ("responses", "prompts"):
-                    value = rng.integers(0, 50000, shape).astype(np.float32)
-                else:
-                    value = rng.standard_normal(shape, dtype=np.float32)
-                if perturb_from is not None and key == "log_prob" and step >= perturb_from:
-                    value = value + np.float32(1e-4)
-                compare_workloads.write_msprobe_entry(root, key, step, micro, value)
 
 
 def dump_bytes(root: Path) -> int:
@@ -100,6 +85,31 @@ def run_child(cmd: list[str], env: dict | None = None, cwd: Path | None = None) 
     return elapsed, stdout, int(usage.ru_maxrss) * 1024, usage.ru_utime + usage.ru_stime
 
 
+def numba_cache_dir(checkout: Path) -> str:
+    """The folder where `checkout`'s rlprobe keeps numba's compiled kernels (named after its kernels'
+    sources: other checkouts, other sessions' tests, compile into folders of their own)."""
+    base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "rlprobe", "numba")
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return base
+    digest = subprocess.run([sys.executable, "-c", "from rlprobe.numba_cache import kernel_sources_digest as d; "
+                             "print(d())"], env=rlprobe_env(checkout), cwd=checkout, capture_output=True, text=True)
+    name = digest.stdout.strip()
+    return os.path.join(base, name) if digest.returncode == 0 and name else base
+
+
+def numba_cache_files(base: str) -> dict[str, int]:
+    """Every file under `base` with its mtime: a run that changes them compiled a kernel."""
+    found = {}
+    for root, _, files in os.walk(base):
+        for name in files:
+            try:
+                found[os.path.join(root, name)] = os.stat(os.path.join(root, name)).st_mtime_ns
+            except OSError:
+                pass
+    return found
+
+
 def rlprobe_env(checkout: Path) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(checkout)
@@ -124,10 +134,7 @@ def main() -> None:
     try:
         dumps: dict[str, tuple[Path, Path]] = {"tiny": compare_workloads.tiny(cache)}
         if "large" in wanted:
-            a, b = work / "a", work / "b"
-            write_msprobe_dump(a, 0, None)
-            write_msprobe_dump(b, 0, 4)
-            dumps["large"] = (a, b)
+            dumps["large"] = compare_workloads.large(cache)
         if "msprobe_small" in wanted:
             dumps["msprobe_small"] = compare_workloads.msprobe_small(cache)
         if "rlprobe_small" in wanted:
@@ -138,6 +145,14 @@ def main() -> None:
             runs.setdefault(name, []).append(value)
 
         n = 0
+        for label, checkout in versions.items():  # untimed: numba's cache then holds every kernel
+            for wl, (a, b) in dumps.items():
+                n += 1
+                run_child([sys.executable, "-m", "rlprobe.cli", "compare", str(a), str(b), "-o", str(work / f"out-{n}"),
+                           "--workers", "2", "--quiet"], rlprobe_env(checkout), cwd=checkout)
+                shutil.rmtree(work / f"out-{n}", ignore_errors=True)
+        compiled: list[str] = []
+        cache_dirs = {label: numba_cache_dir(checkout) for label, checkout in versions.items()}
         for i in range(args.repeat):
             record("load_average_1min", os.getloadavg()[0])  # a shared machine: the figures are as quiet as this
             order = list(versions.items()) if i % 2 == 0 else list(versions.items())[::-1]
@@ -148,7 +163,10 @@ def main() -> None:
                         n += 1
                         cmd = [sys.executable, "-m", "rlprobe.cli", "compare", str(a), str(b), "-o",
                                str(work / f"out-{n}"), "--workers", str(workers), "--quiet"]
+                        cache_before = numba_cache_files(cache_dirs[label])
                         elapsed, _, peak, cpu = run_child(cmd, env, cwd=checkout)
+                        if numba_cache_files(cache_dirs[label]) != cache_before:
+                            compiled.append(f"{label}/{wl}/w{workers} (repeat {i + 1})")
                         record(f"{label}/{wl}/w{workers}/s", elapsed)
                         record(f"{label}/{wl}/w{workers}/cpu_s", cpu)
                         record(f"{label}/{wl}/w{workers}/peak_MB", peak / 1e6)
@@ -170,6 +188,7 @@ def main() -> None:
                 subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
                 record("cat/large/s", time.perf_counter() - t0)
         report_targets(runs, dumps, list(versions))
+        print(f"timed runs that compiled a kernel (changed numba's cache): {', '.join(compiled) or 'none'}")
         print("runs:", json.dumps(runs))
     finally:
         shutil.rmtree(work, ignore_errors=True)

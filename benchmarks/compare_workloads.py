@@ -6,6 +6,9 @@
 - ``rlprobe_small``: rlprobe dumps of 200 steps x 8 ranks x 16 keys of 4 x 64 float32 (25,600 pairs),
   written by real ``rlprobe.Probe`` objects, one per rank; run B differs in one key from step 100 on.
 - ``tiny``: one step, one 4-element tensor in each run (the command's start-up).
+- ``large``: msprobe-format dumps of 8 keys (four float32 256 x 4096, token ids 256 x 4096 stored as
+  float32, prompts 256 x 512, two 0-d losses) x 8 steps x 4 micro-batches, ~660 MB each; run B differs
+  in log_prob from step 4 on.
 
 Each is written once into a cache folder and reused while its parameters are unchanged.
 """
@@ -13,6 +16,7 @@ Each is written once into a cache folder and reused while its parameters are unc
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -24,11 +28,17 @@ RL_STEPS, RL_RANKS, RL_KEYS = 200, 8, 16
 
 
 def _cached(root: Path, params: dict, write) -> Path:
+    """`root`, written by `write(folder)` unless the cache holds it with these parameters; written into
+    a folder of its own and renamed, so that two benchmarks sharing a cache never see half a dump."""
     marker = root.with_suffix(".json")
     if root.exists() and marker.exists() and json.loads(marker.read_text()) == params:
         return root
+    fresh = root.with_name(f".{root.name}.tmp-{os.getpid()}")
+    shutil.rmtree(fresh, ignore_errors=True)
+    write(fresh)
+    marker.unlink(missing_ok=True)
     shutil.rmtree(root, ignore_errors=True)
-    write(root)
+    fresh.rename(root)
     marker.write_text(json.dumps(params))
     return root
 
@@ -94,3 +104,30 @@ def tiny(cache: Path) -> tuple[Path, Path]:
         np.save(d / "x.npy", np.ones(4, np.float32))
 
     return _cached(cache / "tiny_a", {"v": 1}, write), _cached(cache / "tiny_b", {"v": 1}, write)
+
+
+LARGE_KEYS = {"log_prob": (256, 4096), "old_log_prob": (256, 4096), "ref_log_prob": (256, 4096),
+              "advantages": (256, 4096), "responses": (256, 4096), "prompts": (256, 512), "kl_loss": (),
+              "loss": ()}
+LARGE_STEPS, LARGE_MICRO = 8, 4
+
+
+def _large_run(root: Path, perturb_from: int | None) -> None:
+    rng = np.random.default_rng(0)
+    for step in range(LARGE_STEPS):
+        for micro in range(LARGE_MICRO):
+            for key, shape in LARGE_KEYS.items():
+                if key in ("responses", "prompts"):
+                    value = rng.integers(0, 50000, shape).astype(np.float32)
+                else:
+                    value = rng.standard_normal(shape, dtype=np.float32)
+                if perturb_from is not None and key == "log_prob" and step >= perturb_from:
+                    value = value + np.float32(1e-4)
+                write_msprobe_entry(root, key, step, micro, value)
+
+
+def large(cache: Path) -> tuple[Path, Path]:
+    params = {"steps": LARGE_STEPS, "micro": LARGE_MICRO, "keys": {k: list(v) for k, v in LARGE_KEYS.items()},
+              "v": 1}
+    return (_cached(cache / "large_a", params, lambda p: _large_run(p, None)),
+            _cached(cache / "large_b", params, lambda p: _large_run(p, 4)))

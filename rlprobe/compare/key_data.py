@@ -19,6 +19,7 @@ from rlprobe.lake.sql_runner import create_table, execute, records, run, store
 Progress = Callable[[int, int], None]
 # columns of key_data that the reports leave out (file paths, ordering)
 PRIVATE_COLUMNS = ("file_a", "file_b", "canonical_key", "flow_position")
+_NO_FILES = pa.table({"file_a": pa.array([], pa.string()), "file_b": pa.array([], pa.string())})
 
 
 @dataclass
@@ -53,15 +54,16 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
 
     # only rows with a tensor file on both sides (and equal shapes) are compared element-wise;
     # a statistics-only dump has none, so its pairs are never looked at twice
-    files: list[tuple[str, str]] = []
+    files = _NO_FILES  # row i: pair i's file_a and file_b
     if not run_layout["per_sample"] and records(con, "has_tensor_files.sql")[0]["both_have_files"]:
-        files = [(r["file_a"], r["file_b"]) for r in run(con, "tensor_pairs.sql", **selection).to_pylist()]
+        files = run(con, "tensor_pairs.sql", **selection)
     results: dict[int, dict[str, Any]] = {}
-    if files:  # the executor (and numba under it) is imported only when there is a pair to compare
+    if files.num_rows:  # the executor (and numba under it) is imported only when there is a pair to compare
         from rlprobe.compare.executor import PairTask, run_pairs
 
         root_a, root_b = os.path.join(dump_a.path, ""), os.path.join(dump_b.path, "")  # no pathlib per pair
-        tasks = [PairTask(i, root_a + file_a, root_b + file_b) for i, (file_a, file_b) in enumerate(files)]
+        pairs = zip(files["file_a"].to_pylist(), files["file_b"].to_pylist())  # columns, not a dict per row
+        tasks = [PairTask(i, root_a + file_a, root_b + file_b) for i, (file_a, file_b) in enumerate(pairs)]
         results = (executor or run_pairs)(tasks, workers=workers, progress=progress)
     elif progress is not None:
         progress(0, 0)
@@ -84,7 +86,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
         first["canonical_key"] = canonical[0]["canonical"] if canonical else first["key"]
     key_data = _mark_first(key_data, first)
     con.register("key_data", key_data)
-    return KeyDataComparison(key_data, first, read_errors, len(files) + gathered, run_layout)
+    return KeyDataComparison(key_data, first, read_errors, files.num_rows + gathered, run_layout)
 
 
 def load_stats(con: Any, name: str, dump: Dump, read_errors: list[str], side: str) -> None:

@@ -100,10 +100,10 @@ def results_schema() -> pa.Schema:
 
 
 def pair_results_table(results: Mapping[int, Mapping[str, Any]],
-                       files: list[tuple[str, str]] | None = None) -> pa.Table:
+                       files: pa.Table | list[tuple[str, str]] | None = None) -> pa.Table:
     """One row per compared pair (`results`: pair id -> the executor's metrics or error, a PairResults
-    or a dict); with `files` (pair id -> (file_a, file_b)) the columns file_a and file_b join the
-    key-data pairs."""
+    or a dict); with `files` (pair id -> (file_a, file_b): a list, or a table whose row i holds pair i's
+    file_a and file_b) the columns file_a and file_b join the key-data pairs."""
     if isinstance(results, PairResults):
         table = results.table()
     else:
@@ -112,6 +112,10 @@ def pair_results_table(results: Mapping[int, Mapping[str, Any]],
         table = pa.Table.from_pylist(rows, schema=schema)
     if files is None:
         return table
+    if isinstance(files, pa.Table):  # taken by pair id, no Python per pair
+        ids = table["pair_id"]
+        return table.append_column("file_a", files["file_a"].take(ids).cast(pa.string())).append_column(
+            "file_b", files["file_b"].take(ids).cast(pa.string()))
     ids = table["pair_id"].to_pylist()
     return table.append_column("file_a", pa.array([files[i][0] for i in ids], pa.string())).append_column(
         "file_b", pa.array([files[i][1] for i in ids], pa.string()))

@@ -169,11 +169,16 @@ class _SingleRunBeside:
             self._thread = threading.Thread(target=self._findings, args=(saved,), name="rlprobe-single-run",
                                             daemon=True)
             self._thread.start()
-        if self._executor is None:
-            from rlprobe.compare.executor import run_pairs
+        importing = threading.Thread(target=_import_later_modules, name="rlprobe-imports", daemon=True)
+        importing.start()
+        try:
+            if self._executor is None:
+                from rlprobe.compare.executor import run_pairs
 
-            return run_pairs(tasks, **kwargs)
-        return self._executor(tasks, **kwargs)
+                return run_pairs(tasks, **kwargs)
+            return self._executor(tasks, **kwargs)
+        finally:
+            importing.join()  # before this thread imports anything itself: no two threads in one import cycle
 
     def _findings(self, saved: dict[str, set[str]]) -> None:
         try:
@@ -190,6 +195,24 @@ class _SingleRunBeside:
         if error is not None and not quiet:
             raise error
         return result
+
+
+# what the comparison and its reports import once the pairs are compared (~0.3 s of CPU, most of it
+# pyarrow.compute's): imported by a thread while the pairs are compared, when the kernels hold no GIL
+# and the calling thread only waits. None defines a numba kernel.
+_LATER_MODULES = ("pyarrow.compute", "rlprobe.check.run", "rlprobe.compare.modules", "rlprobe.compare.grads",
+                  "rlprobe.compare.params", "rlprobe.compare.config_diff", "rlprobe.compare.verdict_modules",
+                  "rlprobe.report.csv_report", "rlprobe.report.xlsx", "rlprobe.report.markdown")
+
+
+def _import_later_modules() -> None:
+    import importlib
+
+    for name in _LATER_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001, S112 - the import where the module is used reports it
+            continue
 
 
 def _after_warm_up(executor: Callable[..., Any] | None) -> Callable[..., Any]:

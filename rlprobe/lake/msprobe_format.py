@@ -119,15 +119,14 @@ def _read_text(path: str) -> str:
     and a text file object costs more than reading them (issue 18)."""
     fd = os.open(path, _O_READ)
     try:
-        parts = []
-        while True:
-            part = os.read(fd, 1 << 16)
-            if not part:
-                break
-            parts.append(part)
+        data = os.read(fd, _READ_SIZE)
+        if len(data) == _READ_SIZE:  # a regular file reads short only at its end: the rest, if any
+            parts = [data]
+            while part := os.read(fd, _READ_SIZE):
+                parts.append(part)
+            data = b"".join(parts)
     finally:
         os.close(fd)
-    data = parts[0] if len(parts) == 1 else b"".join(parts)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -135,6 +134,7 @@ def _read_text(path: str) -> str:
 
 
 _O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_READ_SIZE = 1 << 16
 
 
 def _npy_shape(npy: str) -> list[int] | None:
@@ -153,6 +153,8 @@ def _index_of(key: str, stem: str) -> str:
 
 
 def _float(value: Any) -> float | None:
+    if type(value) is float:  # what msprobe writes
+        return value
     try:
         return None if value is None else float(value)
     except (TypeError, ValueError):

@@ -101,7 +101,7 @@ def write_reports(folder: Path, tables: dict[str, pa.Table], summary: dict[str, 
             from rlprobe.report.xlsx import write_report_xlsx
 
             write_report_xlsx(folder / "report.xlsx", public, summary, lang=options.lang,
-                              background=options.workers > 1, **xlsx_extras)
+                              background=options.workers > 1, fillers=options.workers, **xlsx_extras)
     finally:
         if csv_writer is not None:
             csv_writer.shutdown()  # waits for the CSV

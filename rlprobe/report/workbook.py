@@ -3,13 +3,18 @@ xlsx_cells.py): a workbook whose cell formats are named styles, sheets whose eve
 as text (rows go in only through Sheet.append and Sheet.append_columns, which store values as
 rlprobe.report.safe_cells says), and sheet names that follow Excel's rules.
 
-Sheets are written one after another in tab order, each streamed to a temporary file and then
+Sheets are added one after another in tab order, each streamed to a temporary file and then
 into the package, so memory stays flat; a sheet's column widths and frozen header are given when
-it is added. With `background=True` a finished sheet is compressed into the package by a second
-thread while the next one is made (zlib and pyarrow.compute release the GIL; at most one sheet waits). Sheet.append_columns writes a whole table of rows with pyarrow.compute (no Python
-per cell): openpyxl took 20 s for the 900,000 cells of a 25,600-pair comparison, XlsxWriter 9 s,
-this about 1 s (docs/reports.md). A cell format is registered once as a named style ("rlprobe bold FFC7CE" and so
-on, listed among Excel's cell styles) and cells refer to it by number.
+it is added (or by its filler, below). With `background=True` a finished sheet is compressed into
+the package by a second thread while the next one is made (zlib and pyarrow.compute release the
+GIL). A sheet added with `fill=` is filled by that function: at once, or, with `fillers` > 1, on
+one of that many threads while the caller adds the next sheets; the package still takes the sheets
+in tab order, and every cell format is registered by the caller (Workbook.style) before it hands
+the sheet over, so the workbook is the same part for part whatever the thread count.
+Sheet.append_columns writes a whole table of rows with pyarrow.compute (no Python per cell):
+openpyxl took 20 s for the 900,000 cells of a 25,600-pair comparison, XlsxWriter 9 s, this about
+1 s (docs/reports.md). A cell format is registered once as a named style ("rlprobe bold FFC7CE"
+and so on, listed among Excel's cell styles) and cells refer to it by number.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import tempfile
 import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO, Any, Sequence
+from typing import IO, Any, Callable, Sequence
 
 import pyarrow as pa
 
@@ -51,15 +56,18 @@ class Workbook:
     """An xlsx workbook written into a binary file object as sheets are added and finished when
     the `with` block ends; after a failure it is closed unfinished (the caller discards the file)."""
 
-    def __init__(self, fileobj: IO[bytes], *, background: bool = False) -> None:
+    def __init__(self, fileobj: IO[bytes], *, background: bool = False, fillers: int = 1) -> None:
         # deflate level 1: a tenth of the time of the default level for files a quarter larger
         self._zip = zipfile.ZipFile(fileobj, "w", zipfile.ZIP_DEFLATED, allowZip64=True, compresslevel=1)
         self._formats: dict[CellFormat, int] = {CellFormat(): 0}
         self._names: list[str] = []
         self._filters: list[str | None] = []
         self._sheet: Sheet | None = None
+        background = background or fillers > 1  # the package takes each sheet once its filler is done
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="rlprobe-xlsx") if background else None
-        self._writing: Future | None = None  # the finished sheet the writer puts into the package
+        self._fillers = ThreadPoolExecutor(fillers, thread_name_prefix="rlprobe-xlsx-fill") if fillers > 1 else None
+        self._writing: list[Future] = []  # sheets handed to the writer, in tab order
+        self._failed = False  # a sheet failed: the writer drops the sheets after it
 
     def __enter__(self) -> "Workbook":
         return self
@@ -67,8 +75,7 @@ class Workbook:
     def __exit__(self, exc_type: object, *exc: object) -> None:
         if exc_type is not None:
             self._abandon()
-            if self._writer is not None:
-                self._writer.shutdown()
+            self._shutdown()
             return
         try:
             if not self._names:  # a workbook has at least one sheet
@@ -93,12 +100,17 @@ class Workbook:
             self._abandon()
             raise
         finally:
-            if self._writer is not None:
-                self._writer.shutdown()
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        for pool in (self._fillers, self._writer):
+            if pool is not None:
+                pool.shutdown()
 
     def _abandon(self) -> None:
         """After a failure: drop the open sheet's temporary file and close the archive, rather than
         leave either half-written to the garbage collector."""
+        self._failed = True  # sheets not yet filled are dropped, not filled
         if self._sheet is not None:
             self._sheet.discard()
             self._sheet = None
@@ -118,14 +130,30 @@ class Workbook:
         return 2 * self._formats[fmt]  # 2i + 1 is the same format with Excel's quote prefix
 
     def add_sheet(self, name: str, widths: Sequence[float] = (), *, freeze: str | None = None,
-                  autofilter: str | None = None) -> "Sheet":
+                  autofilter: str | None = None, fill: Callable[["Sheet"], None] | None = None) -> "Sheet":
         """The next sheet; `name` must already follow Excel's rules (see SheetNames). `freeze`: the
-        first cell that scrolls ("A2" freezes the header row); `autofilter`: the range with filter buttons."""
+        first cell that scrolls ("A2" freezes the header row); `autofilter`: the range with filter buttons.
+        `fill(sheet)`, if given, writes the sheet's rows (and may set its widths), at once or on a filler
+        thread; it must not call Workbook.style (register the formats first). Without it the caller
+        fills the returned sheet before adding the next one."""
         self._finish_sheet()
+        if self._failed:  # a sheet failed on another thread: its error, here
+            self._wait_for_writer()
         self._names.append(name)
         self._filters.append(autofilter)
-        self._sheet = Sheet(len(self._names), widths, freeze, autofilter)
-        return self._sheet
+        sheet = Sheet(len(self._names), widths, freeze, autofilter)
+        if fill is None:
+            self._sheet = sheet
+        elif self._fillers is None:
+            self._sheet = sheet
+            fill(sheet)
+        else:
+            self._hand_over(sheet, self._fillers.submit(self._filled, sheet, fill))
+        return sheet
+
+    def _filled(self, sheet: "Sheet", fill: Callable[["Sheet"], None]) -> None:
+        if not self._failed:  # after a failure the sheet is only dropped
+            fill(sheet)
 
     def _finish_sheet(self) -> None:
         if self._sheet is None:
@@ -134,18 +162,45 @@ class Workbook:
         if self._writer is None:
             sheet.write_to(self._zip)
             return
+        self._hand_over(sheet, None)
+
+    def _hand_over(self, sheet: "Sheet", filling: Future | None) -> None:
+        """Queue `sheet` for the writer thread, which puts it into the package once `filling` is done
+        (one sheet at a time, in tab order), or drops it after a failure."""
+        self._writing.append(self._writer.submit(self._put, sheet, filling))
+
+    def _put(self, sheet: "Sheet", filling: Future | None) -> None:
+        """Writer thread: `sheet` into the package once filled; after any failure (its own, or an
+        earlier sheet's) only dropped, and the sheets after it too."""
         try:
-            self._wait_for_writer()  # one sheet at a time into the package, in tab order
+            if filling is not None:
+                filling.result()
+            if self._failed:
+                raise _Dropped()
+            sheet.write_to(self._zip)
         except BaseException:
+            self._failed = True
             sheet.discard()
             raise
-        self._writing = self._writer.submit(sheet.write_to, self._zip)
 
     def _wait_for_writer(self) -> None:
-        """Wait for the sheet being put into the package (its error, if any, is raised here)."""
-        if self._writing is not None:
-            writing, self._writing = self._writing, None
-            writing.result()
+        """Wait for every sheet handed to the writer; the first error (a sheet's own, not the drop of
+        the sheets after it) is raised here."""
+        writing, self._writing = self._writing, []
+        error: BaseException | None = None
+        for future in writing:
+            try:
+                future.result()
+            except _Dropped:
+                pass
+            except BaseException as exc:  # noqa: BLE001 - the first one is raised below
+                error = error or exc
+        if error is not None:
+            raise error
+
+
+class _Dropped(Exception):
+    """A sheet dropped because an earlier one failed."""
 
 
 class Sheet:
@@ -197,6 +252,10 @@ class Sheet:
 
     def blank_row(self) -> None:
         self._row += 1
+
+    def set_widths(self, widths: Sequence[float]) -> None:
+        """The column widths (before the sheet is finished)."""
+        self._widths = list(widths)
 
     def write_to(self, archive: zipfile.ZipFile) -> None:
         """Put the sheet into `archive` as xl/worksheets/sheet<number>.xml."""

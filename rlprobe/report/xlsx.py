@@ -22,22 +22,16 @@ from rlprobe.lake.layout import safe_component
 from rlprobe.report.config_diff_report import COLUMNS, xlsx_records
 from rlprobe.report.headers import MSPROBE_LAYOUT, check_lang, header, label, msprobe_headers
 from rlprobe.report.output_file import write_report_file
-from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, differs, list_texts, ordered_counts,
-                                         rollup_columns, verdict, yaml_lines)
+from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, differs, ordered_counts, rollup_columns,
+                                         verdict, yaml_lines)
 from rlprobe.report.column_widths import MAX_WIDTH, MIN_WIDTH, column_width, display_width, shown_text
 from rlprobe.report.grad_matrix_sheet import write_grad_matrix
+from rlprobe.report.table_sheets import (ROWS_PER_SHEET, STATUS_FAMILY, column_values, marks_of,
+                                         number_format, row_families, write_grid, write_table_sheets)
 from rlprobe.report.workbook import FILLS, MAX_ROWS, CellFormat, SheetNames, Workbook
-from rlprobe.report.xlsx_cells import column_letter
 
 SUMMARY_SHEET = "Summary"
-ROWS_PER_SHEET = MAX_ROWS - 1  # one row is the header
 MAX_SHEET_ROWS = 20_000  # rows of a key sheet in report.xlsx; key_data.csv / .parquet have them all
-
-STATUS_FAMILY = {
-    "mismatch": "bad", "stats_only_mismatch": "bad", "shape_mismatch": "bad", "dtype_mismatch": "bad",
-    "error": "bad", "only_in_a": "missing", "only_in_b": "missing", "absent_in_a": "missing", "absent_in_b": "missing",
-}
-FAMILIES = (None, "bad", "missing", "first")
 
 # Per-key sheet column order; columns not named here follow in table order.
 KEY_SHEET_COLUMNS = (
@@ -54,22 +48,15 @@ FIRST_DIVERGENCE_FIELDS = ("key", "step", "rank", "micro_step", "index", "status
 DETAIL_FIELDS = ("created_at", "rlprobe_version", "format_a", "format_b", "pairs_compared", "elapsed_s")
 
 
-def number_format(column: str) -> str | None:
-    """Percentages with 4 decimals, errors in scientific notation, the rest General."""
-    if column.endswith("_pct"):
-        return "0.0000"
-    if column.endswith("_err"):
-        return "0.000E+00"
-    return None
-
-
 def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str, Any], lang: str = "en",
                       extra_sheets: Mapping[str, pa.Table] | None = None,
                       max_sheet_rows: int = MAX_SHEET_ROWS, extra_files: Mapping[str, str] | None = None,
-                      grad_matrix: tuple[pa.Table, pa.Table] | None = None, background: bool = False) -> Path:
+                      grad_matrix: tuple[pa.Table, pa.Table] | None = None, background: bool = False,
+                      fillers: int = 1) -> Path:
     """Write report.xlsx: Summary, one sheet per key (in the summary's key order), then `extra_sheets`,
     then, given `grad_matrix` = (grads, grad_steps), the "Grad similarity" sheet (see grad_matrix_sheet.py).
-    `background`: a second thread compresses each finished sheet while the next is made (workbook.py).
+    `background`: a second thread compresses each finished sheet while the next is made; `fillers` > 1:
+    that many threads make the table sheets' cells at once (workbook.py; the same workbook).
 
     A key sheet holds at most `max_sheet_rows` rows: every row that differs first (the first
     divergence before all), then matching rows, kept in the table's order. Columns without a
@@ -100,12 +87,12 @@ def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str
         shown[key] = table
 
     def write(f) -> None:
-        with Workbook(f, background=background) as book:
+        with Workbook(f, background=background, fillers=fillers) as book:
             _write_summary_sheet(book, summary_name, summary, key_sheets, lang, left_out)
             for key, table in shown.items():
                 note = _rows_shown(*left_out[key], lang) if key in left_out else None
-                _write_table_sheets(book, [key_sheets[key]], table, lang, drop=("key", *empty),
-                                    order=KEY_SHEET_COLUMNS, note=note)
+                write_table_sheets(book, [key_sheets[key]], table, lang, drop=("key", *empty),
+                                   order=KEY_SHEET_COLUMNS, note=note)
             for title, table in extra_sheets.items():
                 picked = _pick_rows(table, None, max_sheet_rows)
                 note = None
@@ -113,8 +100,8 @@ def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str
                     note = label("rows_shown_in", lang).format(
                         shown=len(picked), total=table.num_rows, file=(extra_files or {}).get(title, "the Parquet file"))
                     table = table.take(picked)
-                _write_table_sheets(book, [extra_names[title]], table, lang, drop=_empty_columns(table),
-                                    order=(), note=note)
+                write_table_sheets(book, [extra_names[title]], table, lang, drop=_empty_columns(table),
+                                   order=(), note=note)
             if grad_matrix is not None:
                 write_grad_matrix(book, matrix_name, *grad_matrix, lang=lang, max_rows=max_sheet_rows)
 
@@ -122,6 +109,8 @@ def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str
 
 
 GRAD_MATRIX_SHEET = "Grad similarity"
+
+
 def _empty_columns(table: pa.Table) -> tuple[str, ...]:
     """Columns without a value in any row (none for an empty table)."""
     return tuple(c for c in table.column_names if table.num_rows and table.column(c).null_count == table.num_rows)
@@ -145,7 +134,7 @@ def _pick_rows(table: pa.Table, marks: pa.Array | None, cap: int) -> pa.Array | 
     else:
         differ = pa.array([False] * table.num_rows)
     rank = pc.if_else(differ, pa.scalar(1, pa.int8()), pa.scalar(2, pa.int8()))
-    marks = _marks(table) if marks is None else marks
+    marks = marks_of(table) if marks is None else marks
     if marks is not None:
         rank = pc.if_else(marks, pa.scalar(0, pa.int8()), rank)
     chosen = pc.sort_indices(rank).to_numpy()[:cap]  # a stable sort keeps table order per rank
@@ -171,9 +160,9 @@ def write_per_key_xlsx(out_dir: str | Path, key_data: pa.Table, lang: str = "zh"
             n += 1
         stem = stem if n == 1 else f"{stem}~{n}"
         taken.add(stem.casefold())
-        columns: list[Any] = [_column_values(table, column) for _, column in MSPROBE_LAYOUT]
+        columns: list[Any] = [column_values(table, column) for _, column in MSPROBE_LAYOUT]
         columns[3] = [_msprobe_id(i) for i in columns[3].to_pylist()]
-        families = _row_families(table, _marks(table))
+        families = row_families(table, marks_of(table))
         formats = [number_format(column) for _, column in MSPROBE_LAYOUT]
 
         def write(f, columns=columns, families=families, formats=formats, n_rows=table.num_rows) -> None:
@@ -181,8 +170,9 @@ def write_per_key_xlsx(out_dir: str | Path, key_data: pa.Table, lang: str = "zh"
             with Workbook(f) as book:
                 for part, start in enumerate(range(0, max(n_rows, 1), ROWS_PER_SHEET)):
                     stop = min(n_rows, start + ROWS_PER_SHEET)
-                    _write_grid(book, f"Sheet{part + 1}", heads, [c[start:stop] for c in columns],
-                                families[start:stop], formats, widths)
+                    write_grid(book, f"Sheet{part + 1}", heads, formats, stop - start,
+                               lambda start=start, stop=stop: ([c[start:stop] for c in columns],
+                                                               families[start:stop], widths))
 
         written[key] = write_report_file(out_dir / f"{stem}.xlsx", write)
     return written
@@ -278,68 +268,6 @@ def _rollup_family(record: Mapping[str, Any]) -> str | None:
     return "bad" if bad else None
 
 
-# -- table sheets -------------------------------------------------------------------------------
-def _write_table_sheets(book: Workbook, sheet_names: Sequence[str], table: pa.Table, lang: str,
-                        drop: Sequence[str], order: Sequence[str], note: str | None = None) -> None:
-    """One table on one or more sheets (Excel holds 1,048,576 rows a sheet), styled by status;
-    columns named in `order` first, the first-divergence marker right after the status; `note`,
-    if any, is the last sheet's last row."""
-    present = [c for c in table.column_names if c not in drop and c != "is_first_divergence"]
-    marks = _marks(table)
-    columns = [c for c in order if c in present] + [c for c in present if c not in order]
-    if marks is not None and pc.any(marks).as_py():
-        at = columns.index("status") + 1 if "status" in columns else len(columns)
-        columns.insert(at, "first_divergence")
-    marker = label("first_divergence_marker", lang)
-    values = [pc.if_else(marks, marker, None) if c == "first_divergence" else _column_values(table, c)
-              for c in columns]
-    families = _row_families(table, marks)
-    formats = [number_format(c) for c in columns]
-    heads = [header(c, lang) for c in columns]
-    widths = [column_width(h, vals, fmt) for h, vals, fmt in zip(heads, values, formats)]
-    for part, name in enumerate(sheet_names):
-        start, stop = part * ROWS_PER_SHEET, min(table.num_rows, (part + 1) * ROWS_PER_SHEET)
-        _write_grid(book, name, heads, [v[start:stop] for v in values], families[start:stop], formats, widths,
-                    note if part == len(sheet_names) - 1 else None)
-
-
-def _write_grid(book: Workbook, name: str, heads: list[str], columns: list[pa.Array | list[Any]],
-                families: pa.Array, formats: list[str | None], widths: list[float], note: str | None = None) -> None:
-    """A header row (frozen, with an autofilter) over rows filled by family; then, after an empty
-    row, `note` in bold if there is one."""
-    head = book.style(CellFormat(bold=True, fill=FILLS["header"]))
-    by_family = [[book.style(CellFormat(bold=fam == "first", fill=FILLS.get(fam), number_format=fmt))
-                  for fam in FAMILIES] for fmt in formats]
-    ws = book.add_sheet(name, widths, freeze="A2", autofilter=f"A1:{column_letter(len(heads) - 1)}{len(families) + 1}")
-    ws.append(heads, head)
-    ws.append_columns(columns, by_family, families)
-    if note is not None:
-        ws.blank_row()
-        ws.append([note], book.style(CellFormat(bold=True)))
-
-
-def _row_families(table: pa.Table, marks: pa.Array | None) -> pa.Array:
-    """Per row, the index into FAMILIES (int32): 0 plain, 1 bad, 2 missing, 3 first divergence."""
-    families = pa.nulls(table.num_rows, pa.int32())
-    if "status" in table.column_names:
-        status = table.column("status").combine_chunks()
-        if pa.types.is_dictionary(status.type):
-            status = status.cast(status.type.value_type)
-        at = pc.index_in(status, value_set=pa.array(list(STATUS_FAMILY), status.type))
-        families = pc.take(pa.array([FAMILIES.index(f) for f in STATUS_FAMILY.values()], pa.int32()), at)
-    families = pc.fill_null(families, 0)
-    if marks is not None:
-        families = pc.if_else(marks, pa.scalar(3, pa.int32()), families)
-    return families
-
-
-def _marks(table: pa.Table) -> pa.Array | None:
-    """Per row, whether it is the first divergence (is_first_divergence, null as false)."""
-    if "is_first_divergence" not in table.column_names:
-        return None
-    return pc.fill_null(table.column("is_first_divergence").combine_chunks(), False)
-
-
 def _with_first_marks(key_data: pa.Table, first: Mapping[str, Any] | None) -> pa.Table:
     """key_data with is_first_divergence: its own, else the rows that summary's first_divergence names."""
     if "is_first_divergence" in key_data.column_names or not first or first.get("key") is None:
@@ -369,17 +297,6 @@ def _split_by_key(table: pa.Table, order: Sequence[Any]) -> dict[str, pa.Table]:
     groups = {key: rows.slice(starts[i], counts[i]) for i, key in enumerate(keys + [None]) if counts[i]}
     ranked = [k for k in order if k is not None and k in groups]
     return {key: groups[key] for key in ranked + [k for k in groups if k not in ranked]}
-
-
-def _column_values(table: pa.Table, column: str) -> pa.Array:
-    """A column as its cells show it: lists as "[4, 16]" text, dictionaries decoded."""
-    col = table.column(column).combine_chunks()
-    if pa.types.is_dictionary(col.type):
-        col = col.cast(col.type.value_type)
-    t = col.type
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return list_texts(col)
-    return col
 
 
 def _msprobe_id(index: Any) -> Any:

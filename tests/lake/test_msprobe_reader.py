@@ -302,6 +302,22 @@ def test_msprobe_json_larger_than_one_read(tmp_path: Path):
     assert (row["max"], row["min"], row["shape"], row["numel"]) == (2.0, 0.0, [3], 3)
 
 
+@pytest.mark.parametrize("size", [65_535, 65_536, 65_537, 131_072])
+def test_msprobe_json_at_the_edges_of_one_read(tmp_path: Path, size: int):
+    """A statistics file of one read's size (64 KiB) less one, exactly, one more and two reads is read
+    whole; integer and text statistics read as the floats they were before (float())."""
+    run = tmp_path / "msprobe_run"
+    _write_item(run, "kl", 0, 0, 0, "kl", np.arange(3, dtype=np.float32), with_json=False)
+    meta = run / "data" / "kl" / "step0" / "rank0" / "micro_step0" / "kl.json"
+    text = json.dumps({"data": {"max": 2, "min": "0.5", "mean": 1.0, "norm": True, "shape": [3], "pad": ""}})
+    text = text.replace('"pad": ""', '"pad": "' + "x" * (size - len(text)) + '"')
+    meta.write_text(text)
+    assert meta.stat().st_size == size
+    row = rlprobe.open(run).key_data().collect().row(0, named=True)
+    assert (row["max"], row["min"], row["mean"], row["norm"], row["shape"], row["numel"]) == (2.0, 0.5, 1.0, 1.0,
+                                                                                              [3], 3)
+
+
 def test_corrupt_msprobe_tensor_raises_naming_file(tmp_path: Path):
     run = tmp_path / "msprobe_run"
     _write_item(run, "kl", 0, 0, 0, "kl", np.arange(3, dtype=np.float32))

@@ -69,6 +69,41 @@ def test_reports_written_by_two_threads_are_the_ones_one_thread_writes(runs, tmp
                 assert a.read(name) == b.read(name), name
 
 
+def test_every_output_of_two_workers_is_the_one_worker_s(tmp_path):
+    """Runs of several keys (their sheets made by two filler threads with workers=2, the later imports
+    loaded beside the pairs): every output file is the one of workers=1, but for the times recorded."""
+    import zipfile
+
+    import pyarrow.parquet as pq
+
+    keys = ("prompts", "old_log_prob", "ref_log_prob", "log_prob", "advantages", "loss")
+    for name, shift in (("a", 0.0), ("b", 1e-3)):
+        with rlprobe.Probe(tmp_path / name) as p:
+            for step in range(3):
+                values = {key: np.linspace(-2, -1, 24, dtype=np.float32) * (k + 1) for k, key in enumerate(keys)}
+                values["log_prob"] = values["log_prob"] + np.float32(shift * step)  # differs from step 1 on
+                p.save(values)
+                p.step()
+    one, two = tmp_path / "one", tmp_path / "two"
+    compare(tmp_path / "a", tmp_path / "b", one, workers=1)
+    compare(tmp_path / "a", tmp_path / "b", two, workers=2)
+    assert sorted(_files(one)) == sorted(_files(two))
+    assert (one / "key_data.csv").read_bytes() == (two / "key_data.csv").read_bytes()
+    assert pq.read_table(one / "key_data.parquet").equals(pq.read_table(two / "key_data.parquet"))
+    timeless = [line for line in (one / "summary.md").read_text().splitlines() if "compared in" not in line]
+    assert timeless == [line for line in (two / "summary.md").read_text().splitlines() if "compared in" not in line]
+    summaries = [json.loads((out / "summary.json").read_text()) for out in (one, two)]
+    for summary in summaries:
+        del summary["created_at"], summary["elapsed_s"]
+    assert summaries[0] == summaries[1] and summaries[0]["first_divergence"]["key"] == "log_prob"
+    with zipfile.ZipFile(one / "report.xlsx") as a, zipfile.ZipFile(two / "report.xlsx") as b:
+        assert a.namelist() == b.namelist()
+        assert len([n for n in a.namelist() if n.startswith("xl/worksheets/")]) == 1 + len(keys)
+        for name in a.namelist():
+            if name not in ("docProps/core.xml", "xl/worksheets/sheet1.xml"):  # times: written, elapsed
+                assert a.read(name) == b.read(name), name
+
+
 def test_a_failing_csv_written_beside_the_workbook_is_reported(runs, tmp_path, monkeypatch):
     from rlprobe.report import csv_report
 

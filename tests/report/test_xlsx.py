@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from rlprobe.errors import ProbeError
-from rlprobe.report import xlsx as xlsx_module
+from rlprobe.report import table_sheets
 from rlprobe.report.headers import msprobe_headers
 from rlprobe.report.safe_cells import FORMULA_TRIGGERS
 from rlprobe.report.xlsx import write_per_key_xlsx, write_report_xlsx
@@ -260,7 +260,11 @@ def test_bad_inputs_raise_probe_errors(tmp_path, diverging):
         write_per_key_xlsx(tmp_path / "per_key", key_data.drop_columns(["same_pct"]))
 
 
-def test_failed_write_keeps_the_previous_report(tmp_path, diverging, monkeypatch):
+@pytest.mark.parametrize("where", ["write_grid", "column_values"])  # adding a sheet; making its cells
+@pytest.mark.parametrize("fillers", [1, 2])
+def test_failed_write_keeps_the_previous_report(tmp_path, diverging, monkeypatch, where, fillers):
+    """A failure while a sheet is added (the caller's thread) or while its cells are made (a filler
+    thread with fillers=2) is raised by write_report_xlsx and leaves the previous report as it was."""
     key_data, summary = diverging
     path = write_report_xlsx(tmp_path / "r.xlsx", key_data, summary)
     before = path.read_bytes()
@@ -268,11 +272,25 @@ def test_failed_write_keeps_the_previous_report(tmp_path, diverging, monkeypatch
     def boom(*args, **kwargs):
         raise RuntimeError("killed mid-write")
 
-    monkeypatch.setattr(xlsx_module, "_write_grid", boom)
-    with pytest.raises(RuntimeError):
-        write_report_xlsx(path, key_data, summary)
+    monkeypatch.setattr(table_sheets, where, boom)
+    with pytest.raises(RuntimeError, match="killed mid-write"):
+        write_report_xlsx(path, key_data, summary, fillers=fillers)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["r.xlsx"]
+
+
+def test_sheets_made_by_two_fillers_give_the_same_workbook(tmp_path, diverging):
+    """fillers=2 makes the key sheets' cells on two threads: every part of the package is the one a
+    single thread writes (styles registered in the same order, sheets in tab order)."""
+    key_data, summary = diverging
+    one = write_report_xlsx(tmp_path / "one.xlsx", key_data, summary)
+    two = write_report_xlsx(tmp_path / "two.xlsx", key_data, summary, fillers=2, background=True)
+    with zipfile.ZipFile(one) as a, zipfile.ZipFile(two) as b:
+        assert a.namelist() == b.namelist()
+        assert len([n for n in a.namelist() if n.startswith("xl/worksheets/")]) == 4  # Summary and three keys
+        for name in a.namelist():
+            if name != "docProps/core.xml":  # holds the time of writing
+                assert a.read(name) == b.read(name), name
 
 
 def test_per_key_files_have_msprobe_layout(tmp_path, diverging, fixtures_dir):

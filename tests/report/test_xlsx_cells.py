@@ -191,3 +191,75 @@ def test_a_failure_with_the_background_writer_leaves_no_temporary_file_open(tmp_
             second.append([3, 4])
             raise RuntimeError("boom")
     assert first._rows.closed and second._rows.closed
+
+
+def _filled_sheets(path, fillers: int, fail_at: int | None = None) -> list:
+    """Five sheets filled by `fill` functions (on `fillers` threads); sheet `fail_at`'s filler raises."""
+    sheets = []
+    with open(path, "wb") as f, Workbook(f, fillers=fillers) as book:
+        bold = book.style(CellFormat(bold=True))
+        for s in range(5):
+            def fill(sheet, s=s) -> None:
+                if s == fail_at:
+                    raise RuntimeError(f"filler {s} failed")
+                sheet.set_widths([8, 12])
+                sheet.append(["sheet", "value"], bold)
+                values = pa.array([s * 1000 + i for i in range(300)], pa.int64())
+                sheet.append_columns([pa.array([f"=s{s}"] * 300), values], [[0, 0, 0, 0], [0, 0, 0, 0]],
+                                     pa.array([0] * 300, pa.int32()))
+
+            sheets.append(book.add_sheet(f"s{s}", fill=fill))
+    return sheets
+
+
+def test_sheets_filled_on_two_threads_are_the_package_one_thread_writes(tmp_path):
+    """Workbook(fillers=2): sheets added with fill= are filled on two threads while the next are added;
+    the package takes them in tab order, part for part what the sheets written in one thread make."""
+    one, two, three = tmp_path / "one.xlsx", tmp_path / "two.xlsx", tmp_path / "three.xlsx"
+    _many_sheets(one, background=False)
+    _filled_sheets(two, fillers=1)
+    _filled_sheets(three, fillers=2)
+    for other in (two, three):
+        with zipfile.ZipFile(one) as a, zipfile.ZipFile(other) as b:
+            assert a.namelist() == b.namelist()
+            for name in a.namelist():
+                if name != "docProps/core.xml":  # holds the time of writing
+                    assert a.read(name) == b.read(name), (other.name, name)
+
+
+@pytest.mark.parametrize("fillers", [1, 2])
+def test_a_failing_filler_is_raised_and_leaves_no_temporary_file_open(tmp_path, fillers, monkeypatch):
+    made = []
+    original = Workbook.add_sheet
+
+    def add_sheet(self, *args, **kwargs):
+        made.append(original(self, *args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(Workbook, "add_sheet", add_sheet)
+    with pytest.raises(RuntimeError, match="filler 2 failed"):
+        _filled_sheets(tmp_path / "f.xlsx", fillers=fillers, fail_at=2)
+    assert made and all(sheet._rows.closed for sheet in made)
+
+
+def test_a_sheet_that_cannot_go_into_the_package_stops_the_sheets_after_it(tmp_path, monkeypatch):
+    """Background writer: a sheet whose write into the package fails (a full disk) is raised by the
+    workbook; the sheets after it are dropped, not written into the broken package, and closed."""
+    from rlprobe.report.workbook import Sheet
+
+    written, made = [], []
+    original = Sheet.write_to
+
+    def write_to(self, archive):
+        if self._number == 2:
+            self.discard()
+            raise OSError(28, "No space left on device")
+        written.append(self._number)
+        original(self, archive)
+
+    monkeypatch.setattr(Sheet, "write_to", write_to)
+    with pytest.raises(OSError, match="No space left"):
+        with open(tmp_path / "f.xlsx", "wb") as f, Workbook(f, fillers=2) as book:
+            for s in range(5):
+                made.append(book.add_sheet(f"s{s}", fill=lambda sheet: sheet.append([1, 2])))
+    assert written == [1] and all(sheet._rows.closed for sheet in made)
