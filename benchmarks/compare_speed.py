@@ -13,7 +13,9 @@ the child's rusage from wait4, steadier than wall time on a shared machine) are 
 1-minute load average at each repeat; "beyond start-up" is a command's time minus the median
 start-up (two one-step dumps of one 4-element tensor). With --baseline, the same commands run from another checkout too
 (PYTHONPATH), alternating with this one, for paired ratios. Prints every target of issue 18 with
-its measured value. The small dumps are written once into --cache (default: a temp folder).
+its measured value. The small dumps are written once into --cache (default: a temp folder). Each
+checkout compares every workload once, untimed, first: numba's cache then holds its kernels (a cold
+cache compiles them: seconds, which the first timed run used to pay).
 
 The large workload:
 
@@ -106,6 +108,16 @@ def rlprobe_env(checkout: Path) -> dict:
     return env
 
 
+def warm_up_cache(checkout: Path, dumps: dict[str, tuple[Path, Path]], out: Path) -> None:
+    """One untimed `rlprobe compare` per workload: a checkout whose kernel sources are new to numba's
+    cache (each gets its own folder) compiles its kernels here (seconds each), not in a timed run."""
+    for wl, (a, b) in dumps.items():
+        elapsed, _, _, _ = run_child([sys.executable, "-m", "rlprobe.cli", "compare", str(a), str(b), "-o", str(out),
+                                      "--quiet"], rlprobe_env(checkout), cwd=checkout)
+        print(f"cache warm-up ({checkout}, {wl}): {elapsed:.2f} s", flush=True)
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
@@ -138,6 +150,8 @@ def main() -> None:
             runs.setdefault(name, []).append(value)
 
         n = 0
+        for label, checkout in versions.items():  # untimed: each checkout's kernels into numba's cache
+            warm_up_cache(checkout, dumps, work / f"warm-{label}")
         for i in range(args.repeat):
             record("load_average_1min", os.getloadavg()[0])  # a shared machine: the figures are as quiet as this
             order = list(versions.items()) if i % 2 == 0 else list(versions.items())[::-1]
