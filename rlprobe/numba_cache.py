@@ -79,9 +79,10 @@ def _light_cache_loads() -> None:
     numba refreshes its target context before looking in the cache (``Cache.load_overload``), and the
     first refresh of a process imports and installs the implementations of all it can compile (numba.np,
     numba.cpython, typed containers, ...: ~0.43 s of CPU, two thirds of numba's load, issue 18). A cached
-    kernel is machine code: loading it needs numba's runtime (NRT) and the typing context only. So the
-    refresh called from ``load_overload`` does just that, and any other (a kernel compiled: a cold cache,
-    a new signature) is the full one. Nothing changes where numba's internals are not as expected."""
+    kernel is machine code: loading it needs numba's runtime (NRT, which its code calls to allocate and
+    count references) only. So the refresh called from ``load_overload`` does just that, and any other (a
+    kernel compiled: a cold cache, a new signature; numba's own lazy refreshes while typing) is the full
+    one. Nothing changes where numba's internals are not as expected."""
     from numba.core.registry import cpu_target
 
     context = cpu_target.target_context
@@ -100,7 +101,7 @@ def _light_cache_loads() -> None:
         if sys._getframe(1).f_code is not load_overload:
             full()
             return
-        rtsys.initialize(context)  # what a cached kernel's code links to (allocation, reference counts)
+        rtsys.initialize(context)  # once per process; later calls return at once
 
     context.refresh = refresh
 
