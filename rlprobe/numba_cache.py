@@ -65,25 +65,60 @@ _import_lock = threading.Lock()
 def import_numba() -> None:
     """Import numba (and its CPU target's registry) in one thread at a time: two threads importing it
     at once can meet in its circular imports, and Python then raises _DeadlockError in one of them.
-    Every rlprobe module that defines kernels calls it (after use_user_cache_dir) before `import numba`."""
+    Every rlprobe module that defines kernels calls it (after use_user_cache_dir) before `import numba`.
+    Kernels found in the cache then load without numba's lowering registries (_light_cache_loads)."""
     with _import_lock:
         import numba.core.registry  # noqa: F401
 
+        _light_cache_loads()
+
+
+def _light_cache_loads() -> None:
+    """Make numba's CPU target load a cached kernel without first installing every lowering registry.
+
+    numba refreshes its target context before looking in the cache (``Cache.load_overload``), and the
+    first refresh of a process imports and installs the implementations of all it can compile (numba.np,
+    numba.cpython, typed containers, ...: ~0.43 s of CPU, two thirds of numba's load, issue 18). A cached
+    kernel is machine code: loading it needs numba's runtime (NRT, which its code calls to allocate and
+    count references) only. So the refresh called from ``load_overload`` does just that, and any other (a
+    kernel compiled: a cold cache, a new signature; numba's own lazy refreshes while typing) is the full
+    one. Nothing changes where numba's internals are not as expected."""
+    from numba.core.registry import cpu_target
+
+    context = cpu_target.target_context
+    if "refresh" in vars(context):  # done already (or set by someone else: left alone)
+        return
+    try:
+        from numba.core.caching import Cache
+        from numba.core.runtime import rtsys
+
+        load_overload = Cache.load_overload.__code__
+        full = context.refresh
+    except (ImportError, AttributeError):
+        return
+
+    def refresh() -> None:
+        if sys._getframe(1).f_code is not load_overload:
+            full()
+            return
+        rtsys.initialize(context)  # once per process; later calls return at once
+
+    context.refresh = refresh
+
 
 def load_numba() -> None:
-    """Import numba and set up its CPU target (typing and lowering registries): the ~0.3 s the
-    first kernel of a process pays, whether it is compiled or loaded from the cache. Compiles
-    nothing, so a thread can pay it while the dumps are read and only the kernels a comparison
-    runs get compiled (a cold cache takes seconds a kernel)."""
+    """Import numba and start its runtime (~0.25 s of CPU): what the first kernel of a process pays when
+    it is loaded from the cache. Compiles nothing, so a thread can pay it while the dumps are read and
+    only the kernels a comparison runs get loaded or, with a cold cache, compiled (seconds a kernel; a
+    compilation installs the rest of numba's registries)."""
     use_user_cache_dir()
     import_numba()
     from numba.core.compiler_lock import global_compiler_lock
     from numba.core.registry import cpu_target
+    from numba.core.runtime import rtsys
 
-    # the contexts are made outside the compiler lock (making one takes it, under the lock of the lazy
-    # attribute), then refreshed under it: a kernel that loads in another thread refreshes the same
-    # registries, and two refreshes at once fail ("ValueError: generator already executing")
-    typing_context, target_context = cpu_target.typing_context, cpu_target.target_context
+    # the context is made outside the compiler lock (making one takes it, under the lock of the lazy
+    # attribute), its runtime started under it, as a kernel loading in another thread starts it
+    target_context = cpu_target.target_context
     with global_compiler_lock:
-        typing_context.refresh()
-        target_context.refresh()
+        rtsys.initialize(target_context)

@@ -88,12 +88,15 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
     tables: dict[str, pa.Table] = {"grad_steps": grad_steps}
     if info["has_tensors"]:
         from rlprobe.check.sample_pairs import samples_table
-        from rlprobe.check.token_tables import group_advantages, token_tables
+        from rlprobe.check.token_tables import GROUPS, group_advantages, token_tables
 
         with collections_paused():
             samples = samples_table(dump)
             tables.update(token_tables(dump, stats, info["eps"], int(params.get("workers") or 2), samples))
-            tables["group_advantages"] = group_advantages(dump, stats, info["group_size"], samples)
+            # every advantages tensor is read for it: only where a check run reads the table (one does:
+            # sql/check/grpo_advantages.sql; compare's single-run rules do not)
+            tables["group_advantages"] = (group_advantages(dump, stats, info["group_size"], samples)
+                                          if only is None or "grpo_advantages" in only else GROUPS.empty_table())
     else:
         from rlprobe.check import token_tables as tt
 

@@ -97,21 +97,43 @@ _BLOCK = 2048  # elements per block of the float kernel (a few KB: stays in L1 a
 _SEQUENTIAL_BELOW = 8
 
 
-@numba.njit(nogil=True, cache=True)
-def _nonfinite_count(ac, bc):  # pragma: no cover - runs compiled
-    """How many of the block's values are NaN or infinite (x - x is NaN exactly for those)."""
-    c = 0
-    for i in range(ac.size):
-        c += not (ac[i] - ac[i] == 0.0)
-        c += not (bc[i] - bc[i] == 0.0)
-    return c
+_INF_BITS = 0x7FF0000000000000  # the bits of +inf: a larger non-negative float64's are a NaN's
 
 
 @numba.njit(nogil=True, cache=True, fastmath={"reassoc"})
-def _finite_block(ac, bc, dbuf, rbuf):  # pragma: no cover - runs compiled (reassociating sums)
-    """A block whose values are all finite: equal and within counts, the dot and square sums,
-    and each element's |a - b| and rel err written to dbuf/rbuf. Branch-free, so it vectorizes;
-    equal elements have d = 0 and count as within, as the exact kernel counts them."""
+def _finite_block(ac, bc, dbuf):  # pragma: no cover - runs compiled (reassociating sums)
+    """A block's equal and within counts, the dot and square sums, and each element's |a - b| written
+    to dbuf. Branch-free, so it vectorizes; equal elements have d = 0 and count as within, as the exact
+    kernel counts them. Only right where every value is finite: an infinity or a NaN in either array,
+    or an overflowing difference, leaves a NaN or an infinity in dbuf, and the caller redoes the block."""
+    eq = 0
+    w3 = 0
+    w2 = 0
+    dot = 0.0
+    sa = 0.0
+    sb = 0.0
+    for i in range(ac.size):
+        x = np.float64(ac[i])
+        y = np.float64(bc[i])
+        eq += x == y
+        d = abs(x - y)
+        ax = abs(x)
+        ay = abs(y)
+        m = ax if ax > ay else ay
+        w3 += d <= 1e-3 * m
+        w2 += d <= 1e-2 * m
+        dot += x * y
+        sa += x * x
+        sb += y * y
+        dbuf[i] = d
+    return eq, w3, w2, dot, sa, sb
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"reassoc"})
+def _finite_block_rel(ac, bc, dbuf, rbuf):  # pragma: no cover - runs compiled (reassociating sums)
+    """_finite_block and _rel_errors in one pass, for a block that likely differs (the one before it did):
+    the same loop with the division in it, which the compiler vectorizes the same way (same sums, bit
+    for bit: tests/compare/test_float_kernel_split.py)."""
     eq = 0
     w3 = 0
     w2 = 0
@@ -137,6 +159,17 @@ def _finite_block(ac, bc, dbuf, rbuf):  # pragma: no cover - runs compiled (reas
 
 
 @numba.njit(nogil=True, cache=True)
+def _rel_errors(ac, bc, dbuf, rbuf):  # pragma: no cover - runs compiled
+    """Each element's rel err |a - b| / max(|a|, |b|) (0 where both are 0) into rbuf, from dbuf's |a - b|:
+    a second pass, only over blocks that differ somewhere (its division is most of a block's cost)."""
+    for i in range(ac.size):
+        ax = abs(np.float64(ac[i]))
+        ay = abs(np.float64(bc[i]))
+        m = ax if ax > ay else ay
+        rbuf[i] = dbuf[i] / m if m > 0.0 else 0.0
+
+
+@numba.njit(nogil=True, cache=True)
 def _max_int(v):  # pragma: no cover - runs compiled
     """Max of int64 values: the max of non-negative float64s through their bits (integer
     max vectorizes, float max does not)."""
@@ -150,9 +183,11 @@ def _float_kernel(a, b, start, stop):  # pragma: no cover - runs compiled
     """Partial aggregates of float arrays ``a``, ``b`` over flat indices [start, stop).
 
     Block by block: a block with only finite values (the common case) takes the vectorized
-    `_finite_block`; one holding a NaN or an infinity, or whose float64 difference overflows,
-    is redone by `_float_exact`, and so is one shorter than _SEQUENTIAL_BELOW. The first mismatch
-    is searched for only in the first block that has one."""
+    `_finite_block`, and `_rel_errors` only where some element differs (`_finite_block_rel`, both in
+    one pass, after a block that differed: the division is most of the cost of a block); one holding a NaN or an
+    infinity, or whose float64 difference overflows (told from the largest |a - b| `_finite_block`
+    wrote), is redone by `_float_exact`, and so is one shorter than _SEQUENTIAL_BELOW. The first
+    mismatch is searched for only in the first block that has one."""
     eq = 0
     first = -1
     max_abs = 0.0
@@ -169,17 +204,20 @@ def _float_kernel(a, b, start, stop):  # pragma: no cover - runs compiled
     rbits = rbuf.view(np.int64)
     out = np.empty(2, np.int64)
     outf = out.view(np.float64)
+    differed = False  # whether the last block had some |a - b| > 0: then the next one likely has too
     for bs in range(start, stop, _BLOCK):
         be = min(bs + _BLOCK, stop)
         n = be - bs
         ac = a[bs:be]
         bc = b[bs:be]
-        fast = n >= _SEQUENTIAL_BELOW and _nonfinite_count(ac, bc) == 0
+        fast = n >= _SEQUENTIAL_BELOW
         if fast:
-            e, c3, c2, d_, s1, s2 = _finite_block(ac, bc, dbuf, rbuf)
+            if differed:
+                e, c3, c2, d_, s1, s2 = _finite_block_rel(ac, bc, dbuf, rbuf)
+            else:
+                e, c3, c2, d_, s1, s2 = _finite_block(ac, bc, dbuf)
             out[0] = _max_int(dbits[:n])
-            out[1] = _max_int(rbits[:n])
-            fast = outf[0] != np.inf  # else a difference of two finite float64s overflowed
+            fast = out[0] < _INF_BITS  # else a NaN or an infinity, or a difference that overflowed
         if fast:
             eq += e
             w3 += c3
@@ -189,8 +227,13 @@ def _float_kernel(a, b, start, stop):  # pragma: no cover - runs compiled
             sb += s2
             if outf[0] > max_abs:
                 max_abs = outf[0]
-            if outf[1] > max_rel:
-                max_rel = outf[1]
+            if out[0] > 0:  # some |a - b| > 0: the block's largest rel err
+                if not differed:
+                    _rel_errors(ac, bc, dbuf, rbuf)
+                out[1] = _max_int(rbits[:n])
+                if outf[1] > max_rel:
+                    max_rel = outf[1]
+            differed = out[0] > 0
             if first < 0 and e < n:
                 for i in range(bs, be):
                     if ac[i - bs] != bc[i - bs]:

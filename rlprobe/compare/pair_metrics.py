@@ -40,12 +40,12 @@ bool/int/uint -> int64 (a chunk holding uint64 values above 2**63-1 takes a slow
 float16/float32 -> float32 (exact), any other float mix and int-vs-float -> float64
 (int-vs-float is compared as floats, so integers above 2**53 round).
 
-The float kernel works in blocks of 2048 elements: a block of at least 8 elements whose values
-are all finite (the common case) goes through a branch-free loop that the compiler vectorizes
-(its float64 sums may be reassociated, its maxima taken over the bits of the non-negative
-errors); a block with a NaN or an infinity, or a float64 difference that overflows, is redone
-element by element with every rule above, its sums added in index order, as is a block of fewer
-than 8 elements. Sums are reduced per chunk of ``chunk`` elements (blocks start at the
+The float kernel works in blocks of 2048 elements: a block of at least 8 elements goes through a
+branch-free loop that the compiler vectorizes (its float64 sums may be reassociated, its maxima
+taken over the bits of the non-negative errors), the rel errors' division only where some element
+differs; a block with a NaN or an infinity, or a float64 difference that overflows (then the
+largest |a - b| is not finite), is redone element by element with every rule above, its sums
+added in index order, as is a block of fewer than 8 elements. Sums are reduced per chunk of ``chunk`` elements (blocks start at the
 chunk's start), chunks are aligned to multiples of ``chunk`` in the flat index space, and
 ``combine`` adds the chunk sums with ``math.fsum`` (exactly rounded, order independent). So
 splitting a pair into ranges whose boundaries are multiples of ``chunk`` gives bit-identical

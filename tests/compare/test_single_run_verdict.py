@@ -139,3 +139,21 @@ def test_a_rule_that_fails_beside_the_pairs_fails_the_comparison(tmp_path, monke
     with pytest.raises(RuntimeError, match="single-run rule bug"):
         rlprobe.compare(a, a, tmp_path / "out", workers=2)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_single_run_rules_read_no_advantages(ppo_runs):
+    """compare's single-run rules (on_policy, rollout_vs_recompute) never read the group_advantages table,
+    so check_dump(only=...) does not read every advantages tensor for it; the full check still does."""
+    from rlprobe.compare.single_run import RULES
+
+    root = Path(__file__).resolve().parents[2] / "sql"
+    readers = sorted(p.name for p in root.rglob("*.sql") if "group_advantages" in p.read_text(encoding="utf-8"))
+    assert readers == ["grpo_advantages.sql"]  # the one check that reads the table (check/run.py names it)
+    dump = rlprobe.open(ppo_runs.get(None))
+    full = rlprobe.check.check_dump(dump, {"group_size": 2})
+    assert full.tables["group_advantages"].num_rows > 0
+    only = rlprobe.check.check_dump(dump, {"group_size": 2}, only=RULES)
+    assert only.tables["group_advantages"].num_rows == 0
+    assert [r["check"] for r in only.results.to_pylist()] == list(RULES)
+    assert only.results.to_pylist() == [r for r in full.results.to_pylist() if r["check"] in RULES]
+    assert only.tables["token_steps"].equals(full.tables["token_steps"])
