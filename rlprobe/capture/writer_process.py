@@ -130,22 +130,22 @@ class WriterProcess:
 
 
 def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob], save_tensors: bool,
-               identity: CallIdentity | None) -> None:
-    """Writer-thread job for one save call: its sample rows (with an identity) and key data, worked
-    out by the writer process when every snapshot lies in the host staging ring, else here."""
+               identity: CallIdentity | None, call: int = 0) -> None:
+    """Writer-thread job for the step's `call`-th save call: its sample rows (with an identity) and key
+    data, worked out by the writer process when every snapshot lies in the host staging ring, else here."""
     process = writer.process
     if process is not None:
         described = _ring_jobs(process.ring, jobs)
         try:
             if described is not None:
-                _write_in_process(writer, process, step, jobs, described, save_tensors, identity)
+                _write_in_process(writer, process, step, jobs, described, save_tensors, identity, call)
                 return
             if writer.samples_remote:  # this call is done here: the counts come back first
                 writer.samples = end_session(writer) or writer.samples
         except WriterProcessDied as e:
             writer.process = None
             if not e.started:  # it never ran (an interpreter that cannot start it): nothing was lost
-                write_call(writer, layout, step, jobs, save_tensors, identity)
+                write_call(writer, layout, step, jobs, save_tensors, identity, call)
                 return
             if writer.samples_remote:  # the step's occurrence counts went with the process
                 from rlprobe.lake.samples import OccurrenceCounter
@@ -158,9 +158,9 @@ def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: li
     from rlprobe.capture.writer import write_key_data, write_samples_and_key_data
 
     if identity is not None:
-        write_samples_and_key_data(writer, layout, step, jobs, save_tensors, identity)
+        write_samples_and_key_data(writer, layout, step, jobs, save_tensors, identity, call)
     else:
-        write_key_data(writer, layout, step, jobs, save_tensors)
+        write_key_data(writer, layout, step, jobs, save_tensors, call)
 
 
 def end_session(writer: BackgroundWriter) -> Any:
@@ -201,10 +201,11 @@ def _ring_jobs(ring: Any, jobs: list[LeafJob]) -> list[tuple[Any, ...]] | None:
 
 
 def _write_in_process(writer: BackgroundWriter, process: WriterProcess, step: int, jobs: list[LeafJob],
-                      described: list[tuple[Any, ...]], save_tensors: bool, identity: CallIdentity | None) -> None:
+                      described: list[tuple[Any, ...]], save_tensors: bool, identity: CallIdentity | None,
+                      call: int) -> None:
     sink = writer.sink
     request = {"what": "key_data", "session": writer.session, "root": os.fspath(sink.layout.root),
-               "rank": sink.rank, "step": step, "jobs": described, "save_tensors": save_tensors,
+               "rank": sink.rank, "step": step, "call": call, "jobs": described, "save_tensors": save_tensors,
                "identity": identity, "samples": None if writer.samples_remote else writer.samples}
     try:
         reply = process.call(request)
@@ -221,7 +222,7 @@ def _write_in_process(writer: BackgroundWriter, process: WriterProcess, step: in
         elif op[0] == "row":
             sink.add_row(op[1], op[2])
         elif op[0] == "tensor":
-            sink.count_tensor(op[1])
+            sink.count_tensor(op[1], op[2])
         elif op[0] == "error":
             sink.record_error(op[1], op[2], op[3])
         else:
