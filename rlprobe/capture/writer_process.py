@@ -15,7 +15,7 @@ shared by that process's probes. It reads requests until its pipe closes: when t
 process exits or is killed, it stops after at most the file it is writing (atomically, as
 always), and it checks between files that its parent still lives. Where there is no memfd (not
 Linux), the helper cannot start, a snapshot is not in the ring (a device tensor, one larger than
-the ring) or RLPROBE_WRITER_PROCESS=0, the writer thread does the work itself, as before. A
+the ring) or RLPROBE_WRITER_PROCESS is not 1, the writer thread does the work itself. A
 helper that dies is reported (the step in progress is marked incomplete) and the writer thread
 takes over.
 """
@@ -38,7 +38,9 @@ if TYPE_CHECKING:
     from rlprobe.lake.layout import DumpLayout
     from rlprobe.lake.samples import CallIdentity
 
-ENV = "RLPROBE_WRITER_PROCESS"  # "0": no helper process, the writer thread does everything
+# "1": a helper process works out key data. Default (unset, "0"): the writer thread does everything;
+# measured cheaper in all once the file work per tensor was cut (docs/trl.md, "Overhead", third pass)
+ENV = "RLPROBE_WRITER_PROCESS"
 HEADER = struct.Struct("<Q")
 
 
@@ -236,9 +238,10 @@ _process_lock = threading.Lock()
 
 
 def writer_process() -> WriterProcess | None:
-    """This process's helper (started on first use); None where it is switched off or cannot run."""
+    """This process's helper (started on first use) when RLPROBE_WRITER_PROCESS=1; None where it is
+    not switched on or cannot run."""
     global _process
-    if os.environ.get(ENV, "1") == "0":
+    if os.environ.get(ENV, "0") != "1":
         return None
     with _process_lock:
         if _process is not None and _process.pid == os.getpid() and _process.dead is None:

@@ -25,8 +25,15 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 
 @pytest.fixture(autouse=True)
 def _no_env(monkeypatch):
-    for name in ("RLPROBE_RUN_ID", "TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", writer_process.ENV):
+    for name in ("RLPROBE_RUN_ID", "TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(writer_process.ENV, "1")  # opt-in since issue 15's third pass
+
+
+def test_the_writer_process_is_off_by_default(monkeypatch, tmp_path):
+    monkeypatch.delenv(writer_process.ENV)
+    with rlprobe.Probe(tmp_path / "dump", rank=0, world_size=1) as probe:
+        assert probe._writer.process is None
 
 
 def _workload(probe: rlprobe.Probe) -> None:
