@@ -3,7 +3,7 @@
     python benchmarks/trl_overhead.py                     # key data, 9 repetitions (about 2 minutes)
     python benchmarks/trl_overhead.py --level grads       # key data + gradient monitor (L1)
     python benchmarks/trl_overhead.py --smoke             # one short repetition (the test suite runs it)
-    python benchmarks/trl_overhead.py --writers           # plain / writer thread only / writer process, paired
+    python benchmarks/trl_overhead.py --writers           # plain / attach (writer thread) / writer process, paired
 
 Workload: examples/trl_grpo's configuration (GRPOTrainer, the tiny Qwen2 built in code, 2
 micro-batches of 4 completions of up to 8 tokens a step, beta 0.04 so the reference model
@@ -22,8 +22,9 @@ Before each run it waits (up to --idle-timeout s) for the CPU to be --min-idle i
 Beside the wall time, per step (medians): `train_cpu` the training thread's CPU, `off_cpu` its
 wall time not on a CPU (waiting for the GIL, or for a core on a loaded machine), `probe_cpu`
 the CPU of the probe's other threads and of its writer process. `--writers` adds a third run
-per repetition with RLPROBE_WRITER_PROCESS=0 (everything on the writer thread, as before issue
-15's second pass): three-way paired in one process, the change measured apart from the rest.
+per repetition with RLPROBE_WRITER_PROCESS=1 (key data worked out in a writer process, the default
+of issue 15's second pass; the writer thread is the default again since its third): three-way
+paired in one process.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-idle", type=float, default=0.8)
     ap.add_argument("--idle-timeout", type=float, default=30.0)
     ap.add_argument("--writers", action="store_true",
-                    help="also run with RLPROBE_WRITER_PROCESS=0 (the writer thread does everything)")
+                    help="also run with RLPROBE_WRITER_PROCESS=1 (key data in a writer process)")
     ap.add_argument("--smoke", action="store_true", help="1 repetition of 3 timed steps, no idle wait")
     ap.add_argument("--tmp", help="folder for the model and dumps (default: a temporary one)")
     ap.add_argument("--json", help="write the figures here")
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="trl_overhead_", dir=args.tmp) as tmp:
         model_dir = ex.tiny.build_model_dir(Path(tmp) / "model")
         runs: list[dict[str, Any]] = []
-        modes = ["plain", "rlprobe", *(["thread"] if args.writers else [])]
+        modes = ["plain", "rlprobe", *(["process"] if args.writers else [])]
         for rep in range(args.reps):
             order = modes[rep % len(modes):] + modes[:rep % len(modes)]
             order = order if rep % 2 == 0 else order[::-1]
@@ -161,13 +162,13 @@ def main(argv: list[str] | None = None) -> int:
                 waited = wait_idle(args.min_idle, args.idle_timeout)
                 cpu: dict[str, float] = {}
                 previous = os.environ.get(WRITER_PROCESS)
-                if mode == "thread":
-                    os.environ[WRITER_PROCESS] = "0"
+                if mode == "process":
+                    os.environ[WRITER_PROCESS] = "1"
                 try:
                     steps = timed_run(ex, cfg, model_dir, None if mode == "plain" else Path(tmp) / "dump",
                                       args.warmup, args.stats_only, cpu)
                 finally:
-                    if mode == "thread":
+                    if mode == "process":
                         os.environ.pop(WRITER_PROCESS) if previous is None else os.environ.update(
                             {WRITER_PROCESS: previous})
                 figures[mode] = statistics.median(steps)
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 figures[f"{mode}_waited_s"] = round(waited, 1)
             figures["ratio"] = figures["rlprobe"] / figures["plain"]
             if args.writers:
-                figures["thread_ratio"] = figures["thread"] / figures["plain"]
+                figures["process_ratio"] = figures["process"] / figures["plain"]
             runs.append(figures)
             print(f"rep {rep}: " + ", ".join(f"{m} {figures[m] * 1e3:.1f} ms (train cpu "
                                              f"{figures[m + '_cpu']['train_cpu']:.1f}, off cpu "
@@ -192,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                "cpu_ms": {m: {k: statistics.median(r[f"{m}_cpu"][k] for r in runs)
                               for k in ("train_cpu", "off_cpu", "probe_cpu")} for m in modes}}
     if args.writers:
-        summary["thread_step_ms"] = statistics.median(r["thread"] for r in runs) * 1e3
-        summary["paired_thread_overhead_pct"] = (statistics.median(r["thread_ratio"] for r in runs) - 1) * 100
+        summary["process_step_ms"] = statistics.median(r["process"] for r in runs) * 1e3
+        summary["paired_process_overhead_pct"] = (statistics.median(r["process_ratio"] for r in runs) - 1) * 100
     print(f"\nTRL GRPO step, examples/trl_grpo configuration, level {args.level}"
           f"{' (statistics only)' if args.stats_only else ''}, {args.reps} repetitions x {args.steps} steps, "
           f"{args.threads} torch threads")
@@ -202,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'with attach(trainer, cfg)':<28}{probed * 1e3:>10.1f}{summary['overhead_pct']:>+9.1f}%")
     print(f"{'paired (median of ratios)':<28}{'':>10}{summary['paired_overhead_pct']:>+9.1f}%   (goal <= +5%)")
     if args.writers:
-        print(f"{'writer thread only':<28}{summary['thread_step_ms']:>10.1f}"
-              f"{summary['paired_thread_overhead_pct']:>+9.1f}%   (paired; RLPROBE_WRITER_PROCESS=0)")
+        print(f"{'writer process':<28}{summary['process_step_ms']:>10.1f}"
+              f"{summary['paired_process_overhead_pct']:>+9.1f}%   (paired; RLPROBE_WRITER_PROCESS=1)")
     columns = ("train_cpu", "off_cpu", "probe_cpu")
     print(f"per step (ms, medians): {'':<4}" + "".join(f"{k:>11}" for k in columns))
     for m in modes:

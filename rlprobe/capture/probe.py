@@ -120,6 +120,7 @@ class Probe:
                 start_step = max(done) + 1 if done else 0
             self.current_step = start_step
             self._micro: dict[str, int] = {}
+            self._calls = 0  # save calls with data in the current step: the next one's folder
             self._step_has_data = False
 
             from rlprobe.lake.rank_writer import RankWriter
@@ -208,7 +209,8 @@ class Probe:
                 for (key, index, _, adapter), leaf in zip(leaves, staged)]
         step, layout, save_tensors = self.current_step, self.layout, not self.stats_only
         nbytes = sum(j.leaf.nbytes for j in jobs if j.leaf is not None)
-        job = partial(write_call, self._writer, layout, step, jobs, save_tensors, identity)
+        job = partial(write_call, self._writer, layout, step, jobs, save_tensors, identity, self._calls)
+        self._calls += 1
         self._writer.submit(job, nbytes, step)
         self._step_has_data = True
         self._raise_background_errors()
@@ -311,6 +313,7 @@ class Probe:
         self._commit(self.current_step)
         self.current_step += 1
         self._micro.clear()
+        self._calls = 0
         self._step_has_data = False
         self._raise_background_errors()
 

@@ -19,6 +19,7 @@ per-step Python work (which holds the GIL the training thread needs) stays small
 from __future__ import annotations
 
 import math
+import os
 import queue
 import threading
 import time
@@ -30,7 +31,8 @@ import numpy as np
 
 from rlprobe.frameworks.base import StagedLeaf
 from rlprobe.lake.encoding import narrow_integers, widen
-from rlprobe.lake.layout import DumpLayout, key_data_tensor_file
+from rlprobe.lake.atomic import AtomicFolder
+from rlprobe.lake.layout import DumpLayout, key_data_call_dir, key_data_file_name
 from rlprobe.lake.rank_writer import RankWriter
 from rlprobe.lake.samples import CallIdentity, OccurrenceCounter, sample_table
 
@@ -163,38 +165,63 @@ class TensorRow:
     keys: dict[str, Any]  # the row key and the other columns that are not statistics (framework, ...)
     where: str  # for messages: "key 'x' step 3 micro_step 0"
     tensor_path: Path | str | None  # a str is relative to the dump root; None: statistics only
+    file_name: str | None = None  # with a folder: the file's name in it (tensor_path is where it ends up)
 
 
-def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow]) -> None:
+def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow],
+                      folder: AtomicFolder | None = None) -> None:
     """Writer-thread job: statistics, hash and (optionally) the .npy of each tensor, one row each.
 
     Small tensors are taken a few at a time (STACK_BYTES in all), so that their statistics are
     one numpy call per statistic for the lot (lake/statistics.py). A tensor whose statistics
     cannot be computed is recorded as lost; one whose file cannot be written keeps its
     statistics row (tensor_file null). Host copies are released as soon as their chunk is done,
-    so staging memory returns to the ring in order."""
+    so staging memory returns to the ring in order. With `folder`, items with a `file_name` are
+    written into it, and it is renamed into place before their rows are added."""
     sink = writer.sink
     errors: list[str] = []
+    rows: list[dict[str, Any]] = []
     for chunk in _chunks(items):
-        rows = []
         try:
-            rows = _tensor_rows(chunk, kind, sink, errors)
+            rows.extend(_tensor_rows(chunk, kind, sink, errors, folder))
         finally:
             for item in chunk:
                 item.leaf.raw = None
                 if item.leaf.release is not None:
                     item.leaf.release()
-        for row in rows:
-            sink.add_row(kind, row)
+    if folder is not None:
+        try:
+            sink.commit_folder(folder)
+        except OSError as e:
+            _folder_lost(folder, rows, kind, sink, errors, e)
+    for row in rows:
+        sink.add_row(kind, row)
     writer.report(errors)
 
 
+def _folder_lost(folder: AtomicFolder, rows: list[dict[str, Any]], kind: str, sink: RankWriter, errors: list[str],
+                 e: OSError) -> None:
+    """The call's folder could not be renamed into place: its rows keep their statistics, without files."""
+    for row in rows:
+        if row.get("tensor_file") is None:
+            continue
+        where = f"key {row['key']!r} step {row['step']} micro_step {row['micro_step']}" + (
+            f" index {row['index']!r}" if row["index"] else "")
+        msg = f"{where}: tensor not written to {folder.path}: {e}; its statistics are kept"
+        sink.record_error(msg, {"kind": kind, "key": row["key"], "step": row["step"], "micro_step": row["micro_step"],
+                                "index": row["index"], "what": "tensor"})
+        errors.append(msg)
+        row["tensor_file"] = None
+
+
 def write_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob],
-                   save_tensors: bool) -> None:
-    """Writer-thread job for one save call. A None value becomes a row marked absent: its key,
-    step, micro_step and index, and nothing else."""
+                   save_tensors: bool, call: int = 0) -> None:
+    """Writer-thread job for one save call (the step's `call`-th). A None value becomes a row marked
+    absent: its key, step, micro_step and index, and nothing else. The call's tensor files go into
+    one folder, renamed into place when all are written (docs/dump-format.md, "Files")."""
     sink = writer.sink
-    rank = sink.rank
+    folder_path = key_data_call_dir(step, sink.rank, call) if save_tensors else None
+    folder = AtomicFolder(os.path.join(os.fspath(sink.layout.root), folder_path)) if folder_path else None
     items = []
     for job in jobs:
         keys = {"key": job.key, "step": step, "micro_step": job.micro_step, "index": job.index,
@@ -202,15 +229,16 @@ def write_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs
         if job.leaf is None:
             sink.add_row("key_data", {**keys, "absent": True})
             continue
+        name = key_data_file_name(job.key, job.index) if folder_path else None
         items.append(TensorRow(
             job.leaf, {**keys, "absent": False},
             f"key {job.key!r} step {step} micro_step {job.micro_step}" + (f" index {job.index!r}" if job.index else ""),
-            key_data_tensor_file(job.key, step, rank, job.micro_step, job.index) if save_tensors else None))
-    write_tensor_rows(writer, "key_data", items)
+            f"{folder_path}/{name}" if folder_path else None, name))
+    write_tensor_rows(writer, "key_data", items, folder)
 
 
 def write_samples_and_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob],
-                               save_tensors: bool, identity: CallIdentity) -> None:
+                               save_tensors: bool, identity: CallIdentity, call: int = 0) -> None:
     """write_key_data, after the call's `sample` rows (lake/samples.py) while the host copies exist."""
     for job in jobs:
         if job.leaf is not None and job.leaf.finish is not None:
@@ -222,7 +250,7 @@ def write_samples_and_key_data(writer: BackgroundWriter, layout: DumpLayout, ste
         message = f"step {step}: sample rows not written: {type(e).__name__}: {e}"
         writer.sink.record_error(message, {"step": step, "what": "sample rows"}, incomplete_step=step)
         writer.report([message])
-    write_key_data(writer, layout, step, jobs, save_tensors)
+    write_key_data(writer, layout, step, jobs, save_tensors, call)
 
 
 def _chunks(items: list[TensorRow]) -> list[list[TensorRow]]:
@@ -239,7 +267,8 @@ def _chunks(items: list[TensorRow]) -> list[list[TensorRow]]:
     return chunks
 
 
-def _tensor_rows(chunk: list[TensorRow], kind: str, sink: RankWriter, errors: list[str]) -> list[dict[str, Any]]:
+def _tensor_rows(chunk: list[TensorRow], kind: str, sink: RankWriter, errors: list[str],
+                 folder: AtomicFolder | None) -> list[dict[str, Any]]:
     ready: list[tuple[TensorRow, np.ndarray | None]] = []
     for item in chunk:
         try:
@@ -255,7 +284,7 @@ def _tensor_rows(chunk: list[TensorRow], kind: str, sink: RankWriter, errors: li
         host[i] = stats
     rows = []
     for (item, values), stats in zip(ready, host):
-        row = _tensor_row(item, values, stats, kind, sink, errors)
+        row = _tensor_row(item, values, stats, kind, sink, errors, folder)
         if row is not None:
             rows.append(row)
     return rows
@@ -283,7 +312,7 @@ def _lose(item: TensorRow, kind: str, sink: RankWriter, errors: list[str], e: Ba
 
 
 def _tensor_row(item: TensorRow, values: np.ndarray | None, host: dict[str, Any] | Exception | None, kind: str,
-                sink: RankWriter, errors: list[str]) -> dict[str, Any] | None:
+                sink: RankWriter, errors: list[str], folder: AtomicFolder | None) -> dict[str, Any] | None:
     leaf = item.leaf
     try:
         if isinstance(host, Exception):
@@ -300,8 +329,12 @@ def _tensor_row(item: TensorRow, values: np.ndarray | None, host: dict[str, Any]
         return None
     if item.tensor_path is not None and values is not None:
         try:
-            row["tensor_file"] = sink.write_tensor(item.tensor_path,
-                                                   narrow_integers(values, stats.get("min"), stats.get("max")))
+            stored = narrow_integers(values, stats.get("min"), stats.get("max"))
+            if folder is not None and item.file_name is not None:
+                sink.write_into(folder, item.file_name, stored)
+                row["tensor_file"] = item.tensor_path
+            else:
+                row["tensor_file"] = sink.write_tensor(item.tensor_path, stored)
         except OSError as e:
             path = item.tensor_path if isinstance(item.tensor_path, Path) else sink.layout.root / item.tensor_path
             msg = f"{item.where}: tensor not written to {path}: {e}; its statistics are kept"

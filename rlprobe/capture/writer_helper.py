@@ -34,10 +34,22 @@ class _RecordingSink:
     def write_tensor(self, path: str, array: np.ndarray) -> str:
         from rlprobe.lake.atomic import atomic_save_npy
 
+        self._check_parent()
+        self.ops.append(("tensor", atomic_save_npy(os.path.join(self._root, path), array), 1))
+        return path
+
+    def write_into(self, folder: Any, name: str, array: np.ndarray) -> None:
+        self._check_parent()
+        folder.save_npy(name, array)
+
+    def commit_folder(self, folder: Any) -> None:
+        self._check_parent()
+        folder.commit()
+        self.ops.append(("tensor", folder.nbytes, folder.files))
+
+    def _check_parent(self) -> None:
         if os.getppid() != self._parent:  # the training process is gone: write nothing more
             os._exit(0)
-        self.ops.append(("tensor", atomic_save_npy(os.path.join(self._root, path), array)))
-        return path
 
     def add_row(self, kind: str, row: Any) -> None:
         self.ops.append(("row", kind, row))
@@ -124,9 +136,9 @@ def _serve(requests: int, replies: int, ring_fd: int, capacity: int, parent: int
             try:
                 if request["identity"] is not None:
                     write_samples_and_key_data(state, None, request["step"], jobs, request["save_tensors"],
-                                               request["identity"])
+                                               request["identity"], request["call"])
                 else:
-                    write_key_data(state, None, request["step"], jobs, request["save_tensors"])
+                    write_key_data(state, None, request["step"], jobs, request["save_tensors"], request["call"])
                 reply = ("ok", _columnar(sink.ops))
             except Exception as e:  # the training process handles it as the writer thread's own failure
                 reply = ("failed", _columnar(sink.ops), f"{type(e).__name__}: {e}")

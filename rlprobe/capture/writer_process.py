@@ -15,7 +15,7 @@ shared by that process's probes. It reads requests until its pipe closes: when t
 process exits or is killed, it stops after at most the file it is writing (atomically, as
 always), and it checks between files that its parent still lives. Where there is no memfd (not
 Linux), the helper cannot start, a snapshot is not in the ring (a device tensor, one larger than
-the ring) or RLPROBE_WRITER_PROCESS=0, the writer thread does the work itself, as before. A
+the ring) or RLPROBE_WRITER_PROCESS is not 1, the writer thread does the work itself. A
 helper that dies is reported (the step in progress is marked incomplete) and the writer thread
 takes over.
 """
@@ -38,7 +38,9 @@ if TYPE_CHECKING:
     from rlprobe.lake.layout import DumpLayout
     from rlprobe.lake.samples import CallIdentity
 
-ENV = "RLPROBE_WRITER_PROCESS"  # "0": no helper process, the writer thread does everything
+# "1": a helper process works out key data. Default (unset, "0"): the writer thread does everything;
+# measured cheaper in all once the file work per tensor was cut (docs/trl.md, "Overhead", third pass)
+ENV = "RLPROBE_WRITER_PROCESS"
 HEADER = struct.Struct("<Q")
 
 
@@ -130,22 +132,22 @@ class WriterProcess:
 
 
 def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob], save_tensors: bool,
-               identity: CallIdentity | None) -> None:
-    """Writer-thread job for one save call: its sample rows (with an identity) and key data, worked
-    out by the writer process when every snapshot lies in the host staging ring, else here."""
+               identity: CallIdentity | None, call: int = 0) -> None:
+    """Writer-thread job for the step's `call`-th save call: its sample rows (with an identity) and key
+    data, worked out by the writer process when every snapshot lies in the host staging ring, else here."""
     process = writer.process
     if process is not None:
         described = _ring_jobs(process.ring, jobs)
         try:
             if described is not None:
-                _write_in_process(writer, process, step, jobs, described, save_tensors, identity)
+                _write_in_process(writer, process, step, jobs, described, save_tensors, identity, call)
                 return
             if writer.samples_remote:  # this call is done here: the counts come back first
                 writer.samples = end_session(writer) or writer.samples
         except WriterProcessDied as e:
             writer.process = None
             if not e.started:  # it never ran (an interpreter that cannot start it): nothing was lost
-                write_call(writer, layout, step, jobs, save_tensors, identity)
+                write_call(writer, layout, step, jobs, save_tensors, identity, call)
                 return
             if writer.samples_remote:  # the step's occurrence counts went with the process
                 from rlprobe.lake.samples import OccurrenceCounter
@@ -158,9 +160,9 @@ def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: li
     from rlprobe.capture.writer import write_key_data, write_samples_and_key_data
 
     if identity is not None:
-        write_samples_and_key_data(writer, layout, step, jobs, save_tensors, identity)
+        write_samples_and_key_data(writer, layout, step, jobs, save_tensors, identity, call)
     else:
-        write_key_data(writer, layout, step, jobs, save_tensors)
+        write_key_data(writer, layout, step, jobs, save_tensors, call)
 
 
 def end_session(writer: BackgroundWriter) -> Any:
@@ -201,10 +203,11 @@ def _ring_jobs(ring: Any, jobs: list[LeafJob]) -> list[tuple[Any, ...]] | None:
 
 
 def _write_in_process(writer: BackgroundWriter, process: WriterProcess, step: int, jobs: list[LeafJob],
-                      described: list[tuple[Any, ...]], save_tensors: bool, identity: CallIdentity | None) -> None:
+                      described: list[tuple[Any, ...]], save_tensors: bool, identity: CallIdentity | None,
+                      call: int) -> None:
     sink = writer.sink
     request = {"what": "key_data", "session": writer.session, "root": os.fspath(sink.layout.root),
-               "rank": sink.rank, "step": step, "jobs": described, "save_tensors": save_tensors,
+               "rank": sink.rank, "step": step, "call": call, "jobs": described, "save_tensors": save_tensors,
                "identity": identity, "samples": None if writer.samples_remote else writer.samples}
     try:
         reply = process.call(request)
@@ -221,7 +224,7 @@ def _write_in_process(writer: BackgroundWriter, process: WriterProcess, step: in
         elif op[0] == "row":
             sink.add_row(op[1], op[2])
         elif op[0] == "tensor":
-            sink.count_tensor(op[1])
+            sink.count_tensor(op[1], op[2])
         elif op[0] == "error":
             sink.record_error(op[1], op[2], op[3])
         else:
@@ -235,9 +238,10 @@ _process_lock = threading.Lock()
 
 
 def writer_process() -> WriterProcess | None:
-    """This process's helper (started on first use); None where it is switched off or cannot run."""
+    """This process's helper (started on first use) when RLPROBE_WRITER_PROCESS=1; None where it is
+    not switched on or cannot run."""
     global _process
-    if os.environ.get(ENV, "1") == "0":
+    if os.environ.get(ENV, "0") != "1":
         return None
     with _process_lock:
         if _process is not None and _process.pid == os.getpid() and _process.dead is None:

@@ -46,6 +46,8 @@ def may_run_compiled_kernels(dump_a: "Dump") -> bool:
                 budget -= 1
                 if budget < 0:
                     return True
+                if entry.name.startswith("."):  # a killed writer's hidden temporary file or folder
+                    continue
                 try:
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlprobe.lake.layout import safe_component
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.sql_runner import records
 
@@ -24,8 +23,9 @@ def dump_info(dump: Dump) -> dict[str, Any]:
         problems.clear()
         con = dump.connect(errors=problems, deep=True)
         keys, scalars, ranks = _tables(con)
+    sizes = _key_bytes(con, dump, [k["key"] for k in keys])
     for k in keys:
-        k["bytes"] = _tree_bytes(_key_dir(dump, k["key"]))
+        k["bytes"] = sizes.get(k["key"], 0)
     manifests = dump.rank_manifests
     for rank, m in manifests.items():
         if m.get("errors"):
@@ -75,23 +75,37 @@ def _tables(con: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[
     return records(con, "info_key_data.sql"), records(con, "info_scalars.sql"), ranks
 
 
-def _key_dir(dump: Dump, key: str) -> Path:
-    if dump.format == "rlprobe":
-        return dump.path / "tensors" / "key_data" / f"key={safe_component(key)}"
-    return dump.path / "data" / key
+def _key_bytes(con: Any, dump: Dump, keys: list[str]) -> dict[str, int]:
+    """Bytes of each key's tensor files: one walk of the tensor folder, joined with the rows'
+    tensor_file (a key's files lie in every save call's folder, docs/dump-format.md "Files")."""
+    if dump.format != "rlprobe":  # msprobe: data/<key>/...
+        return {k: sum(_npy_sizes(dump.path / "data" / k, dump.path).values()) for k in keys}
+    import pyarrow as pa
+
+    sizes = _npy_sizes(dump.path / "tensors" / "key_data", dump.path)
+    con.register("tensor_sizes", pa.table({"path": pa.array(list(sizes), pa.string()),
+                                           "size": pa.array(list(sizes.values()), pa.int64())}))
+    try:
+        return {r["key"]: int(r["bytes"]) for r in records(con, "info_key_bytes.sql")}
+    finally:
+        con.unregister("tensor_sizes")
 
 
-def _tree_bytes(root: Path) -> int:
-    total = 0
-    stack = [root]
+def _npy_sizes(root: Path, base: Path) -> dict[str, int]:
+    """Size of every .npy file under `root`, by its path relative to `base` (POSIX separators)."""
+    sizes: dict[str, int] = {}
+    prefix = len(os.fspath(base)) + 1
+    stack = [os.fspath(root)]
     while stack:
         try:
             with os.scandir(stack.pop()) as it:
                 for entry in it:
+                    if entry.name.startswith("."):  # a killed writer's temporaries
+                        continue
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)
                     elif entry.name.endswith(".npy"):
-                        total += entry.stat(follow_symlinks=False).st_size
+                        sizes[entry.path[prefix:].replace(os.sep, "/")] = entry.stat(follow_symlinks=False).st_size
         except FileNotFoundError:
             continue
-    return total
+    return sizes

@@ -8,9 +8,9 @@ import uuid
 from pathlib import Path
 
 from rlprobe.errors import DumpReadError, ProbeError
-from rlprobe.lake.atomic import atomic_write_json
+from rlprobe.lake.atomic import AtomicFolder, atomic_write_json
 from rlprobe.lake.encoding import narrow_integers
-from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout
+from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout, key_data_call_dir, key_data_file_name
 from rlprobe.lake.rank_writer import RankWriter
 from rlprobe.lake.reader import open_dump
 from rlprobe.lake.statistics import bitwise_hash, host_statistics
@@ -45,17 +45,29 @@ def import_msprobe(src: str | Path, dst: str | Path) -> dict[str, int]:
         sink = RankWriter(target, rank, len(ranks), run_id, {"framework": "msprobe", "mode": "import"})
         mine = sorted((r for r in rows if r["rank"] == rank), key=lambda r: (r["step"], r["key"], r["micro_step"], r["index"]))
         for step in sorted({r["step"] for r in mine}):
-            for r in (r for r in mine if r["step"] == step):
-                values = source.load_tensor(r["tensor_file"], None)
-                stats = host_statistics(values)
-                path = target.key_data_tensor(r["key"], step, rank, r["micro_step"], r["index"])
-                tensor_file = sink.write_tensor(path, narrow_integers(values, stats["min"], stats["max"]))
-                sink.add_row("key_data", {
-                    "key": r["key"], "step": step, "micro_step": r["micro_step"], "index": r["index"],
-                    "dtype": None, "framework": "msprobe", "shape": list(values.shape), "numel": int(values.size),
-                    **stats, "hash": bitwise_hash(values), "tensor_file": tensor_file,
-                })
-                written += 1
+            rows_of_step = [r for r in mine if r["step"] == step]
+            # one folder per (step, micro_step), as a save call writes it: its (key, index) pairs are unique
+            for call, micro_step in enumerate(sorted({r["micro_step"] for r in rows_of_step})):
+                folder_path = key_data_call_dir(step, rank, call)
+                folder = AtomicFolder(str(target.root / folder_path))
+                added = []
+                for r in (r for r in rows_of_step if r["micro_step"] == micro_step):
+                    values = source.load_tensor(r["tensor_file"], None)
+                    stats = host_statistics(values)
+                    name = key_data_file_name(r["key"], r["index"])
+                    sink.write_into(folder, name, narrow_integers(values, stats["min"], stats["max"]))
+                    added.append({
+                        "key": r["key"], "step": step, "micro_step": micro_step, "index": r["index"],
+                        "dtype": None, "framework": "msprobe", "shape": list(values.shape), "numel": int(values.size),
+                        **stats, "hash": bitwise_hash(values), "tensor_file": f"{folder_path}/{name}",
+                    })
+                try:
+                    sink.commit_folder(folder)
+                except OSError as e:
+                    raise ProbeError(f"importing into {dst}: writing {folder.path}: {e}") from None
+                for row in added:
+                    sink.add_row("key_data", row)
+                written += len(added)
             errors = sink.flush(step)
             if errors:
                 raise ProbeError(f"importing into {dst}: {errors[0]}")

@@ -18,6 +18,7 @@ PLAIN_TENSOR_FILE = "_"  # file stem for index '' (a plain tensor, not a list/di
 _SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 _PART = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
 _MAX_NAME = 120
+_MAX_FILE_STEM = 200
 
 
 def rank_manifest_name(rank: int) -> str:
@@ -74,10 +75,20 @@ def safe_component(name: str) -> str:
 _component = lru_cache(maxsize=4096)(safe_component)
 
 
-def key_data_tensor_file(key: str, step: int, rank: int, micro_step: int, index: str) -> str:
-    """A key-data tensor's path relative to the dump root, POSIX separators (its row's tensor_file)."""
-    stem = _component(index) if index else PLAIN_TENSOR_FILE
-    return f"tensors/key_data/key={_component(key)}/step={step}/rank={rank}/micro_step={micro_step}/{stem}.npy"
+def key_data_call_dir(step: int, rank: int, call: int) -> str:
+    """The folder of one save call's key-data tensors, relative to the dump root, POSIX separators:
+    written as a hidden temporary folder and renamed into place once, complete (lake/atomic.py)."""
+    return f"tensors/key_data/step={step}/rank={rank}/call={call}"
+
+
+def key_data_file_name(key: str, index: str) -> str:
+    """A key-data tensor's file name in its call's folder: `<key>.npy`, or `<key>@<index>.npy` for
+    an item of a list or dict. `@` is never part of a safe component, so names cannot collide."""
+    name = _component(key) if not index else f"{_component(key)}@{_component(index)}"
+    if len(name) > _MAX_FILE_STEM:  # two long names: keep the file name under the usual 255 bytes
+        digest = hashlib.blake2b(f"{key}\x00{index}".encode("utf-8"), digest_size=4).hexdigest()
+        name = f"{name[:_MAX_NAME]}~{digest}"
+    return f"{name}.npy"
 
 
 @dataclass(frozen=True)
@@ -124,9 +135,6 @@ class DumpLayout:
     def stats_dir(self, kind: str, rank: int) -> Path:
         return self.root / "stats" / kind / f"rank={rank}"
 
-    def key_data_tensor(self, key: str, step: int, rank: int, micro_step: int, index: str) -> Path:
-        return self.root / key_data_tensor_file(key, step, rank, micro_step, index)
-
     def module_tensor(self, stage: str, step: int, rank: int, seq: int, io: str, index: str) -> Path:
         stem = safe_component(index) if index else PLAIN_TENSOR_FILE
         return (
@@ -165,13 +173,15 @@ class DumpLayout:
         return {rank for kind in kinds for rank in self.rank_dirs(kind)}
 
     def first_tensor_dir(self, rank: int) -> Path | None:
-        """A `tensors/<kind>/<name>/step=<S>/rank=<rank>` directory, if there is one: stops at the first."""
+        """A `tensors/<kind>/[<name>/]step=<S>/rank=<rank>` directory, if there is one: stops at the first."""
         base = self.root / "tensors"
         if not base.is_dir():
             return None
         for kind in base.iterdir():
-            for name in kind.iterdir() if kind.is_dir() else ():
-                for step in name.iterdir() if name.is_dir() else ():
+            for child in kind.iterdir() if kind.is_dir() else ():
+                # key data: step=<S>/rank=<R>; module, grad_sign and older key data: <name>/step=<S>/rank=<R>
+                steps = [child] if child.name.startswith("step=") else child.iterdir() if child.is_dir() else ()
+                for step in steps:
                     candidate = step / f"rank={rank}"
                     if candidate.is_dir():
                         return candidate

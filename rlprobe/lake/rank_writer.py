@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from rlprobe._version import __version__
 from rlprobe.errors import DumpReadError
-from rlprobe.lake.atomic import atomic_save_npy, atomic_write_json
+from rlprobe.lake.atomic import AtomicFolder, atomic_save_npy, atomic_write_json
 from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout
 from rlprobe.lake.parts import PartStore
 from rlprobe.lake.rank_lock import RankLock
@@ -80,9 +80,18 @@ class RankWriter:
         self.count_tensor(size)
         return relative
 
-    def count_tensor(self, nbytes: int) -> None:
-        """Count a tensor file of `nbytes` in the manifest (one the writer process wrote, say)."""
-        self.manifest["tensor_files"] += 1
+    def write_into(self, folder: AtomicFolder, name: str, array: np.ndarray) -> None:
+        """Write one .npy into a save call's folder (counted when the folder is committed)."""
+        folder.save_npy(name, array)
+
+    def commit_folder(self, folder: AtomicFolder) -> None:
+        """Rename a save call's folder into place and count its files."""
+        folder.commit()
+        self.count_tensor(folder.nbytes, folder.files)
+
+    def count_tensor(self, nbytes: int, files: int = 1) -> None:
+        """Count tensor files of `nbytes` in all in the manifest (ones the writer process wrote, say)."""
+        self.manifest["tensor_files"] += files
         self.manifest["tensor_bytes"] += nbytes
 
     # -- stats rows ----------------------------------------------------------------------
@@ -191,7 +200,9 @@ class RankWriter:
             (self.layout.root / f).unlink(missing_ok=True)
         tensors = self.layout.root / "tensors"
         for kind in ("key_data", "module"):  # their step= directories count probe steps
-            for d in (tensors / kind).glob(f"*/step=*/rank={self.rank}"):
+            # key data: step=<S>/rank=<R>; module (and key data written before issue 15): <name>/step=<S>/rank=<R>
+            for d in [*(tensors / kind).glob(f"step=*/rank={self.rank}"),
+                      *(tensors / kind).glob(f"*/step=*/rank={self.rank}")]:
                 try:
                     stale = int(d.parent.name[5:]) not in committed
                 except ValueError:
@@ -233,9 +244,12 @@ class RankWriter:
         errors = self.flush(None)
         for kind, rows in self.buffers.items():
             if rows:
-                steps = sorted({r.get(step_column(kind)) for r in rows} - {None})
-                self.record_error(f"{len(rows)} {kind} stats rows of steps {steps} could not be written",
-                                  {"kind": kind, "rows": len(rows), "steps": steps})
+                column = step_column(kind)  # rows are dicts, or tables (the sample kind's, the writer process's)
+                steps = sorted({s for r in rows for s in (r[column].to_pylist() if isinstance(r, pa.Table)
+                                                          else [r.get(column)])} - {None})
+                count = sum(r.num_rows if isinstance(r, pa.Table) else 1 for r in rows)
+                self.record_error(f"{count} {kind} stats rows of steps {steps} could not be written",
+                                  {"kind": kind, "rows": count, "steps": steps})
                 for step in steps:
                     self._mark_incomplete(step)
         self._commit([*self.pending_steps, *sorted(self.written_steps)])

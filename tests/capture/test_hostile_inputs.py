@@ -170,7 +170,7 @@ def test_a_key_with_a_lone_surrogate_is_refused_by_save_and_the_step_commits_its
 @pytest.mark.parametrize("name", ["a:b", "c:d:e", "http://x", "ratio:clipped"])
 def test_names_with_a_colon_are_plain_names(tmp_path, name):
     """`a:b` was refused as "would write outside the dump directory"; it is stored as
-    key=a_b~<hash>, inside the dump, like any name with characters unsafe in paths."""
+    a_b~<hash>.npy, inside the dump, like any name with characters unsafe in paths."""
     path = tmp_path / "dump"
     with rlprobe.Probe(path, rank=0, world_size=1) as probe:
         probe.save({name: torch.full((2,), 5.0)})

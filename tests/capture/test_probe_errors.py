@@ -543,8 +543,11 @@ def _plant_temporaries(path: Path) -> None:
     (stats / ".part-000077.parquet.tmp-1234-deadbeef").write_bytes(b"PAR1 half a parquet file")
     (stats / ".rank0.json.tmp-1234-deadbeef").write_bytes(b"{")
     (path / ".rank0.json.tmp-1234-cafef00d").write_bytes(b'{"closed": tr')
-    t = path / "tensors" / "key_data" / "key=x" / "step=1" / "rank=0" / "micro_step=0"
-    (t / "._.npy.tmp-1234-deadbeef").write_bytes(b"\x93NUMPY garbage")
+    # a save call's tensor folder is written hidden and renamed into place once (docs/dump-format.md)
+    t = path / "tensors" / "key_data" / "step=1" / "rank=0" / ".call=0.tmp-1234-deadbeef"
+    t.mkdir()
+    (t / "x.npy").write_bytes(b"\x93NUMPY garbage")
+    (t.parent / ".call=0.tmp-1234-cafef00d").mkdir()  # killed before its first file
 
 
 @pytest.mark.parametrize("how", ["exit", "selfkill", "kill"])

@@ -25,8 +25,15 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 
 @pytest.fixture(autouse=True)
 def _no_env(monkeypatch):
-    for name in ("RLPROBE_RUN_ID", "TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", writer_process.ENV):
+    for name in ("RLPROBE_RUN_ID", "TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(writer_process.ENV, "1")  # opt-in since issue 15's third pass
+
+
+def test_the_writer_process_is_off_by_default(monkeypatch, tmp_path):
+    monkeypatch.delenv(writer_process.ENV)
+    with rlprobe.Probe(tmp_path / "dump", rank=0, world_size=1) as probe:
+        assert probe._writer.process is None
 
 
 def _workload(probe: rlprobe.Probe) -> None:
@@ -83,23 +90,28 @@ def test_a_tensor_the_writer_process_cannot_write_raises_naming_the_file(tmp_pat
     path = tmp_path / "dump"
     probe = rlprobe.Probe(path, rank=0, world_size=1)
     assert probe._writer.process is not None
-    blocked = path / "tensors" / "key_data" / "key=y"
-    blocked.parent.mkdir(parents=True)
-    blocked.write_text("a file where the key's folder goes")
-    probe.save({"x": torch.ones(3), "y": torch.full((3,), 7.0)})
-    with pytest.raises(ProbeError, match=r"key 'y' step 0 micro_step 0: tensor not written to .*key=y.*step=0.*"
+    probe.save({"x": torch.ones(3)})  # call 0: written
+    blocked = path / "tensors" / "key_data" / "step=0" / "rank=0" / "call=1"
+    blocked.mkdir(parents=True)
+    (blocked / "z.npy").write_text("a folder where call 1's tensors go")  # its rename into place fails
+    probe.save({"y": torch.full((3,), 7.0), "w": torch.zeros(2)})
+    with pytest.raises(ProbeError, match=r"key 'y' step 0 micro_step 0: tensor not written to .*step=0.*call=1.*"
                                          r"its statistics are kept"):
         probe.flush()
     probe.step()
     probe.close()
     rows = {r["key"]: r for r in rlprobe.open(path).key_data().collect().to_dicts()}
     assert rows["y"]["tensor_file"] is None and rows["y"]["max"] == 7.0  # the statistics row is kept
+    assert rows["w"]["tensor_file"] is None and rows["w"]["numel"] == 2
     assert rows["x"]["tensor_file"] is not None
     np.testing.assert_array_equal(rlprobe.open(path).tensor("x", 0), np.ones(3, np.float32))
+    assert sorted(p.name for p in blocked.iterdir()) == ["z.npy"]  # what was there is left alone
+    assert not [p for p in blocked.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
     manifest = json.loads((path / "rank0.json").read_text())
-    assert any("key=y" in e for e in manifest["errors"])
+    assert any("call=1" in e for e in manifest["errors"])
     assert {"kind": "key_data", "key": "y", "step": 0, "micro_step": 0, "index": "", "what": "tensor"} \
         in manifest["lost"]
+    assert manifest["tensor_files"] == 1
 
 
 def test_a_killed_writer_process_is_reported_and_the_writer_thread_takes_over(tmp_path):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import shutil
 
 import numpy as np
+import pytest
 
-from rlprobe.lake.atomic import atomic_save_npy, atomic_write_json
+from rlprobe.lake.atomic import AtomicFolder, atomic_save_npy, atomic_write_json
 
 
 def test_a_folder_removed_after_a_write_is_made_again(tmp_path):
@@ -48,3 +50,62 @@ def test_folders_are_made_again_after_a_deeper_one_vanished(tmp_path):
     shutil.rmtree(tmp_path / "t" / "step=1")
     atomic_save_npy(str(tmp_path / "t" / "step=1" / "rank=0" / "b.npy"), np.arange(3))  # a str path too
     np.testing.assert_array_equal(np.load(tmp_path / "t" / "step=1" / "rank=0" / "b.npy"), np.arange(3))
+
+
+def test_a_folder_appears_complete_at_its_rename(tmp_path):
+    """AtomicFolder: files go into a hidden temporary folder; commit() publishes them all at once."""
+    final = tmp_path / "tensors" / "step=0" / "rank=0" / "call=0"
+    folder = AtomicFolder(str(final))
+    arrays = {"a.npy": np.arange(5), "b@0.npy": np.array(2.5), "c.npy": np.zeros((0, 3), np.float32)}
+    for name, array in arrays.items():
+        folder.save_npy(name, array)
+        assert not final.exists()  # nothing visible before the rename
+        (hidden,) = final.parent.iterdir()
+        assert hidden.name.startswith(".call=0.tmp-")
+    folder.commit()
+    assert sorted(p.name for p in final.parent.iterdir()) == ["call=0"]
+    assert sorted(p.name for p in final.iterdir()) == sorted(arrays)
+    for name, array in arrays.items():
+        expected = io.BytesIO()
+        np.save(expected, array)
+        assert (final / name).read_bytes() == expected.getvalue()
+    assert folder.files == 3 and folder.nbytes == sum((final / n).stat().st_size for n in arrays)
+
+
+def test_a_folder_without_files_is_not_made(tmp_path):
+    folder = AtomicFolder(str(tmp_path / "call=0"))
+    folder.commit()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_that_cannot_be_renamed_into_place_leaves_nothing_behind(tmp_path):
+    final = tmp_path / "call=0"
+    final.mkdir()
+    (final / "other.npy").write_bytes(b"already there")
+    folder = AtomicFolder(str(final))
+    folder.save_npy("a.npy", np.arange(3))
+    with pytest.raises(OSError):
+        folder.commit()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["call=0"]  # the temporary folder is removed
+    assert sorted(p.name for p in final.iterdir()) == ["other.npy"]  # and what was there is untouched
+
+
+def test_a_file_that_fails_half_way_is_removed(tmp_path, monkeypatch):
+    """A write that fails (a full disk) must not leave a part-written file to be renamed into place."""
+    import rlprobe.lake.atomic as atomic
+
+    folder = AtomicFolder(str(tmp_path / "call=0"))
+    folder.save_npy("good.npy", np.arange(3))
+
+    def fail(fd, header, data):
+        import os
+
+        os.write(fd, header)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(atomic, "_write_all", fail)
+    with pytest.raises(OSError, match="No space"):
+        folder.save_npy("bad.npy", np.arange(4))
+    monkeypatch.undo()
+    folder.commit()
+    assert sorted(p.name for p in (tmp_path / "call=0").iterdir()) == ["good.npy"]
