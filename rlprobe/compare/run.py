@@ -169,8 +169,11 @@ class _SingleRunBeside:
             self._thread = threading.Thread(target=self._findings, args=(saved,), name="rlprobe-single-run",
                                             daemon=True)
             self._thread.start()
+        # only while compiled kernels compare the pairs (start_warm_up ran): a few tiny tensors are compared
+        # by numpy at once, and the thread would import what such a comparison may never use (start-up)
         importing = threading.Thread(target=_import_later_modules, name="rlprobe-imports", daemon=True)
-        importing.start()
+        if _warm_up_started.is_set():
+            importing.start()
         try:
             if self._executor is None:
                 from rlprobe.compare.executor import run_pairs
@@ -178,7 +181,8 @@ class _SingleRunBeside:
                 return run_pairs(tasks, **kwargs)
             return self._executor(tasks, **kwargs)
         finally:
-            importing.join()  # before this thread imports anything itself: no two threads in one import cycle
+            if importing.is_alive():
+                importing.join()  # before this thread imports anything itself: no two threads in one import cycle
 
     def _findings(self, saved: dict[str, set[str]]) -> None:
         try:
@@ -232,12 +236,14 @@ def _after_warm_up(executor: Callable[..., Any] | None) -> Callable[..., Any]:
 # held while start_warm_up's thread loads numba: numba's typing and target registries are process-wide
 # and refreshing them while another thread compiles a kernel makes that compilation fail
 _numba_loading = threading.Lock()
+_warm_up_started = threading.Event()  # set for good by the first start_warm_up of the process
 
 
 def start_warm_up() -> threading.Thread:
     """Load numba on a thread ("rlprobe-warm-up") while the runs' statistics are read; compare_dumps
     runs no kernel before it is done."""
     _numba_loading.acquire()  # here, not in the thread: no kernel may slip in before the thread starts
+    _warm_up_started.set()
 
     def load() -> None:
         try:
