@@ -273,7 +273,9 @@ def compact(dump: str) -> None:
         result = run(dump)
     except ProbeError as e:  # a damaged or foreign part (nothing compacted), or a lock file that cannot be opened
         raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
-    click.echo(f"{dump}: {result['files_before']} files -> {result['files_after']}")
+    click.echo(f"{dump}: {result['files_before']} files -> {result['files_after']}"
+               + (f"; {result['tensor_leftovers']} leftover(s) of killed writers removed among the tensor files"
+                  if result["tensor_leftovers"] else ""))
     for message in result["refused"]:
         _err(message, 1)
     if result["refused"]:

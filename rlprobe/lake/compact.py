@@ -14,9 +14,11 @@ parts merged.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from rlprobe.errors import DumpReadError
+from rlprobe.lake.atomic import is_temporary
 from rlprobe.lake.layout import KINDS, DumpLayout, live_parts_in
 from rlprobe.lake.parts import PartStore
 from rlprobe.lake.rank_lock import RankLock, RankLocked
@@ -24,11 +26,12 @@ from rlprobe.lake.rank_lock import RankLock, RankLocked
 
 def compact(root: str | Path) -> dict[str, object]:
     """Merge parts per (kind, rank) of every rank no live process writes; returns the number
-    of files before and after, and `refused`: one message per rank (or rank directory) left as
+    of files before and after, how many hidden leftovers of killed writers were deleted among the
+    tensor files (`tensor_leftovers`), and `refused`: one message per rank (or rank directory) left as
     it was. Raises DumpReadError, before merging anything, naming a part that cannot be read whole
     or is not of its kind."""
     layout = DumpLayout(root)
-    before = after = 0
+    before = after = leftovers = 0
     refused: list[str] = []
     base = layout.root / "stats"
     kinds = sorted({*KINDS, *(d.name for d in base.iterdir() if d.is_dir())}) if base.is_dir() else []
@@ -49,11 +52,26 @@ def compact(root: str | Path) -> dict[str, object]:
                 before += sum(1 for _ in directory.iterdir())
                 PartStore(directory).merge_all()
                 after += sum(1 for _ in directory.iterdir())
+            leftovers += _remove_tensor_leftovers(layout.root, rank)
             locks.pop(rank).release()
     finally:
         for lock in locks.values():
             lock.release()
-    return {"files_before": before, "files_after": after, "refused": refused}
+    return {"files_before": before, "files_after": after, "tensor_leftovers": leftovers, "refused": refused}
+
+
+def _remove_tensor_leftovers(root: Path, rank: int) -> int:
+    """Delete what a killed writer of `rank` left half-written among its tensor files: hidden temporary
+    files and save-call folders (lake/atomic.py), which no reader sees. Returns how many."""
+    removed = 0
+    for directory in (root / "tensors").glob(f"*/**/rank={rank}"):
+        for leftover in [p for p in directory.rglob(".*") if is_temporary(p)]:
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 def _checked_dirs(directories: list[tuple[str, Path]], refused: list[str]) -> list[Path]:
