@@ -101,11 +101,14 @@ _INF_BITS = 0x7FF0000000000000  # the bits of +inf: a larger non-negative float6
 
 
 @numba.njit(nogil=True, cache=True, fastmath={"reassoc"})
-def _finite_block(ac, bc, dbuf):  # pragma: no cover - runs compiled (reassociating sums)
+def _finite_block(ac, bc, dbuf, rbuf):  # pragma: no cover - runs compiled (reassociating sums)
     """A block's equal and within counts, the dot and square sums, and each element's |a - b| written
     to dbuf. Branch-free, so it vectorizes; equal elements have d = 0 and count as within, as the exact
     kernel counts them. Only right where every value is finite: an infinity or a NaN in either array,
-    or an overflowing difference, leaves a NaN or an infinity in dbuf, and the caller redoes the block."""
+    or an overflowing difference, leaves a NaN or an infinity in dbuf, and the caller redoes the block.
+    With `rbuf` an array, each element's rel err (_rel_errors) goes there in the same pass, for a block
+    that likely differs (the one before it did); with None numba compiles that store out, so both are
+    one loop vectorized the same way (same sums, bit for bit: tests/compare/test_float_kernel_split.py)."""
     eq = 0
     w3 = 0
     w2 = 0
@@ -126,35 +129,8 @@ def _finite_block(ac, bc, dbuf):  # pragma: no cover - runs compiled (reassociat
         sa += x * x
         sb += y * y
         dbuf[i] = d
-    return eq, w3, w2, dot, sa, sb
-
-
-@numba.njit(nogil=True, cache=True, fastmath={"reassoc"})
-def _finite_block_rel(ac, bc, dbuf, rbuf):  # pragma: no cover - runs compiled (reassociating sums)
-    """_finite_block and _rel_errors in one pass, for a block that likely differs (the one before it did):
-    the same loop with the division in it, which the compiler vectorizes the same way (same sums, bit
-    for bit: tests/compare/test_float_kernel_split.py)."""
-    eq = 0
-    w3 = 0
-    w2 = 0
-    dot = 0.0
-    sa = 0.0
-    sb = 0.0
-    for i in range(ac.size):
-        x = np.float64(ac[i])
-        y = np.float64(bc[i])
-        eq += x == y
-        d = abs(x - y)
-        ax = abs(x)
-        ay = abs(y)
-        m = ax if ax > ay else ay
-        w3 += d <= 1e-3 * m
-        w2 += d <= 1e-2 * m
-        dot += x * y
-        sa += x * x
-        sb += y * y
-        dbuf[i] = d
-        rbuf[i] = d / m if m > 0.0 else 0.0
+        if rbuf is not None:
+            rbuf[i] = d / m if m > 0.0 else 0.0
     return eq, w3, w2, dot, sa, sb
 
 
@@ -183,7 +159,7 @@ def _float_kernel(a, b, start, stop):  # pragma: no cover - runs compiled
     """Partial aggregates of float arrays ``a``, ``b`` over flat indices [start, stop).
 
     Block by block: a block with only finite values (the common case) takes the vectorized
-    `_finite_block`, and `_rel_errors` only where some element differs (`_finite_block_rel`, both in
+    `_finite_block`, and `_rel_errors` only where some element differs (`_finite_block` given rbuf, both in
     one pass, after a block that differed: the division is most of the cost of a block); one holding a NaN or an
     infinity, or whose float64 difference overflows (told from the largest |a - b| `_finite_block`
     wrote), is redone by `_float_exact`, and so is one shorter than _SEQUENTIAL_BELOW. The first
@@ -213,9 +189,9 @@ def _float_kernel(a, b, start, stop):  # pragma: no cover - runs compiled
         fast = n >= _SEQUENTIAL_BELOW
         if fast:
             if differed:
-                e, c3, c2, d_, s1, s2 = _finite_block_rel(ac, bc, dbuf, rbuf)
+                e, c3, c2, d_, s1, s2 = _finite_block(ac, bc, dbuf, rbuf)
             else:
-                e, c3, c2, d_, s1, s2 = _finite_block(ac, bc, dbuf)
+                e, c3, c2, d_, s1, s2 = _finite_block(ac, bc, dbuf, None)
             out[0] = _max_int(dbits[:n])
             fast = out[0] < _INF_BITS  # else a NaN or an infinity, or a difference that overflowed
         if fast:
