@@ -1,6 +1,7 @@
 """The float kernel of rlprobe.compare.pair_kernels as it was before its loop was split (issue 18,
 second numba pass), kept verbatim as an oracle: tests/compare/test_float_kernel_split.py checks that
-the current kernel gives the same bits on every field, the reassociated sums included."""
+the current kernel gives the same bits on every field, the reassociated sums included. What the split
+left as it was (the exact element-by-element kernel, the integer maximum, the block sizes) is imported."""
 
 from __future__ import annotations
 
@@ -13,74 +14,7 @@ import_numba()
 
 import numba  # noqa: E402
 
-@numba.njit(nogil=True, cache=True)
-def _float_exact(a, b, start, stop):  # pragma: no cover - runs compiled
-    """Partial aggregates of float arrays ``a``, ``b`` over flat indices [start, stop), one element
-    at a time with every special case (NaN, infinities, overflowing differences)."""
-    inf = np.inf
-    eq = 0
-    first = -1
-    max_abs = 0.0
-    max_rel = 0.0
-    w3 = 0
-    w2 = 0
-    dot = 0.0
-    sa = 0.0
-    sb = 0.0
-    nanmis = 0
-    for i in range(start, stop):
-        x = np.float64(a[i])
-        y = np.float64(b[i])
-        if x == y:
-            eq += 1
-            if x - x == 0.0:  # finite (inf - inf is NaN)
-                dot += x * y
-                sa += x * x
-                sb += y * y
-            continue
-        if x != x or y != y:  # at least one NaN
-            if x != x and y != y:
-                eq += 1
-            else:
-                nanmis += 1
-                if first < 0:
-                    first = i
-            continue
-        if first < 0:
-            first = i
-        ax = abs(x)
-        ay = abs(y)
-        m = ax if ax > ay else ay
-        if m == inf:  # an infinity against a finite value or the opposite infinity
-            max_abs = inf
-            rel = 2.0 if ax == ay else 1.0
-            if rel > max_rel:
-                max_rel = rel
-            continue
-        d = abs(x - y)
-        if d == inf:  # two finite float64 values whose difference overflows
-            rel = abs(x / m - y / m)
-        else:
-            rel = d / m
-        if d > max_abs:
-            max_abs = d
-        if rel > max_rel:
-            max_rel = rel
-        if d <= 1e-3 * m:
-            w3 += 1
-        if d <= 1e-2 * m:
-            w2 += 1
-        dot += x * y
-        sa += x * x
-        sb += y * y
-    return (stop - start, eq, first, max_abs, max_rel, eq + w3, eq + w2, dot, sa, sb, nanmis)
-
-
-_BLOCK = 2048  # elements per block of the float kernel (a few KB: stays in L1 across its passes)
-# a block shorter than this is compared element by element (sums in index order, whatever the CPU's
-# vector width), as rlprobe.compare.numpy_kernels does: numpy_kernels.SEQUENTIAL_BELOW, kept equal by
-# tests/compare/test_numpy_kernels.py (a literal here: numba's cache of this file sees no other file)
-_SEQUENTIAL_BELOW = 8
+from rlprobe.compare.pair_kernels import _BLOCK, _SEQUENTIAL_BELOW, _float_exact, _max_int  # noqa: E402
 
 
 @numba.njit(nogil=True, cache=True)
@@ -120,16 +54,6 @@ def _finite_block(ac, bc, dbuf, rbuf):  # pragma: no cover - runs compiled (reas
         dbuf[i] = d
         rbuf[i] = d / m if m > 0.0 else 0.0
     return eq, w3, w2, dot, sa, sb
-
-
-@numba.njit(nogil=True, cache=True)
-def _max_int(v):  # pragma: no cover - runs compiled
-    """Max of int64 values: the max of non-negative float64s through their bits (integer
-    max vectorizes, float max does not)."""
-    m = v[0]
-    for i in range(v.size):
-        m = max(m, v[i])
-    return m
 
 
 @numba.njit(nogil=True, cache=True)
