@@ -13,11 +13,11 @@ from rlprobe.errors import DumpReadError, ProbeError
 from rlprobe.exit_codes import EXIT_USAGE, EXIT_UNREADABLE
 
 
-def _open(path: str):
+def _open(path: str, include_uncommitted: bool = False):
     import rlprobe
 
     try:
-        return rlprobe.open(path)
+        return rlprobe.open(path, include_uncommitted)
     except DumpReadError as e:
         raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
 
@@ -42,14 +42,20 @@ def main(ctx: click.Context) -> None:
         ctx.with_resource(refused())  # pandas, scipy, cffi: start-up no command needs (issue 18)
 
 
+_INCLUDE_UNCOMMITTED = click.option(
+    "--include-uncommitted", is_flag=True,
+    help="Also the rows of steps a killed run wrote but never committed, and of ranks without rank<R>.json.")
+
+
 @main.command()
 @click.argument("dump", type=click.Path(file_okay=True, dir_okay=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
-def info(dump: str, as_json: bool) -> None:
+@_INCLUDE_UNCOMMITTED
+def info(dump: str, as_json: bool, include_uncommitted: bool) -> None:
     """What DUMP holds: keys, steps, ranks, micro steps, dtypes, bytes, whether complete."""
     from rlprobe.lake.dump_info import dump_info
 
-    d = _open(dump)
+    d = _open(dump, include_uncommitted)
     try:
         summary = dump_info(d)
     except DumpReadError as e:
@@ -108,7 +114,9 @@ def _bytes(n: int | None) -> str:
               show_default=True, help="Output format; parquet needs --output.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the result to this file.")
 @click.option("--max-rows", type=int, default=50, show_default=True, help="Rows shown in table format.")
-def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | None, max_rows: int) -> None:
+@_INCLUDE_UNCOMMITTED
+def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | None, max_rows: int,
+        include_uncommitted: bool) -> None:
     """Run a DuckDB QUERY over DUMP (views: key_data, scalars, configs), or over several runs.
 
     \b
@@ -136,10 +144,10 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
         if runs:
             pairs = [parse_run_option(r) for r in runs]
             paths += [path for _, path in pairs]
-            con = _open(args[0]).connect() if len(args) == 2 else None
-            con = attach_runs(pairs, con)
+            con = _open(args[0], include_uncommitted).connect() if len(args) == 2 else None
+            con = attach_runs(pairs, con, include_uncommitted=include_uncommitted)
         else:
-            con = _open(args[0]).connect()
+            con = _open(args[0], include_uncommitted).connect()
         result = con.sql(query)
         # a statement without rows (SET): None. Read whole here: a lazy reader would raise a corrupt
         # page's error later, as a pyarrow OSError that the handlers below never see

@@ -44,7 +44,7 @@ def dump_info(dump: Dump) -> dict[str, Any]:
         orphans = sorted(dump.layout.ranks_with_stats() - set(manifests))
         if orphans:
             problems.append(f"ranks {orphans} have statistics but no rank<R>.json: their rows are not shown "
-                            "(rlprobe.open(path, include_uncommitted=True) shows them)")
+                            "(rlprobe info/sql --include-uncommitted, rlprobe.open(path, include_uncommitted=True) show them)")
         incomplete = {r: m["incomplete_steps"] for r, m in manifests.items() if m.get("incomplete_steps")}
         for rank, steps in incomplete.items():
             problems.append(f"rank {rank}: steps {steps} lost rows and are not committed: their other rows are not "

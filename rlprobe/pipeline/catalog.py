@@ -33,8 +33,9 @@ def is_result_dir(path: Path) -> bool:
     return path.is_dir() and (path / "key_data.parquet").is_file() and (path / "summary.json").is_file()
 
 
-def attach_runs(runs: list[tuple[str, str]], con: Any = None) -> Any:
-    """A DuckDB connection with one schema per run and the stacked all_<table> views."""
+def attach_runs(runs: list[tuple[str, str]], con: Any = None, include_uncommitted: bool = False) -> Any:
+    """A DuckDB connection with one schema per run and the stacked all_<table> views (dumps read with
+    `include_uncommitted` as rlprobe.open reads them)."""
     import duckdb
 
     con = con or duckdb.connect()
@@ -49,7 +50,7 @@ def attach_runs(runs: list[tuple[str, str]], con: Any = None) -> Any:
         else:
             from rlprobe.lake.reader import open_dump
 
-            open_dump(root).connect(con, schema=name)  # DumpReadError names the path
+            open_dump(root, include_uncommitted).connect(con, schema=name)  # DumpReadError names the path
             views = ["key_data", "scalars", "configs"]
         for view in views:
             seen.setdefault(view, []).append(name)

@@ -94,6 +94,21 @@ def test_info_sql_and_compare_read_committed_steps(killed, tmp_path):
     assert sorted(set(modules["step"].to_pylist())) == [0, 1, 2]
 
 
+def test_info_and_sql_include_uncommitted_on_request(killed):
+    info = json.loads(CliRunner().invoke(main, ["info", str(killed), "--json", "--include-uncommitted"],
+                                         catch_exceptions=False).output)
+    (x,) = info["keys"]
+    assert (x["last_step"], x["tensors"]) == (3, 8)
+    query = "SELECT max(step) AS s, count(*) AS n FROM key_data"
+    out = CliRunner().invoke(main, ["sql", str(killed), query, "--format", "json", "--include-uncommitted"],
+                             catch_exceptions=False).output
+    assert json.loads(out) == [{"s": 3, "n": 8}]
+    for flag, expected in (([], [{"s": 2, "n": 6}]), (["--include-uncommitted"], [{"s": 3, "n": 8}])):
+        out = CliRunner().invoke(main, ["sql", "--run", f"k={killed}", query.replace("key_data", "k.key_data"),
+                                        "--format", "json", *flag], catch_exceptions=False).output
+        assert json.loads(out) == expected, flag
+
+
 def test_a_rank_without_its_manifest_is_hidden_and_named(killed, tmp_path):
     import shutil
 
@@ -104,7 +119,11 @@ def test_a_rank_without_its_manifest_is_hidden_and_named(killed, tmp_path):
     assert sorted(set(dump.key_data().collect()["rank"].to_list())) == [0]
     assert sorted(set(rlprobe.open(path, include_uncommitted=True).key_data().collect()["rank"].to_list())) == [0, 1]
     info = json.loads(CliRunner().invoke(main, ["info", str(path), "--json"], catch_exceptions=False).output)
-    assert any("ranks [1] have statistics but no rank<R>.json" in p for p in info["problems"]), info["problems"]
+    assert any("ranks [1] have statistics but no rank<R>.json" in p and "--include-uncommitted" in p
+               for p in info["problems"]), info["problems"]
+    shown = json.loads(CliRunner().invoke(main, ["info", str(path), "--json", "--include-uncommitted"],
+                                          catch_exceptions=False).output)
+    assert shown["keys"][0]["ranks"] == 2, shown["keys"]
 
 
 def test_append_resumes_after_the_committed_steps_and_drops_the_rest(killed, tmp_path):
