@@ -153,7 +153,7 @@ def _executor(executor) -> Callable[..., dict] | None:
 
 def _grad_thresholds(grads) -> dict[str, float] | None:
     """compare.grads of the spec as compare_grads thresholds (None: its defaults)."""
-    return None if grads is None else {"first_step_min": grads.first_step_min, "max_drop": grads.max_drop}
+    return None if grads is None else grads.model_dump()
 
 
 def _module_options(modules) -> dict[str, Any] | None:

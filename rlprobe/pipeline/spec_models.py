@@ -72,8 +72,11 @@ class KeyDataCompare(_Strict):
 
 
 class GradsCompare(_Strict):
+    """compare_grads' thresholds (docs/grads.md, "Comparison"); the defaults are compare.grads.DEFAULTS."""
     first_step_min: float = Field(0.97, ge=0, le=1)
     max_drop: float = Field(0.03, ge=0, le=1)
+    norm_rtol: float = Field(1e-3, ge=0)
+    layout_similarity_min: float = Field(0.99, ge=0, le=1)  # the first step's bar when the layouts differ
 
 
 class ModulesCompare(_Strict):

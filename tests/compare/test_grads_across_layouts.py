@@ -96,6 +96,26 @@ def test_the_layout_similarity_bar_is_a_threshold(runs):
     assert "< 1.0000 at the first step" in flagged["reason"]
 
 
+def test_a_pipeline_sets_the_layout_similarity_bar(runs, tmp_path):
+    import json
+
+    from rlprobe.compare.grads import DEFAULTS
+    from rlprobe.pipeline.runner import run_pipeline
+    from rlprobe.pipeline.spec import load_pipeline
+    from rlprobe.pipeline.spec_models import GradsCompare
+
+    assert GradsCompare().model_dump() == DEFAULTS  # a spec that names no threshold keeps compare_grads' own
+    flagged = {}
+    for name, grads in (("default", ""), ("strict", "compare:\n  grads: {layout_similarity_min: 1.0}\n")):
+        spec = tmp_path / f"{name}.yaml"
+        spec.write_text(f"version: 1\nname: t\nruns:\n  a: {runs['m2']}\n  b: {runs['m4']}\noutput: ./{name}\n"
+                        f"report: {{xlsx: false, csv: false}}\n{grads}", encoding="utf-8")
+        run_pipeline(load_pipeline(spec))
+        flagged[name] = json.loads((tmp_path / name / "summary.json").read_text())["grad_first_flagged"]
+    assert flagged["default"] is None
+    assert flagged["strict"] is not None and "< 1.0000 at the first step" in flagged["strict"]["reason"]
+
+
 def test_equal_layouts_keep_exact_matching(runs):
     tables, summary = _compare(runs["m4"], runs["m4_lr"])
     assert summary["layout"]["note"] is None and "grads" not in summary["layout"]
