@@ -1,7 +1,8 @@
 -- Runs with different layouts: every (key, index, step, sample, occurrence) seen in EITHER run,
 -- with where the sample's row sits on each side and the tensor file holding it.
 -- Tables: samples_a/b (the `sample` stats kind), stats_a/b (key data). Parameters: $keys,
--- $steps, $ranks (lists, NULL = all; ranks are run A's, else run B's).
+-- $steps, $ranks (lists, NULL = all; a sample is selected when its row sits on a selected rank in either run:
+-- with other rank counts, a rank only one run has still selects its samples, paired wherever the other run holds them).
 WITH a AS (
     SELECT s.*, k.tensor_file, k.shape FROM samples_a AS s
     LEFT JOIN stats_a AS k USING (key, "index", step, rank, micro_step)
@@ -32,4 +33,4 @@ FROM a FULL OUTER JOIN b
    AND a.occurrence = b.occurrence
 WHERE ($keys IS NULL OR list_contains($keys, coalesce(a.key, b.key)))
   AND ($steps IS NULL OR list_contains($steps, coalesce(a.step, b.step)))
-  AND ($ranks IS NULL OR list_contains($ranks, coalesce(a.rank, b.rank)))
+  AND ($ranks IS NULL OR list_contains($ranks, a.rank) OR list_contains($ranks, b.rank))

@@ -184,12 +184,13 @@ def compare_grads(dump_a: Dump, dump_b: Dump, read_errors: list[str] | None = No
         raise ValueError(f"unknown gradient thresholds {sorted(unknown)}; expected {sorted(DEFAULTS)}")
     params = {**DEFAULTS, **{k: float(v) for k, v in thresholds.items()}}
     errors: list[str] = []
-    table_a, table_b = select_steps_ranks(grad_table(dump_a, errors), grad_table(dump_b, errors), steps, ranks)
+    across = bool(layout and layout.get("note"))
+    table_a, table_b = select_steps_ranks(grad_table(dump_a, errors), grad_table(dump_b, errors), steps,
+                                          None if across else ranks)  # across: first_rank_only selects the ranks
     if read_errors is not None:
         read_errors.extend(f"grad stats: {e}" for e in errors)
-    across = bool(layout and layout.get("note"))
     if across:
-        table_a, table_b = first_rank_only(table_a, table_b, layout, "grads", "gradient")
+        table_a, table_b = first_rank_only(table_a, table_b, layout, "grads", "gradient", ranks)
     con = duckdb.connect()
     con.register("grad_a", _with_position(table_a))
     con.register("grad_b", _with_position(table_b))

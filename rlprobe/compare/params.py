@@ -63,9 +63,9 @@ def compare_params(dump_a: Dump, dump_b: Dump, *, exact: bool, read_errors: list
         table = param_table(dump, errors)
         if read_errors is not None:
             read_errors.extend(f"run {side}: {e}" for e in errors)
-        tables.append(_narrowed(table, steps, ranks))
-    if layout is not None:
-        tables = list(first_rank_only(tables[0], tables[1], layout, "params", "fingerprint"))
+        tables.append(_narrowed(table, steps, None if layout is not None else ranks))
+    if layout is not None:  # first_rank_only selects the ranks
+        tables = list(first_rank_only(tables[0], tables[1], layout, "params", "fingerprint", ranks))
     con.register("params_a", tables[0])
     con.register("params_b", tables[1])
     params = run(con, "param_diff.sql", exact=exact, rtol=layout_rtol("float32"))

@@ -73,32 +73,45 @@ def layout(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump, read_er
 
 
 def first_rank_only(table_a: pa.Table, table_b: pa.Table, layout: dict[str, Any], entry: str,
-                    what: str) -> tuple[pa.Table, pa.Table]:
+                    what: str, ranks: list[int] | None = None) -> tuple[pa.Table, pa.Table]:
     """Each run's rows of its first rank (rank 0), B's under A's rank number, for per-rank rows
     that every data-parallel rank holds alike (all-reduced gradients, the weights after a step).
     The other ranks' rows are counted in layout[entry] and, where there are any, the note says
-    they are covered, instead of showing them as only in B."""
+    they are covered, instead of showing them as only in B. `ranks` (`--ranks`; None: all): each
+    run's first rank among them; a run holding none of them (its rank count differs) is represented
+    by its first rank, and the note says so, rather than leaving the other run's rows unmatched."""
     import pyarrow.compute as pc
 
-    def first_rank(table: pa.Table) -> tuple[pa.Table, int | None, int]:
+    stand_ins = []
+
+    def first_rank(table: pa.Table, side: str) -> tuple[pa.Table, int | None, int]:
         if table.num_rows == 0:
             return table, None, 0
-        rank = pc.min(table["rank"]).as_py()
-        kept = table.filter(pc.equal(table["rank"], rank))
-        return kept, rank, table.num_rows - kept.num_rows
+        pool = table if ranks is None else table.filter(pc.is_in(table["rank"], pa.array(ranks, pa.int64())))
+        if pool.num_rows == 0:  # the run holds none of the selected ranks
+            rank = pc.min(table["rank"]).as_py()
+            stand_ins.append(f"{side} holds none of ranks {sorted(ranks)}: its rank {rank} stands in for them")
+            return table.filter(pc.equal(table["rank"], rank)), rank, 0
+        rank = pc.min(pool["rank"]).as_py()
+        kept = pool.filter(pc.equal(pool["rank"], rank))
+        return kept, rank, pool.num_rows - kept.num_rows
 
-    kept_a, rank_a, covered_a = first_rank(table_a)
-    kept_b, rank_b, covered_b = first_rank(table_b)
+    kept_a, rank_a, covered_a = first_rank(table_a, "A")
+    kept_b, rank_b, covered_b = first_rank(table_b, "B")
     layout[entry] = {"rank_a": rank_a, "rank_b": rank_b, "rows_covered_a": covered_a, "rows_covered_b": covered_b}
     if rank_a is not None and rank_b is not None:
         if rank_a != rank_b:
             at = kept_b.schema.get_field_index("rank")
             kept_b = kept_b.set_column(at, "rank", pa.array(np.full(kept_b.num_rows, rank_a, np.int64)))
         covered = covered_a + covered_b
-        if covered:  # with one rank on each side there is nothing to explain
+        if covered or stand_ins:  # with one rank on each side there is nothing to explain
             layout["note"] = (f"{layout['note']}; {what}s: rank {rank_a} of A against rank {rank_b} of B, within "
-                              f"the layout tolerance; the {covered} {what} rows of the other ranks are covered by "
-                              "this note (every data-parallel rank holds the same)")
+                              "the layout tolerance")
+            if covered:
+                layout["note"] += (f"; the {covered} {what} rows of the other ranks are covered by this note "
+                                   "(every data-parallel rank holds the same)")
+            if stand_ins:
+                layout["note"] += f" ({'; '.join(stand_ins)}: every data-parallel rank holds the same)"
     return kept_a, kept_b
 
 

@@ -69,6 +69,22 @@ def test_the_other_ranks_are_counted_in_the_layout_note(runs):
     assert set(params["rank"].to_pylist()) == {0} and set(params["status"].to_pylist()) <= {"match", "close"}
 
 
+def test_a_rank_only_one_run_holds_is_compared_with_the_other_run_s_first_rank(runs):
+    tables, summary = compare_dumps(open_dump(runs["m2"]), open_dump(runs["r2"]), ranks=[1])
+    assert summary["layout"]["grads"] == {"rank_a": 0, "rank_b": 1, "rows_covered_a": 0, "rows_covered_b": 0}
+    assert "A holds none of ranks [1]: its rank 0 stands in for them" in summary["layout"]["note"]
+    grads = tables["grads"]
+    assert grads.num_rows and set(grads["status"].to_pylist()) == {"compared", "stats_only"}  # none only in B
+    assert summary["grad_first_flagged"] is None
+    assert set(tables["params"]["status"].to_pylist()) <= {"match", "close"}
+    # key data: B's rank-1 samples against the same samples on A's rank 0
+    key_data = tables["key_data"]
+    assert key_data.num_rows and summary["first_divergence"] is None
+    assert set(key_data["rank"].to_pylist()) == {0} and set(key_data["status"].to_pylist()) <= {"match", "close"}
+    tables, summary = compare_dumps(open_dump(runs["m2"]), open_dump(runs["r2_adv"]), ranks=[1])
+    assert (summary["grad_first_flagged"]["monitor"], summary["grad_first_flagged"]["step"]) == ("actor", 0)
+
+
 def test_an_lr_fault_across_micro_batches_is_flagged_at_optimizer_step_1(runs):
     _, summary = _compare(runs["m2"], runs["m4_lr"])
     flagged = summary["grad_first_flagged"]
