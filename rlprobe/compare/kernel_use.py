@@ -6,28 +6,20 @@ elements, runs in numpy (pair_metrics.chunk_partial) and never needs numba: load
 costs ~0.3 s of CPU on a 2-core machine, most of a small comparison's start-up (issue 18). Run A
 bounds the pairs (each pair has a file in A, of the same number of elements as B's). The answer
 only decides what is loaded ahead, never a result: a wrong "no" loads numba with its first pair.
-
-`pair_kernel` and `batch_functions` hand out the compiled kernels: the ahead-of-time compiled copies
-where rlprobe.numba_cache finds them built (imported in ~1 ms, no numba: compiled for the same CPU
-target with the same flags, so the same bits), else numba's JIT kernels as before.
 """
 
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from rlprobe.compare import batch_codes
 from rlprobe.compare.numpy_kernels import SEQUENTIAL_BELOW
 from rlprobe.compare.small_pairs import BATCH_MIN
 
 if TYPE_CHECKING:
     from rlprobe.lake.reader import Dump
 
-__all__ = ["batch_functions", "may_run_compiled_kernels", "pair_kernel"]
+__all__ = ["may_run_compiled_kernels"]
 
 _SMALL_NPY_BYTES = 4096  # a larger file holds more than a small header and 7 elements
 _LOOK_AT = 512  # directory entries looked at before answering "yes" (a large dump)
@@ -70,6 +62,8 @@ def may_run_compiled_kernels(dump_a: "Dump") -> bool:
 
 def _few_elements(entry: os.DirEntry) -> bool:
     """Whether the .npy file holds fewer than SEQUENTIAL_BELOW elements (its header read)."""
+    import numpy as np
+
     if entry.stat().st_size > _SMALL_NPY_BYTES:
         return False
     try:
@@ -83,33 +77,3 @@ def _few_elements(entry: os.DirEntry) -> bool:
     for d in shape:
         n *= d
     return n < SEQUENTIAL_BELOW
-
-
-_PAIR_EXPORTS = {np.dtype(np.float32): "pair_f4", np.dtype(np.float64): "pair_f8", np.dtype(np.int64): "pair_i8"}
-
-
-def pair_kernel(dtype: np.dtype) -> Callable[..., tuple]:
-    """pair_kernels' element kernel for float32, float64 or int64 chunks (C-contiguous, 1-D, of that dtype:
-    the ahead-of-time copy does not check), `(a, b, start, stop) -> its partial aggregates`."""
-    from rlprobe.numba_cache import compiled_module
-
-    module = compiled_module("compare")
-    if module is not None:
-        return getattr(module, _PAIR_EXPORTS[dtype])
-    from rlprobe.compare.pair_kernels import kernel_for
-
-    return kernel_for(dtype)
-
-
-def batch_functions() -> Any:
-    """batch_kernels' read_files and compare_batch with the codes of their results (batch_codes):
-    the ahead-of-time copies where built, else the batch_kernels module (numba's JIT kernels)."""
-    from rlprobe.numba_cache import compiled_module
-
-    module = compiled_module("compare")
-    if module is None:
-        from rlprobe.compare import batch_kernels
-
-        return batch_kernels
-    codes = {name: getattr(batch_codes, name) for name in batch_codes.__all__}
-    return SimpleNamespace(read_files=module.read_files, compare_batch=module.compare_batch, **codes)

@@ -145,7 +145,7 @@ def chunk_partial(ca: np.ndarray, cb: np.ndarray, offset: int = 0) -> Partial:
     cb = _prepare(cb, target)
     if ca.shape[0] < SEQUENTIAL_BELOW:  # numpy, bit for bit the kernel's: no numba for small tensors
         return partial_from(partial_of(ca, cb), offset)
-    from rlprobe.compare.kernel_use import pair_kernel  # compiled: loaded with the first larger chunk
+    from rlprobe.compare.compiled import pair_kernel  # compiled: loaded with the first larger chunk
 
     return partial_from(pair_kernel(target)(ca, cb, 0, ca.shape[0]), offset)
 

@@ -119,7 +119,7 @@ def _nothing_done(n: int) -> Batch:
 def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> Batch:
     """Compare the pairs (PairTask) whose files have at most ``limit`` bytes (at most the chunk size,
     so that a pair is one chunk and its result is the per-pair path's, bit for bit) in one batch."""
-    from rlprobe.compare.kernel_use import batch_functions
+    from rlprobe.compare.compiled import batch_functions
     from rlprobe.compare.pair_metrics import chunk_partial, combine
 
     bk = batch_functions()  # ahead-of-time compiled or numba's JIT kernels: the same bits
