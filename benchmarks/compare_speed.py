@@ -15,7 +15,8 @@ start-up (two one-step dumps of one 4-element tensor). With --baseline, the same
 (PYTHONPATH), alternating with this one, for paired ratios. Prints every target of issue 18 with
 its measured value. The dumps are written once into --cache (default: a temp folder; large: ~1.3 GB).
 
-Before the timed repeats each checkout compares each workload once, untimed, so that numba's on-disk
+Before the timed repeats each checkout builds its ahead-of-time kernels (`python -m rlprobe.numba_build`,
+where it has that module) and compares each workload once, untimed, so that numba's on-disk
 cache holds the kernels (a first run on a cold cache compiles them: seconds); each timed run that still
 changed numba's cache folder (it compiled a kernel) is counted and named in the output.
 
@@ -144,6 +145,11 @@ def main() -> None:
         def record(name: str, value) -> None:
             runs.setdefault(name, []).append(value)
 
+        for label, checkout in versions.items():  # kernels compiled ahead of time, where the checkout does that
+            if (checkout / "rlprobe" / "numba_build.py").is_file():
+                built = subprocess.run([sys.executable, "-m", "rlprobe.numba_build"], env=rlprobe_env(checkout),
+                                       cwd=checkout, capture_output=True, text=True)
+                print(f"{label}: ahead-of-time kernels: {built.stdout.strip() or built.stderr.strip()[-300:]}")
         n = 0
         for label, checkout in versions.items():  # untimed: numba's cache then holds every kernel
             for wl, (a, b) in dumps.items():

@@ -1,5 +1,7 @@
 """Where numba keeps its compiled kernels: shared by the comparison kernels and the CPU gradient
-kernel, so neither has to import the other to set it; and numba loaded ahead of the first kernel."""
+kernel, so neither has to import the other to set it; numba loaded ahead of the first kernel; and the
+kernels compiled ahead of time (AOT_FAMILIES, compiled_module: imported without numba, built by
+rlprobe/numba_build.py; docs/compare.md "The compiled kernels without numba")."""
 
 from __future__ import annotations
 
@@ -7,12 +9,14 @@ import hashlib
 import os
 import sys
 import threading
+from typing import Any
 
 #: the modules that define numba kernels (tests/test_numba_cache.py keeps the list whole). numba
 #: checks a cached function against its own file only, so a kernel compiled into another one
 #: (pair_kernels' element kernel into batch_kernels' batch) was loaded stale after only the first
 #: file changed; the cache folder is named after the contents of all of them instead
-KERNEL_MODULES = ("compare/pair_kernels.py", "compare/batch_kernels.py", "check/token_kernel.py",
+KERNEL_MODULES = ("compare/pair_kernels.py", "compare/batch_kernels.py", "compare/batch_codes.py",
+                  "check/token_kernel.py",
                   "check/token_batch.py", "check/npy_reads.py",
                   "frameworks/cpu_grad_kernel.py", "frameworks/cpu_param_kernel.py")
 
@@ -122,3 +126,152 @@ def load_numba() -> None:
     target_context = cpu_target.target_context
     with global_compiler_lock:
         rtsys.initialize(target_context)
+
+
+# --------------------------------------------------------------------------------------
+# ahead-of-time compiled kernels (issue 18): built once by rlprobe/numba_build.py into a folder named
+# after everything that shapes their machine code, imported without numba
+
+def _array(dtype: str, ndim: int = 1, readonly: bool = False) -> str:
+    return f"Array({dtype}, {ndim}, 'C', readonly={readonly})"
+
+
+def _pair_signature(dtype: str) -> str:
+    return f"({_array(dtype, readonly=True)}, {_array(dtype, readonly=True)}, int64, int64)"
+
+
+#: per family, the exported functions: (name in the module, defining module, its attribute, numba
+#: signature as the JIT compiles it for the callers' arrays). An exported function takes
+#: exactly these types, unchecked: callers pass what they pass the JIT kernels (C-contiguous, dtype)
+AOT_FAMILIES: dict[str, tuple[tuple[str, str, str, str], ...]] = {
+    "compare": (
+        ("pair_f4", "rlprobe.compare.pair_kernels", "_float_kernel", _pair_signature("float32")),
+        ("pair_f8", "rlprobe.compare.pair_kernels", "_float_kernel", _pair_signature("float64")),
+        ("pair_i8", "rlprobe.compare.pair_kernels", "_int_kernel", _pair_signature("int64")),
+        ("read_files", "rlprobe.compare.batch_kernels", "read_files",
+         f"({_array('uint8', readonly=True)}, {_array('int64')}, int64, {_array('int64', 2)}, {_array('int64')})"),
+        ("compare_batch", "rlprobe.compare.batch_kernels", "compare_batch",
+         f"({_array('uint8')}, {_array('int64', 2)}, {_array('int64')}, {_array('int64')}, {_array('int64', 2)}, "
+         f"{_array('float64', 2)})"),
+    ),
+}
+
+_CPU_FIELDS = ("vendor_id", "model name", "flags", "cpu family", "model", "stepping")
+_aot_lock = threading.Lock()
+_aot_modules: dict[str, Any] = {}
+_aot_key: list[str] = []
+
+
+def aot_module_name(family: str) -> str:
+    return f"rlprobe_aot_{family}"
+
+
+def _first_cpu() -> bytes:
+    """The identity of the first CPU in /proc/cpuinfo (not its clock: it changes)."""
+    with open("/proc/cpuinfo", "rb") as f:
+        block = f.read(1 << 16).split(b"\n\n", 1)[0]
+    return b"\n".join(line for line in block.splitlines() if line.split(b":", 1)[0].strip().decode() in _CPU_FIELDS)
+
+
+def _package_version_file(name: str) -> bytes:
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)  # not imported: its _version.py is read
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(name)
+    with open(os.path.join(list(spec.submodule_search_locations)[0], "_version.py"), "rb") as f:
+        return f.read()
+
+
+def aot_key() -> str:
+    """A digest of what shapes the compiled code: the kernel sources and the build's, numba's and
+    llvmlite's versions, Python's ABI, the CPU (the JIT compiles for the host's features), the exports
+    and every NUMBA_* setting but the cache's (NUMBA_OPT, NUMBA_CPU_NAME, ... change the JIT's code too).
+    Raises OSError or ImportError where one cannot be read."""
+    if not _aot_key:
+        from importlib.machinery import EXTENSION_SUFFIXES
+
+        root = os.path.dirname(os.path.abspath(__file__))
+        digest = hashlib.sha1(kernel_sources_digest().encode())
+        with open(os.path.join(root, "numba_build.py"), "rb") as f:
+            digest.update(f.read())
+        for part in (_package_version_file("numba"), _package_version_file("llvmlite"), _first_cpu(),
+                     repr((sys.version, EXTENSION_SUFFIXES, AOT_FAMILIES)).encode(),
+                     repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("NUMBA_")
+                                 and k not in ("NUMBA_CACHE_DIR", "NUMBA_DEBUG_CACHE"))).encode()):
+            digest.update(part + b"\0")
+        _aot_key.append(digest.hexdigest()[:16])
+    return _aot_key[0]
+
+
+def aot_folder(create: bool = False) -> str | None:
+    """``<user cache>/rlprobe/aot/<aot_key()>`` (None where it cannot be made or named: not Linux, whose
+    /proc/cpuinfo names the CPU, or numba not installed)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    try:
+        path = os.path.join(base, "rlprobe", "aot", aot_key())
+        if create:
+            os.makedirs(path, exist_ok=True)
+    except (OSError, ImportError):
+        return None
+    return path
+
+
+def compiled_module(family: str) -> Any:
+    """The family's ahead-of-time compiled module (its AOT_FAMILIES exports as functions), or None:
+    the caller then uses the JIT kernels, as before. The first call of a process looks in the cache;
+    when the module is missing there, it starts `python -m rlprobe.numba_build --background FAMILY`
+    (detached; unless one is running, or one failed for this key: <family>.failed) and answers None,
+    so the command that found it missing compiles or loads numba's JIT kernels as before and the next
+    one imports the module. RLPROBE_AOT=0 turns this off (JIT kernels only, nothing built)."""
+    with _aot_lock:
+        if family not in _aot_modules:
+            _aot_modules[family] = None if os.environ.get("RLPROBE_AOT") == "0" else _load_or_build(family)
+        return _aot_modules[family]
+
+
+def _load_or_build(family: str) -> Any:
+    folder = aot_folder()
+    if folder is None:
+        return None
+    name = aot_module_name(family)
+    try:
+        found = [f for f in os.listdir(folder) if f.startswith(name + ".")]
+    except OSError:
+        found = []
+    if not found:
+        _start_build(family, folder)
+        return None
+    import importlib.util
+
+    try:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(folder, found[0]))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, OSError):  # a module that does not load (a truncated copy...): the JIT path
+        return None
+    return module if all(hasattr(module, e[0]) for e in AOT_FAMILIES[family]) else None
+
+
+def _start_build(family: str, folder: str) -> None:
+    """Start the family's build, detached, unless it failed before for this key or one is running."""
+    import fcntl
+    import subprocess
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if os.path.exists(os.path.join(folder, f"{family}.failed")):
+            return
+        with open(os.path.join(folder, f"{family}.lock"), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: a build is running
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)}
+        with open(os.path.join(folder, f"{family}.log"), "ab") as log:
+            subprocess.Popen([sys.executable, "-m", "rlprobe.numba_build", "--background", family], env=env,
+                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    except OSError:  # BlockingIOError included
+        return

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run(code: str, cache_home: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
-    env.update(XDG_CACHE_HOME=str(cache_home), PYTHONPATH=str(ROOT), NUMBA_DEBUG_CACHE="1")
+    # RLPROBE_AOT=0: these are about numba's JIT cache (and build no ahead-of-time module in tmp_path)
+    env.update(XDG_CACHE_HOME=str(cache_home), PYTHONPATH=str(ROOT), NUMBA_DEBUG_CACHE="1", RLPROBE_AOT="0")
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 
+from rlprobe.compare.batch_codes import ALIGN, BIG, F4, F8, I8, KINDS, OK, SLOW
 from rlprobe.compare.pair_kernels import compiled_float_kernel, compiled_int_kernel
 
 import numba  # noqa: E402,I001  (pair_kernels set numba's cache dir before this import)
@@ -28,11 +29,6 @@ _LSEEK = _nt.ExternalFunction("lseek", _nt.int64(_nt.int32, _nt.int64, _nt.int32
 _SEEK_END = os.SEEK_END
 _O_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
-#: per-file results of read_files (a row of 4 int64): status, dtype code, numel, data offset in the buffer
-OK, SLOW, BIG = 0, 1, 2
-KINDS = "biuf"  # dtype code = index of the kind here * 16 + itemsize
-F4, F8, I8 = 3 * 16 + 4, 3 * 16 + 8, 1 * 16 + 8
-ALIGN = 64  # files start at multiples of this in the buffer
 _DESCR = np.frombuffer(b"{'descr': '", np.uint8)
 _FORTRAN = np.frombuffer(b"', 'fortran_order': False, 'shape': (", np.uint8)
 _MAGIC = np.frombuffer(b"\x93NUMPY", np.uint8)

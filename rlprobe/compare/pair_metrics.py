@@ -145,9 +145,9 @@ def chunk_partial(ca: np.ndarray, cb: np.ndarray, offset: int = 0) -> Partial:
     cb = _prepare(cb, target)
     if ca.shape[0] < SEQUENTIAL_BELOW:  # numpy, bit for bit the kernel's: no numba for small tensors
         return partial_from(partial_of(ca, cb), offset)
-    from rlprobe.compare.pair_kernels import kernel_for  # numba: imported with the first larger chunk
+    from rlprobe.compare.compiled import pair_kernel  # compiled: loaded with the first larger chunk
 
-    return partial_from(kernel_for(target)(ca, cb, 0, ca.shape[0]), offset)
+    return partial_from(pair_kernel(target)(ca, cb, 0, ca.shape[0]), offset)
 
 
 def range_partials(a: FlatSource, b: FlatSource, start: int, stop: int, chunk: int = DEFAULT_CHUNK) -> list[Partial]:

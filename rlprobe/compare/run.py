@@ -261,11 +261,13 @@ def start_warm_up() -> threading.Thread:
 
 
 def warm_up_kernels() -> None:
-    """Load numba (run in a thread while the runs' statistics are read); the kernels themselves
-    load when the pairs need them, so none is compiled for a dtype the runs do not hold."""
-    from rlprobe.numba_cache import load_numba
+    """Load the compiled kernels (run in a thread while the runs' statistics are read): their ahead-of-time
+    module where rlprobe.numba_cache finds it built (~1 ms, no numba), else numba itself, whose kernels load
+    when the pairs need them, so none is compiled for a dtype the runs do not hold."""
+    from rlprobe.numba_cache import compiled_module, load_numba
 
-    load_numba()
+    if compiled_module("compare") is None:
+        load_numba()
 
 
 def _grad_probe_step(grads: pa.Table | None, flagged: dict[str, Any] | None) -> int | None:

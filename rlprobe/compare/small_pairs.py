@@ -43,7 +43,7 @@ def plan_jobs(tasks: list[Any]) -> list[tuple[int, Any]]:
 
 
 def _dtype_of(code: int) -> np.dtype:
-    from rlprobe.compare.batch_kernels import KINDS
+    from rlprobe.compare.batch_codes import KINDS
 
     kind, item = KINDS[code // 16], code % 16
     return np.dtype(f"{'|' if item == 1 else '<'}{kind}{item}")
@@ -119,9 +119,10 @@ def _nothing_done(n: int) -> Batch:
 def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> Batch:
     """Compare the pairs (PairTask) whose files have at most ``limit`` bytes (at most the chunk size,
     so that a pair is one chunk and its result is the per-pair path's, bit for bit) in one batch."""
-    from rlprobe.compare import batch_kernels as bk
+    from rlprobe.compare.compiled import batch_functions
     from rlprobe.compare.pair_metrics import chunk_partial, combine
 
+    bk = batch_functions()  # ahead-of-time compiled or numba's JIT kernels: the same bits
     n = len(tasks)
     located = _path_bytes([t.path_a for t in tasks] + [t.path_b for t in tasks]) if n else None
     if located is None:
