@@ -68,7 +68,7 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
     DumpReadError when it cannot be read and ValueError for an unknown parameter or check.
     The two-run verdict reads the same rules: check_dump(dump, only=("on_policy", "rollout_vs_recompute")).rows;
     with `only`, the token tables hold the pairs those checks read, not every pair (token_selection.py)."""
-    import duckdb
+    from rlprobe.lake.duckdb_database import connection
 
     params = dict(params or {})
     unknown = sorted(set(params) - set(all_params()))
@@ -110,7 +110,7 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
                        "token_sequences": tt.SEQUENCES.empty_table(), "group_advantages": tt.GROUPS.empty_table()})
     timings["tokens"] = time.perf_counter() - t
     t = time.perf_counter()
-    con = duckdb.connect()
+    con = connection()
     con.register("stats", stats)  # scanned in place: copying it into a DuckDB table costs more than it saves
     con.register("scalars", scalars)
     con.register("configs", dump.configs_table())

@@ -39,10 +39,10 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     are left in it as the tables stats_a and stats_b (and key_data, key_rollup, step_rollup are
     registered there) instead of being returned as Arrow tables. `key_map`: a trainer's key names
     (key_aliases.py); `config_ignore`: config paths the config diff leaves out (config_diff.py)."""
-    import duckdb
+    from rlprobe.lake.duckdb_database import connection
 
     keep_stats = con is None
-    con = con or duckdb.connect()
+    con = con or connection()  # a cursor of the process's database: duckdb.connect() costs ~25 ms of CPU
     beside = _SingleRunBeside(con, dump_a, dump_b, executor, start=workers > 1)
     try:
         compared = compare_key_data(con, dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
