@@ -7,9 +7,10 @@ cannot be read (raised as DumpReadError)."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,11 +62,14 @@ def all_params() -> dict[str, Any]:
     return found
 
 
-def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tuple[str, ...] | None = None
-               ) -> CheckResult:
+def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tuple[str, ...] | None = None,
+               con: Any = None) -> CheckResult:
     """Run every check (or those named in `only`) on one dump (a path or an open Dump). Raises
     DumpReadError when it cannot be read and ValueError for an unknown parameter or check.
-    The two-run verdict reads the same rules: check_dump(dump, only=("on_policy", "rollout_vs_recompute")).rows"""
+    `con`: a DuckDB connection of the caller's that the check's tables are registered in (compare passes
+    a cursor of its own: duckdb.connect() starts a database each time, ~25 ms of CPU, a cursor ~20 µs).
+    The two-run verdict reads the same rules: check_dump(dump, only=("on_policy", "rollout_vs_recompute")).rows;
+    with `only`, the token tables hold the pairs those checks read, not every pair (token_selection.py)."""
     import duckdb
 
     params = dict(params or {})
@@ -88,11 +92,14 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
     tables: dict[str, pa.Table] = {"grad_steps": grad_steps}
     if info["has_tensors"]:
         from rlprobe.check.sample_pairs import samples_table
+        from rlprobe.check.token_selection import selection_for
         from rlprobe.check.token_tables import GROUPS, group_advantages, token_tables
 
+        # only the pairs the checks run read (token_selection.py); the full check reduces all: its reports show them
+        selection = None if only is None else selection_for(only, stats, info)
         with collections_paused():
             samples = samples_table(dump)
-            tables.update(token_tables(dump, stats, info["eps"], int(params.get("workers") or 2), samples))
+            tables.update(token_tables(dump, stats, info["eps"], int(params.get("workers") or 2), samples, selection))
             # every advantages tensor is read for it: only where a check run reads the table (one does:
             # sql/check/grpo_advantages.sql; compare's single-run rules do not)
             tables["group_advantages"] = (group_advantages(dump, stats, info["group_size"], samples)
@@ -105,14 +112,15 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
                        "token_sequences": tt.SEQUENCES.empty_table(), "group_advantages": tt.GROUPS.empty_table()})
     timings["tokens"] = time.perf_counter() - t
     t = time.perf_counter()
-    con = duckdb.connect()
+    con = con or duckdb.connect()
     con.register("stats", stats)  # scanned in place: copying it into a DuckDB table costs more than it saves
     con.register("scalars", scalars)
     con.register("configs", dump.configs_table())
     con.register("run_info", inputs.run_info_table(info))
     for name, table in tables.items():
         con.register(name, table)
-    facts = {**_facts(con, scalars, info, grad_steps), "group_rows": tables["group_advantages"].num_rows}
+    facts = _facts(con, scalars, info, grad_steps)
+    facts["group_rows"] = tables["group_advantages"].num_rows
     results, rows = [], {}
     for check in CHECKS:
         if only is not None and check.name not in only:
@@ -139,18 +147,33 @@ def collections_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _facts(con, scalars: pa.Table, info: dict[str, Any], grad_steps: pa.Table) -> dict[str, Any]:
+class _Facts(dict):
+    """What the checks' `applies` read; a fact that needs a query of its own is computed when a check
+    first reads it (check_dump(only=...) runs a few checks: no query only the others need)."""
+
+    def __init__(self, known: dict[str, Any], later: dict[str, Callable[[], Any]]):
+        super().__init__(known)
+        self._later = later
+
+    def __missing__(self, name: str) -> Any:
+        if name not in self._later:
+            raise KeyError(name)
+        value = self[name] = self._later[name]()
+        return value
+
+
+def _facts(con, scalars: pa.Table, info: dict[str, Any], grad_steps: pa.Table) -> _Facts:
     saved = con.sql("SELECT DISTINCT key, canonical FROM stats WHERE NOT coalesce(absent, false)").fetchall()
     keys = {canonical for _, canonical in saved}
     names = set(pc.unique(scalars["name"]).to_pylist()) if scalars.num_rows else set()
     loss_names = {k for k in {key for key, _ in saved} | names if k.endswith("loss")}
-    ref = run(con, "check/ref_starts_as_actor.sql").to_pylist()[0]
-    pairable = run(con, "check/rollout_pairs.sql").to_pylist()[0]["pairs"]
-    return {"keys": keys, "scalars": names, "loss_names": loss_names, "kl_applies": bool(ref["applies"]),
-            "ref_declared": bool(ref["declared"]), "group_size": info["group_size"], "has_tensors": info["has_tensors"],
-            "entropy_scalars": any("entropy" in n for n in names), "grad_steps": grad_steps.num_rows,
-            "rollout_pairs": bool(pairable),
-            "sign_steps": int(pc.sum(pc.is_valid(grad_steps["sign_agreement"])).as_py() or 0)}
+    ref = functools.cache(lambda: run(con, "check/ref_starts_as_actor.sql").to_pylist()[0])
+    return _Facts({"keys": keys, "scalars": names, "loss_names": loss_names, "group_size": info["group_size"],
+                   "has_tensors": info["has_tensors"], "entropy_scalars": any("entropy" in n for n in names),
+                   "grad_steps": grad_steps.num_rows},
+                  {"kl_applies": lambda: bool(ref()["applies"]), "ref_declared": lambda: bool(ref()["declared"]),
+                   "rollout_pairs": lambda: bool(run(con, "check/rollout_pairs.sql").to_pylist()[0]["pairs"]),
+                   "sign_steps": lambda: int(pc.sum(pc.is_valid(grad_steps["sign_agreement"])).as_py() or 0)})
 
 
 def _run_check(con, check: Check, facts: dict[str, Any], params: dict[str, Any], info: dict[str, Any], dump: Dump,

@@ -32,6 +32,7 @@ from rlprobe.check.pair_part import Part, is_float
 from rlprobe.check.sample_pairs import sample_parts, samples_table
 from rlprobe.check.token_kernel import (N_POSITIONS, N_PROBABILITY, HALF, PairFigures, bin_lower_edges,
                                         bin_upper_edges, position_bounds, reduce_pair)
+from rlprobe.check.token_selection import ROLLOUT_KINDS, PairSelection
 from rlprobe.check.token_rows import BUCKETS, HIST, QUANTILES, SEQUENCES, STEPS, loader, part_tokens
 from rlprobe.lake.reader import Dump
 
@@ -55,9 +56,12 @@ def tensor_rows(stats: pa.Table, names: tuple[str, ...] = _WANTED
 _ROW = ("canonical", "step", "rank", "micro_step", "index", "dtype", "shape", "tensor_file")
 
 
-def pairs(rows: dict[tuple, dict[str, Any]], samples: pa.Table | None = None) -> list[Part]:
-    """Every pair: rollout rows by sample where the dump saved their identity, else within a call."""
-    by_sample = sample_parts(samples, rows) if samples is not None and samples.num_rows else []
+def pairs(rows: dict[tuple, dict[str, Any]], samples: pa.Table | None = None,
+          selection: PairSelection | None = None) -> list[Part]:
+    """Every pair (or those of `selection`): rollout rows by sample where the dump saved their identity,
+    else within a call."""
+    rollout = selection is None or bool(selection.kinds & ROLLOUT_KINDS)
+    by_sample = sample_parts(samples, rows) if rollout and samples is not None and samples.num_rows else []
     aligned = {(p.b["step"], p.b["rank"], p.b["micro_step"], p.b["index"]) for p in by_sample}
     found = list(by_sample)
     for (name, step, rank, micro, index), b in rows.items():
@@ -72,6 +76,8 @@ def pairs(rows: dict[tuple, dict[str, Any]], samples: pa.Table | None = None) ->
             a, pair = rows.get(("old_log_prob", step, rank, micro, index)), "on_policy"
         else:
             continue
+        if selection is not None and not selection.keeps(pair, step, rank):
+            continue
         if a is None or a["shape"] != b["shape"] or not is_float(a) or not is_float(b):
             continue
         mask = (rows.get(("response_mask", step, rank, micro, index))
@@ -82,12 +88,13 @@ def pairs(rows: dict[tuple, dict[str, Any]], samples: pa.Table | None = None) ->
     return found
 
 
-def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samples: pa.Table | None = None
-                 ) -> dict[str, pa.Table]:
+def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samples: pa.Table | None = None,
+                 selection: PairSelection | None = None) -> dict[str, pa.Table]:
     """token_steps, token_hist, token_positions, token_probability and token_sequences
-    (`samples`: samples_table(dump), when the caller has it already)."""
+    (`samples`: samples_table(dump), when the caller has it already), of every pair or of `selection`'s
+    (token_selection.py: check_dump(only=...))."""
     work: dict[tuple[str, int, int], list[Part]] = {}
-    for part in pairs(tensor_rows(stats), samples_table(dump) if samples is None else samples):
+    for part in pairs(tensor_rows(stats), samples_table(dump) if samples is None else samples, selection):
         work.setdefault((part.pair, part.a["step"], part.a["rank"]), []).append(part)
     keys = sorted(work)
     jobs = JOBS_PER_THREAD * max(1, workers)

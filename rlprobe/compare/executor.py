@@ -187,7 +187,7 @@ def run_pairs(
             progress(0, 0)
         return results
 
-    jobs = plan_jobs(tasks)
+    jobs = plan_jobs(tasks, workers)
     # bytes of each pair's files (by row): up front for pairs compared one by one; a batch sizes its
     # own files (GIL-free), so with batches the total grows as they report
     pair_bytes = {row: _file_size(t.path_a) + _file_size(t.path_b) for row, t in jobs if isinstance(t, PairTask)}

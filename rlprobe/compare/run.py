@@ -62,7 +62,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     if beside.started:
         within = beside.wait()
     else:  # each run against itself (rlprobe check)
-        within = single_run_findings({"A": dump_a, "B": dump_b}, _saved_keys(con))
+        within = single_run_findings({"A": dump_a, "B": dump_b}, _saved_keys(con), _cursors(con))
     verdict = explain(first, diverged_at_step, within)
     if first is not None:
         earliest = records(con, "earliest_in_step.sql", step=first["step"])
@@ -135,6 +135,11 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     return tables, summary
 
 
+def _cursors(con: "duckdb.DuckDBPyConnection") -> dict[str, Any]:
+    """A connection of its own on `con`'s database for each run's single-run rules (made on this thread)."""
+    return {"A": con.cursor(), "B": con.cursor()}
+
+
 def _saved_keys(con: "duckdb.DuckDBPyConnection") -> dict[str, set[str]]:
     """The keys each run saved (its statistics tables stats_a and stats_b in `con`)."""
     return {side: {row[0] for row in con.table(table).project("key").distinct().fetchall()}
@@ -166,8 +171,8 @@ class _SingleRunBeside:
             pass
         if self._start:
             saved = _saved_keys(self._con)  # this thread: the connection is not shared
-            self._thread = threading.Thread(target=self._findings, args=(saved,), name="rlprobe-single-run",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._findings, args=(saved, _cursors(self._con)),
+                                            name="rlprobe-single-run", daemon=True)
             self._thread.start()
         # only while compiled kernels compare the pairs (start_warm_up ran): a few tiny tensors are compared
         # by numpy at once, and the thread would import what such a comparison may never use (start-up)
@@ -184,9 +189,9 @@ class _SingleRunBeside:
             if importing.is_alive():
                 importing.join()  # before this thread imports anything itself: no two threads in one import cycle
 
-    def _findings(self, saved: dict[str, set[str]]) -> None:
+    def _findings(self, saved: dict[str, set[str]], connections: dict[str, Any]) -> None:
         try:
-            self._outcome = (single_run_findings(self._dumps, saved), None)
+            self._outcome = (single_run_findings(self._dumps, saved, connections), None)
         except BaseException as exc:  # noqa: BLE001 - raised again by wait(), in the comparison's thread
             self._outcome = (None, exc)
 

@@ -33,13 +33,15 @@ BATCH_MIN = 16  # fewer small pairs than this go one by one (no batch functions 
 BATCH_PAIRS = 256  # pairs per batch job
 
 
-def plan_jobs(tasks: list[Any]) -> list[tuple[int, Any]]:
+def plan_jobs(tasks: list[Any], workers: int = 1) -> list[tuple[int, Any]]:
     """Jobs in task order, each with the position of its first task: lists of up to BATCH_PAIRS pairs
-    for compare_small_pairs, or, with fewer than BATCH_MIN pairs, the tasks themselves (compared one
-    by one: no batch functions to load)."""
+    for compare_small_pairs, at least one a worker (a batch is where its large files are found: the
+    large workload's 256 pairs were one batch, and the second worker idled until it ended), or, with
+    fewer than BATCH_MIN pairs, the tasks themselves (compared one by one: no batch functions to load)."""
     if len(tasks) < BATCH_MIN:
         return list(enumerate(tasks))
-    return [(i, tasks[i:i + BATCH_PAIRS]) for i in range(0, len(tasks), BATCH_PAIRS)]
+    size = min(BATCH_PAIRS, -(-len(tasks) // max(1, workers)))
+    return [(i, tasks[i:i + size]) for i in range(0, len(tasks), size)]
 
 
 def _dtype_of(code: int) -> np.dtype:

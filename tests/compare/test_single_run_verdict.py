@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from click.testing import CliRunner
 
@@ -156,4 +158,30 @@ def test_the_single_run_rules_read_no_advantages(ppo_runs):
     assert only.tables["group_advantages"].num_rows == 0
     assert [r["check"] for r in only.results.to_pylist()] == list(RULES)
     assert only.results.to_pylist() == [r for r in full.results.to_pylist() if r["check"] in RULES]
-    assert only.tables["token_steps"].equals(full.tables["token_steps"])
+    # and reduce only the token pairs the two rules read (check/token_selection.py): every rollout pair, and
+    # no on_policy pair here: this trainer recomputes its log-probs exactly, each on-policy pair is bitwise
+    # equal by its hash, and the on_policy rule reports no such pair whatever its tokens say
+    steps = full.tables["token_steps"]
+    rollout = steps.filter(pc.not_equal(steps["pair"], "on_policy"))
+    assert 0 < rollout.num_rows < steps.num_rows
+    assert only.tables["token_steps"].equals(rollout)
+
+
+def test_the_rules_run_in_a_connection_of_the_callers(ppo_runs):
+    """compare hands each run's rules a cursor of its own DuckDB database (check_dump(con=...)) instead of
+    starting one a run; the check's tables are registered there and its results are the same."""
+    import duckdb
+
+    from rlprobe.check.run import check_dump
+    from rlprobe.compare.single_run import RULES
+
+    path = ppo_runs.get("stale-rollout-weights")
+    database = duckdb.connect()
+    database.register("stats", pa.table({"mine": [1]}))  # the caller's own tables stay its own
+    cursor = database.cursor()
+    given = check_dump(path, {"on_policy_ulps": 0}, only=RULES, con=cursor)
+    alone = check_dump(path, {"on_policy_ulps": 0}, only=RULES)
+    assert given.results.equals(alone.results) and given.rows["rollout_vs_recompute"].num_rows > 0
+    assert given.rows["rollout_vs_recompute"].equals(alone.rows["rollout_vs_recompute"])
+    assert cursor.sql("SELECT count(*) FROM token_steps").fetchall() == [(given.tables["token_steps"].num_rows,)]
+    assert database.sql("SELECT * FROM stats").fetchall() == [(1,)]
