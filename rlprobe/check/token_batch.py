@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -20,7 +21,7 @@ from rlprobe.check import token_rows as tt
 from rlprobe.check.pair_part import Part
 from rlprobe.check.token_batch_tables import BatchFigures, figures_tables
 from rlprobe.check.token_kernel import (BLOCK_BITS, LOG_THRESHOLDS, N_BINS, N_POSITIONS, N_PROBABILITY,
-                                        PROBABILITY_OF, as_rows, check_shapes, mask_bytes, reduce_rows)
+                                        PROBABILITY_OF, TABLE_BITS, as_rows, check_shapes, mask_bytes, reduce_rows)
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.reader import Dump
 
@@ -127,19 +128,17 @@ def _reduce(dump: Dump, batch: list[tuple[Any, list[Part]]], plan: _Plan, eps: f
     sequences = int(spec[:, 1].sum()) if len(spec) else 0
     bound = np.zeros(keys, np.int64)
     np.add.at(bound, spec[:, 0], spec[:, 1] * spec[:, 2])
-    room = int(np.minimum(bound, N_BINS).sum())
+    hist, touched, counts, hist_lo, hist_hi = scratch = _scratch(int(np.minimum(bound, N_BINS >> TABLE_BITS).sum()))
     out = BatchFigures(np.zeros((keys, 7)), np.zeros((keys, N_POSITIONS), np.int64), np.zeros((keys, N_POSITIONS)),
                        np.zeros((keys, N_POSITIONS)), np.zeros((keys, N_PROBABILITY), np.int64),
                        np.zeros((keys, N_PROBABILITY)), np.zeros(sequences), np.zeros(sequences, np.int64),
-                       np.empty(room, np.int64), np.empty(room), np.empty(room), np.zeros(keys, np.int64),
-                       np.full((keys, len(qs)), -1, np.int64))
+                       counts, hist_lo, hist_hi, np.zeros(keys, np.int64), np.full((keys, len(qs)), -1, np.int64))
     lo = math.log(1.0 - eps) if eps < 1 else -math.inf
     parts, load = [p for _, ps in batch for p in ps], tt.loader(dump)
     loaded = [_preload(load, p, int(spec[i, 1]), int(spec[i, 2])) if spec[i, 5] < 0 else None
               for i, p in enumerate(parts)]
     if any(x is None and spec[i, 5] < 0 for i, x in enumerate(loaded)):
         return None
-    hist, touched = np.zeros(N_BINS, np.int64), np.zeros(N_BINS >> BLOCK_BITS, np.uint8)
     part_sums = np.zeros((len(parts), 7))
     try:
         directory = os.open(dump.path, os.O_RDONLY) if npy_reads.READS else -1
@@ -152,15 +151,35 @@ def _reduce(dump: Dump, batch: list[tuple[Any, list[Part]]], plan: _Plan, eps: f
             start, used = _reduce_batch(directory, npy_reads.OPEN_FLAGS, plan.paths, spec, plan.headers,
                                         plan.header_sizes, *pre, start, used, lo, math.log(1.0 + eps), PROBABILITY_OF,
                                         LOG_THRESHOLDS, qs, npy_reads.FLOAT32, npy_reads.MASK_BYTES, part_sums, hist,
-                                        touched, edges.signed_lo, edges.signed_hi, *out)
-            if start == len(parts):
-                return out
+                                        touched, TABLE_BITS, edges.table_lo, edges.table_hi, *out)
+            if start == len(parts):  # the histogram is zero again: the thread's next job reuses it
+                _SCRATCH.arrays = scratch
+                return out._replace(counts=counts[:used].copy(), hist_lo=hist_lo[:used].copy(),
+                                    hist_hi=hist_hi[:used].copy())
             loaded[start] = _preload(load, parts[start], int(spec[start, 1]), int(spec[start, 2]))
             if loaded[start] is None:
                 return None
     finally:
         if directory >= 0:
             os.close(directory)
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(room: int) -> tuple[np.ndarray, ...]:
+    """This thread's histogram and block marks (zero) and rows for `room` filled bins (counts, lower
+    and upper edges), taken until the job gives them back (one that stops half-way leaves them dirty).
+    Reused from job to job: rows allocated a job at the bound of `room` (tokens, ~9x the bins a small
+    pair fills) were fresh huge pages zeroed whole, ~10 % of the CPU time of many small pairs; a job
+    copies out the rows it filled."""
+    found = getattr(_SCRATCH, "arrays", None)
+    _SCRATCH.arrays = None
+    if found is None:
+        found = (np.zeros(N_BINS, np.int64), np.zeros(N_BINS >> BLOCK_BITS, np.uint8))
+    elif found[2].size >= room:
+        return found
+    return (*found[:2], np.empty(room, np.int64), np.empty(room), np.empty(room))
 
 
 def _concatenated(spec: np.ndarray, loaded: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -177,18 +196,19 @@ def _concatenated(spec: np.ndarray, loaded: list) -> tuple[np.ndarray, np.ndarra
 
 @numba.njit(cache=True, nogil=True)
 def _reduce_batch(directory, flags, paths, parts, headers, header_sizes, pre_a, pre_b, pre_m, start, used, lo, hi,
-                  prob_of, thr, qs, float32, mask_bytes, part_sums, hist, touched, signed_lo, signed_hi, sums,
+                  prob_of, thr, qs, float32, mask_bytes, part_sums, hist, touched, merge, table_lo, table_hi, sums,
                   pos_count, pos_sum, pos_max, prob_count, prob_sum, seq_sum, seq_n, counts, hist_lo, hist_hi, ends,
                   quantile_bins):  # pragma: no cover - compiled
     """From part `start` on, as reduce_pair adds each of a key's parts into its figures in order;
-    (the part it could not read, or len(parts); bins taken out so far)."""
+    (the part it could not read, or len(parts); table rows written so far). The quantiles are read from
+    the key's fine bins; its histogram rows are 2^merge of them summed (table_lo/hi: their edges)."""
     most = 1
     for p in range(start, parts.shape[0]):
         most = max(most, parts[p, 1] * parts[p, 2])
     head = header_sizes.max() if header_sizes.size else 0
     buf_a, buf_b, buf_m = np.empty(head + 4 * most, np.uint8), np.empty(head + 4 * most, np.uint8), \
         np.empty(head + most, np.uint8)
-    bins = np.empty(hist.size, np.int64)  # a key's filled bins
+    bins, fine = np.empty(hist.size, np.int64), np.empty(hist.size, np.int64)  # a key's filled bins, their counts
     for p in range(start, parts.shape[0]):
         k, rows, width, first, at = parts[p, 0], parts[p, 1], parts[p, 2], parts[p, 3], parts[p, 4]
         n = rows * width
@@ -218,19 +238,24 @@ def _reduce_batch(directory, flags, paths, parts, headers, header_sizes, pre_a, 
         sums[k, 4] = max(sums[k, 4], part_sums[p, 4])
         if p + 1 < parts.shape[0] and parts[p + 1, 0] == k:
             continue
-        begin = used
+        filled, row = 0, -1
         for block in range(touched.size):  # the key's filled bins in bin order (Δ >= 0, then Δ < 0), zeroed
             if touched[block] == 0:
                 continue
             touched[block] = 0
             for i in range(block << BLOCK_BITS, (block + 1) << BLOCK_BITS):
                 if hist[i] != 0:
-                    bins[used - begin], counts[used] = i, hist[i]
-                    hist_lo[used], hist_hi[used] = signed_lo[i], signed_hi[i]
+                    bins[filled], fine[filled] = i, hist[i]
+                    filled += 1
+                    if i >> merge == row:  # a table row's bins lie in one block (merge <= BLOCK_BITS)
+                        counts[used - 1] += hist[i]
+                    else:
+                        row = i >> merge
+                        counts[used], hist_lo[used], hist_hi[used] = hist[i], table_lo[row], table_hi[row]
+                        used += 1
                     hist[i] = 0
-                    used += 1
         ends[k] = used
-        _quantile_bins(bins[:used - begin], counts[begin:used], qs, quantile_bins[k])
+        _quantile_bins(bins[:filled], fine[:filled], qs, quantile_bins[k])
     return parts.shape[0], used
 
 

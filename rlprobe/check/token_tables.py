@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from rlprobe.check.pair_part import Part, is_float
 from rlprobe.check.sample_pairs import sample_parts, samples_table
-from rlprobe.check.token_kernel import (N_POSITIONS, N_PROBABILITY, HALF, PairFigures, bin_lower_edges,
+from rlprobe.check.token_kernel import (N_POSITIONS, N_PROBABILITY, HALF, TABLE_BITS, PairFigures, bin_lower_edges,
                                         bin_upper_edges, position_bounds, reduce_pair)
 from rlprobe.check.token_rows import BUCKETS, HIST, QUANTILES, SEQUENCES, STEPS, loader, part_tokens
 from rlprobe.lake.reader import Dump
@@ -221,6 +221,9 @@ class _Edges:
         self.prob_lo = np.arange(N_PROBABILITY) / N_PROBABILITY
         self.signed_lo = np.concatenate([self.lower, -self.upper])  # by histogram bin: Δ >= 0, then Δ < 0
         self.signed_hi = np.concatenate([self.upper, -self.lower])
+        with np.errstate(invalid="ignore"):  # token_hist's bins: TABLE_BITS of these merged (the NaN ones never filled)
+            self.table_lo = self.signed_lo.reshape(-1, 1 << TABLE_BITS).min(axis=1)
+            self.table_hi = self.signed_hi.reshape(-1, 1 << TABLE_BITS).max(axis=1)
 
 
 class _KeyRows(NamedTuple):
@@ -248,7 +251,10 @@ def _key_rows(key: tuple[str, int, int], f: PairFigures, meta: dict[str, Any], e
     row.update(zip((name for name, _ in QUANTILES),
                    f.quantiles(tuple(q for _, q in QUANTILES), edges.upper, counts, filled)))
     bins = np.concatenate([filled[f.hist[filled] > 0], HALF + filled[f.hist[HALF + filled] > 0]])  # Δ >= 0; Δ < 0
-    hist = {"lo": edges.signed_lo[bins], "hi": edges.signed_hi[bins], "tokens": f.hist[bins]}
+    merged = bins >> TABLE_BITS  # the table's bins: 2^TABLE_BITS of the kernel's summed, in the same order
+    starts = np.flatnonzero(np.diff(merged, prepend=-1))
+    tokens = np.add.reduceat(f.hist[bins], starts)
+    hist = {"lo": edges.table_lo[merged[starts]], "hi": edges.table_hi[merged[starts]], "tokens": tokens}
     p = np.flatnonzero(f.pos_count)
     positions = {"lo": edges.pos_lo[p], "hi": edges.pos_hi[p], "tokens": f.pos_count[p],
                  "mean_abs": f.pos_sum[p] / f.pos_count[p], "max_abs": f.pos_max[p]}
