@@ -18,6 +18,7 @@ small pairs only is one compiled call with tables built a column at a time (toke
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -96,7 +97,7 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
     cut = count > 1  # every key in pieces: their figures are added up before the rows are built
     pieces = [(key, piece) for key in keys for piece in split_rows(work[key], count)] if cut else \
         [(key, work[key]) for key in keys]
-    edges = _Edges()
+    edges = _edges()
     scratch = threading.local()  # a thread's figures, zeroed where filled after each key: no 256 KiB page-in a key
 
     def piece_job(key: tuple[str, int, int], parts: list[Part]) -> tuple[PairFigures | _KeyRows, list]:
@@ -210,8 +211,13 @@ def split_rows(parts: list[Part], count: int) -> list[list[Part]]:
     return [piece for piece in pieces if piece]
 
 
+@functools.cache
+def _edges() -> _Edges:
+    return _Edges()
+
+
 class _Edges:
-    """The bins' and buckets' edges, computed once per check."""
+    """The bins' and buckets' edges, computed once a process (~1 ms: their arrays are 256 KiB each)."""
 
     def __init__(self) -> None:
         self.lower, self.upper = bin_lower_edges(), bin_upper_edges()
@@ -221,9 +227,9 @@ class _Edges:
         self.prob_lo = np.arange(N_PROBABILITY) / N_PROBABILITY
         self.signed_lo = np.concatenate([self.lower, -self.upper])  # by histogram bin: Δ >= 0, then Δ < 0
         self.signed_hi = np.concatenate([self.upper, -self.lower])
-        with np.errstate(invalid="ignore"):  # token_hist's bins: TABLE_BITS of these merged (the NaN ones never filled)
-            self.table_lo = self.signed_lo.reshape(-1, 1 << TABLE_BITS).min(axis=1)
-            self.table_hi = self.signed_hi.reshape(-1, 1 << TABLE_BITS).max(axis=1)
+        first, last = slice(None, None, 1 << TABLE_BITS), slice((1 << TABLE_BITS) - 1, None, 1 << TABLE_BITS)
+        self.table_lo = np.concatenate([self.lower[first], -self.upper[last]])  # token_hist's bins: 2^TABLE_BITS
+        self.table_hi = np.concatenate([self.upper[last], -self.lower[first]])  # of the kernel's merged
 
 
 class _KeyRows(NamedTuple):
