@@ -145,10 +145,11 @@ def _reduce(dump: Dump, batch: list[tuple[Any, list[Part]]], plan: _Plan, eps: f
                        counts, hist_lo, hist_hi, np.zeros(keys, np.int64), np.full((keys, len(qs)), -1, np.int64))
     lo = math.log(1.0 - eps) if eps < 1 else -math.inf
     parts, load = [p for _, ps in batch for p in ps], tt.loader(dump)
-    loaded = [_preload(load, p, int(spec[i, 1]), int(spec[i, 2])) if spec[i, 5] < 0 else None
-              for i, p in enumerate(parts)]
-    if any(x is None and spec[i, 5] < 0 for i, x in enumerate(loaded)):
-        return None
+    loaded: list = [None] * len(parts)
+    for i in np.flatnonzero(spec[:, 5] < 0).tolist():  # sample pairs' rows: read by numpy first
+        loaded[i] = _preload(load, parts[i], int(spec[i, 1]), int(spec[i, 2]))
+        if loaded[i] is None:
+            return None
     part_sums = np.zeros((len(parts), 7))
     folders = np.full(len(plan.folders), -1, np.int32)  # one that cannot be opened: its files are read by numpy
     try:
@@ -186,9 +187,9 @@ _SCRATCH = threading.local()
 def _scratch(room: int) -> tuple[np.ndarray, ...]:
     """This thread's histogram and block marks (zero) and rows for `room` filled bins (counts, lower
     and upper edges), taken until the job gives them back (one that stops half-way leaves them dirty).
-    Reused from job to job: rows allocated a job at the bound of `room` (tokens, ~9x the bins a small
-    pair fills) were fresh huge pages zeroed whole, ~10 % of the CPU time of many small pairs; a job
-    copies out the rows it filled."""
+    Reused from job to job: rows allocated a job at the bound of `room` (a key's tokens, many times the
+    rows a small pair fills) were fresh huge pages zeroed whole, ~10 % of the CPU time of many small
+    pairs; a job copies out the rows it filled."""
     found = getattr(_SCRATCH, "arrays", None)
     _SCRATCH.arrays = None
     if found is None:
@@ -200,6 +201,8 @@ def _scratch(room: int) -> tuple[np.ndarray, ...]:
 
 def _concatenated(spec: np.ndarray, loaded: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The preloaded parts' tokens one after the other; spec[:, _READ] set to where each starts."""
+    if not any(x is not None for x in loaded):
+        return np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.uint8)
     at = 0
     for i, x in enumerate(loaded):
         if x is not None:
