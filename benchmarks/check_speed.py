@@ -109,7 +109,7 @@ def tensor_dump(path: Path, pairs: int, rows: int, cols: int, masked: bool = Tru
     import rlprobe
 
     nbytes = pairs * (4 if extras else 2) * rows * cols * 4
-    shape = {"pairs": pairs, "rows": rows, "cols": cols, "masked": masked, "extras": extras, "layout": 1}
+    shape = {"pairs": pairs, "rows": rows, "cols": cols, "masked": masked, "extras": extras, "layout": 2}
     marker = path.with_name(path.name + ".json")
     if marker.exists() and json.loads(marker.read_text()) == shape and path.is_dir():
         return nbytes

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -20,8 +21,7 @@ from rlprobe.check import token_rows as tt
 from rlprobe.check.pair_part import Part
 from rlprobe.check.token_batch_tables import BatchFigures, figures_tables
 from rlprobe.check.token_kernel import (BLOCK_BITS, LOG_THRESHOLDS, N_BINS, N_POSITIONS, N_PROBABILITY,
-                                        PROBABILITY_OF, as_rows, check_shapes, mask_bytes, reduce_rows)
-from rlprobe.errors import DumpReadError
+                                        PROBABILITY_OF, TABLE_BITS, as_rows, check_shapes, mask_bytes, reduce_rows)
 from rlprobe.lake.reader import Dump
 
 import numba  # noqa: E402  (after token_kernel has set numba's cache dir)
@@ -33,10 +33,12 @@ _READ = 4  # parts[:, _READ]: where a part's tokens start in the preloaded array
 class _Plan(NamedTuple):
     """What the compiled call reads: per part (int64 columns) key, rows, width, first sequence,
     preloaded at (or -1), the paths' places in `paths` of a, b and the mask (-1: none), the headers
-    of a and b and of the mask (rows of `headers`, header_sizes[h] bytes long)."""
+    of a and b and of the mask (rows of `headers`, header_sizes[h] bytes long), the folders of a, b
+    and the mask (in `folders`, relative to the dump's; the paths relative to them)."""
 
     parts: np.ndarray
     paths: np.ndarray
+    folders: list[str]
     headers: np.ndarray
     header_sizes: np.ndarray
     picks: list[np.ndarray | None]  # a part's rows' numbers in its tensors (a sample pair), None: 0, 1, …
@@ -69,15 +71,16 @@ def _rows_width(p: Part) -> tuple[int, int]:
 
 
 def _plan(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> _Plan | None:
-    spec, paths, picks, micro_steps, headers = [], [], [], [], {}
+    spec, paths, picks, micro_steps, headers, folders = [], [], [], [], {}, {}
     at = first = 0
 
-    def path(row: dict) -> int:
+    def path(row: dict) -> tuple[int, int]:
+        """Where the file's name (its last 4 parts) starts in `paths`, and its folder's number."""
         nonlocal at
-        name = os.fsencode(row["tensor_file"]) + b"\0"
-        paths.append(name)
-        at += len(name)
-        return at - len(name)
+        folder, name = _split(row["tensor_file"])
+        paths.append(os.fsencode(name) + b"\0")
+        at += len(paths[-1])
+        return at - len(paths[-1]), folders.setdefault(folder, len(folders))
 
     def header(row: dict) -> int:
         return headers.setdefault(tuple(row["shape"] or ()), len(headers))
@@ -88,10 +91,10 @@ def _plan(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> _Plan | None:
             if rows * width > SMALL:
                 return None
             if p.a_rows is None and p.b_rows is None and p.mask_rows is None and npy_reads.READS:
-                files = (path(p.a), path(p.b), -1 if p.mask is None else path(p.mask), header(p.a),
-                         -1 if p.mask is None else header(p.mask))
+                (a, a_in), (b, b_in), (m, m_in) = path(p.a), path(p.b), (-1, -1) if p.mask is None else path(p.mask)
+                files = (a, b, m, header(p.a), -1 if p.mask is None else header(p.mask), a_in, b_in, m_in)
             else:  # a sample pair's rows: numpy reads and gathers them (_preload)
-                files = (-1, -1, -1, -1, -1)
+                files = (-1,) * 8
             spec.append((k, rows, width, first, -1, *files))
             picks.append(p.a_rows if isinstance(p.a_rows, np.ndarray) else None)
             micro_steps.append(p.a["micro_step"])
@@ -101,8 +104,16 @@ def _plan(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> _Plan | None:
     table = np.zeros((len(texts), int(sizes.max()) if texts else 0), np.uint8)
     for i, t in enumerate(texts):
         table[i, :len(t)] = np.frombuffer(t, np.uint8)
-    return _Plan(np.array(spec, np.int64).reshape(-1, 10), np.frombuffer(b"".join(paths) or b"\0", np.uint8),
-                 table, sizes, picks, micro_steps)
+    return _Plan(np.array(spec, np.int64).reshape(-1, 13), np.frombuffer(b"".join(paths) or b"\0", np.uint8),
+                 list(folders), table, sizes, picks, micro_steps)
+
+
+def _split(tensor_file: str) -> tuple[str, str]:
+    """(folder, name) of a tensor file: the name is its last 4 parts (step=…/rank=…/micro_step=…/_.npy),
+    the folder the key's, shared by its files: opened from there, a file's open walks 4 names where one
+    from the dump's folder walked 7 (a third of the time of an open)."""
+    parts = tensor_file.split("/")
+    return "/".join(parts[:-4]), "/".join(parts[-4:])
 
 
 def _preload(load: Any, p: Part, rows: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -127,44 +138,71 @@ def _reduce(dump: Dump, batch: list[tuple[Any, list[Part]]], plan: _Plan, eps: f
     sequences = int(spec[:, 1].sum()) if len(spec) else 0
     bound = np.zeros(keys, np.int64)
     np.add.at(bound, spec[:, 0], spec[:, 1] * spec[:, 2])
-    room = int(np.minimum(bound, N_BINS).sum())
+    hist, touched, counts, hist_lo, hist_hi = scratch = _scratch(int(np.minimum(bound, N_BINS >> TABLE_BITS).sum()))
     out = BatchFigures(np.zeros((keys, 7)), np.zeros((keys, N_POSITIONS), np.int64), np.zeros((keys, N_POSITIONS)),
                        np.zeros((keys, N_POSITIONS)), np.zeros((keys, N_PROBABILITY), np.int64),
                        np.zeros((keys, N_PROBABILITY)), np.zeros(sequences), np.zeros(sequences, np.int64),
-                       np.empty(room, np.int64), np.empty(room), np.empty(room), np.zeros(keys, np.int64),
-                       np.full((keys, len(qs)), -1, np.int64))
+                       counts, hist_lo, hist_hi, np.zeros(keys, np.int64), np.full((keys, len(qs)), -1, np.int64))
     lo = math.log(1.0 - eps) if eps < 1 else -math.inf
     parts, load = [p for _, ps in batch for p in ps], tt.loader(dump)
-    loaded = [_preload(load, p, int(spec[i, 1]), int(spec[i, 2])) if spec[i, 5] < 0 else None
-              for i, p in enumerate(parts)]
-    if any(x is None and spec[i, 5] < 0 for i, x in enumerate(loaded)):
-        return None
-    hist, touched = np.zeros(N_BINS, np.int64), np.zeros(N_BINS >> BLOCK_BITS, np.uint8)
+    loaded: list = [None] * len(parts)
+    for i in np.flatnonzero(spec[:, 5] < 0).tolist():  # sample pairs' rows: read by numpy first
+        loaded[i] = _preload(load, parts[i], int(spec[i, 1]), int(spec[i, 2]))
+        if loaded[i] is None:
+            return None
     part_sums = np.zeros((len(parts), 7))
+    folders = np.full(len(plan.folders), -1, np.int32)  # one that cannot be opened: its files are read by numpy
     try:
-        directory = os.open(dump.path, os.O_RDONLY) if npy_reads.READS else -1
-    except OSError as e:
-        raise DumpReadError(f"{dump.path}: cannot open the dump's folder ({e})") from None
-    try:
+        for i, folder in enumerate(plan.folders):
+            folders[i] = _open_folder(os.path.join(dump.path, folder))
         start = used = 0
         while True:
             pre = _concatenated(spec, loaded)
-            start, used = _reduce_batch(directory, npy_reads.OPEN_FLAGS, plan.paths, spec, plan.headers,
+            start, used = _reduce_batch(folders, npy_reads.OPEN_FLAGS, plan.paths, spec, plan.headers,
                                         plan.header_sizes, *pre, start, used, lo, math.log(1.0 + eps), PROBABILITY_OF,
                                         LOG_THRESHOLDS, qs, npy_reads.FLOAT32, npy_reads.MASK_BYTES, part_sums, hist,
-                                        touched, edges.signed_lo, edges.signed_hi, *out)
-            if start == len(parts):
-                return out
+                                        touched, TABLE_BITS, edges.table_lo, edges.table_hi, *out)
+            if start == len(parts):  # the histogram is zero again: the thread's next job reuses it
+                _SCRATCH.arrays = scratch
+                return out._replace(counts=counts[:used].copy(), hist_lo=hist_lo[:used].copy(),
+                                    hist_hi=hist_hi[:used].copy())
             loaded[start] = _preload(load, parts[start], int(spec[start, 1]), int(spec[start, 2]))
             if loaded[start] is None:
                 return None
     finally:
-        if directory >= 0:
-            os.close(directory)
+        for fd in folders[folders >= 0].tolist():
+            os.close(fd)
+
+
+def _open_folder(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return -1
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(room: int) -> tuple[np.ndarray, ...]:
+    """This thread's histogram and block marks (zero) and rows for `room` filled bins (counts, lower
+    and upper edges), taken until the job gives them back (one that stops half-way leaves them dirty).
+    Reused from job to job: rows allocated a job at the bound of `room` (a key's tokens, many times the
+    rows a small pair fills) were fresh huge pages zeroed whole, ~10 % of the CPU time of many small
+    pairs; a job copies out the rows it filled."""
+    found = getattr(_SCRATCH, "arrays", None)
+    _SCRATCH.arrays = None
+    if found is None:
+        found = (np.zeros(N_BINS, np.int64), np.zeros(N_BINS >> BLOCK_BITS, np.uint8))
+    elif found[2].size >= room:
+        return found
+    return (*found[:2], np.empty(room, np.int64), np.empty(room), np.empty(room))
 
 
 def _concatenated(spec: np.ndarray, loaded: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The preloaded parts' tokens one after the other; spec[:, _READ] set to where each starts."""
+    if not any(x is not None for x in loaded):
+        return np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.uint8)
     at = 0
     for i, x in enumerate(loaded):
         if x is not None:
@@ -176,19 +214,20 @@ def _concatenated(spec: np.ndarray, loaded: list) -> tuple[np.ndarray, np.ndarra
 
 
 @numba.njit(cache=True, nogil=True)
-def _reduce_batch(directory, flags, paths, parts, headers, header_sizes, pre_a, pre_b, pre_m, start, used, lo, hi,
-                  prob_of, thr, qs, float32, mask_bytes, part_sums, hist, touched, signed_lo, signed_hi, sums,
+def _reduce_batch(folders, flags, paths, parts, headers, header_sizes, pre_a, pre_b, pre_m, start, used, lo, hi,
+                  prob_of, thr, qs, float32, mask_bytes, part_sums, hist, touched, merge, table_lo, table_hi, sums,
                   pos_count, pos_sum, pos_max, prob_count, prob_sum, seq_sum, seq_n, counts, hist_lo, hist_hi, ends,
                   quantile_bins):  # pragma: no cover - compiled
     """From part `start` on, as reduce_pair adds each of a key's parts into its figures in order;
-    (the part it could not read, or len(parts); bins taken out so far)."""
+    (the part it could not read, or len(parts); table rows written so far). The quantiles are read from
+    the key's fine bins; its histogram rows are 2^merge of them summed (table_lo/hi: their edges)."""
     most = 1
     for p in range(start, parts.shape[0]):
         most = max(most, parts[p, 1] * parts[p, 2])
     head = header_sizes.max() if header_sizes.size else 0
     buf_a, buf_b, buf_m = np.empty(head + 4 * most, np.uint8), np.empty(head + 4 * most, np.uint8), \
         np.empty(head + most, np.uint8)
-    bins = np.empty(hist.size, np.int64)  # a key's filled bins
+    bins, fine = np.empty(hist.size, np.int64), np.empty(hist.size, np.int64)  # a key's filled bins, their counts
     for p in range(start, parts.shape[0]):
         k, rows, width, first, at = parts[p, 0], parts[p, 1], parts[p, 2], parts[p, 3], parts[p, 4]
         n = rows * width
@@ -197,16 +236,17 @@ def _reduce_batch(directory, flags, paths, parts, headers, header_sizes, pre_a, 
         else:
             size = header_sizes[parts[p, 8]]
             header = headers[parts[p, 8], :size]
-            if not (npy_reads.read_npy(directory, flags, paths, parts[p, 5], header, float32, buf_a, 4 * n)
-                    and npy_reads.read_npy(directory, flags, paths, parts[p, 6], header, float32, buf_b, 4 * n)):
+            if not (npy_reads.read_npy(folders[parts[p, 10]], flags, paths, parts[p, 5], header, float32, buf_a, 4 * n)
+                    and npy_reads.read_npy(folders[parts[p, 11]], flags, paths, parts[p, 6], header, float32, buf_b,
+                                           4 * n)):
                 return p, used
             m = buf_m[:n]
             if parts[p, 7] < 0:
                 m[:] = 1
             else:
                 mask_size = header_sizes[parts[p, 9]]
-                if not npy_reads.read_npy(directory, flags, paths, parts[p, 7], headers[parts[p, 9], :mask_size],
-                                          mask_bytes, buf_m, n):
+                if not npy_reads.read_npy(folders[parts[p, 12]], flags, paths, parts[p, 7],
+                                          headers[parts[p, 9], :mask_size], mask_bytes, buf_m, n):
                     return p, used
                 m = buf_m[mask_size:mask_size + n]
             a, b = buf_a[size:size + 4 * n].view(np.float32), buf_b[size:size + 4 * n].view(np.float32)
@@ -218,19 +258,24 @@ def _reduce_batch(directory, flags, paths, parts, headers, header_sizes, pre_a, 
         sums[k, 4] = max(sums[k, 4], part_sums[p, 4])
         if p + 1 < parts.shape[0] and parts[p + 1, 0] == k:
             continue
-        begin = used
+        filled, row = 0, -1
         for block in range(touched.size):  # the key's filled bins in bin order (Δ >= 0, then Δ < 0), zeroed
             if touched[block] == 0:
                 continue
             touched[block] = 0
             for i in range(block << BLOCK_BITS, (block + 1) << BLOCK_BITS):
                 if hist[i] != 0:
-                    bins[used - begin], counts[used] = i, hist[i]
-                    hist_lo[used], hist_hi[used] = signed_lo[i], signed_hi[i]
+                    bins[filled], fine[filled] = i, hist[i]
+                    filled += 1
+                    if i >> merge == row:  # a table row's bins lie in one block (merge <= BLOCK_BITS)
+                        counts[used - 1] += hist[i]
+                    else:
+                        row = i >> merge
+                        counts[used], hist_lo[used], hist_hi[used] = hist[i], table_lo[row], table_hi[row]
+                        used += 1
                     hist[i] = 0
-                    used += 1
         ends[k] = used
-        _quantile_bins(bins[:used - begin], counts[begin:used], qs, quantile_bins[k])
+        _quantile_bins(bins[:filled], fine[:filled], qs, quantile_bins[k])
     return parts.shape[0], used
 
 

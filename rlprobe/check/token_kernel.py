@@ -31,6 +31,7 @@ from numba.extending import intrinsic  # noqa: E402
 
 N_BINS = 1 << 15  # float32 bits >> 17: bins 0..16383 are Δ >= 0, 16384.. are Δ < 0
 HALF = N_BINS // 2
+TABLE_BITS = 3  # token_hist's rows: 2^3 of these bins summed (8 an octave); quantiles read the fine bins
 N_POSITIONS = 24  # position buckets [2^(k-1), 2^k); the last takes everything beyond
 N_PROBABILITY = 10
 LOG_THRESHOLDS = np.log(np.arange(1, N_PROBABILITY) / N_PROBABILITY)

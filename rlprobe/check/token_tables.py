@@ -18,6 +18,7 @@ small pairs only is one compiled call with tables built a column at a time (toke
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,7 @@ import pyarrow.compute as pc
 
 from rlprobe.check.pair_part import Part, is_float
 from rlprobe.check.sample_pairs import sample_parts, samples_table
-from rlprobe.check.token_kernel import (N_POSITIONS, N_PROBABILITY, HALF, PairFigures, bin_lower_edges,
+from rlprobe.check.token_kernel import (N_POSITIONS, N_PROBABILITY, HALF, TABLE_BITS, PairFigures, bin_lower_edges,
                                         bin_upper_edges, position_bounds, reduce_pair)
 from rlprobe.check.token_selection import ROLLOUT_KINDS, PairSelection
 from rlprobe.check.token_rows import BUCKETS, HIST, QUANTILES, SEQUENCES, STEPS, loader, part_tokens
@@ -103,7 +104,7 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
     cut = count > 1  # every key in pieces: their figures are added up before the rows are built
     pieces = [(key, piece) for key in keys for piece in split_rows(work[key], count)] if cut else \
         [(key, work[key]) for key in keys]
-    edges = _Edges()
+    edges = _edges()
     scratch = threading.local()  # a thread's figures, zeroed where filled after each key: no 256 KiB page-in a key
 
     def piece_job(key: tuple[str, int, int], parts: list[Part]) -> tuple[PairFigures | _KeyRows, list]:
@@ -217,8 +218,13 @@ def split_rows(parts: list[Part], count: int) -> list[list[Part]]:
     return [piece for piece in pieces if piece]
 
 
+@functools.cache
+def _edges() -> _Edges:
+    return _Edges()
+
+
 class _Edges:
-    """The bins' and buckets' edges, computed once per check."""
+    """The bins' and buckets' edges, computed once a process (~1 ms: their arrays are 256 KiB each)."""
 
     def __init__(self) -> None:
         self.lower, self.upper = bin_lower_edges(), bin_upper_edges()
@@ -228,6 +234,9 @@ class _Edges:
         self.prob_lo = np.arange(N_PROBABILITY) / N_PROBABILITY
         self.signed_lo = np.concatenate([self.lower, -self.upper])  # by histogram bin: Δ >= 0, then Δ < 0
         self.signed_hi = np.concatenate([self.upper, -self.lower])
+        first, last = slice(None, None, 1 << TABLE_BITS), slice((1 << TABLE_BITS) - 1, None, 1 << TABLE_BITS)
+        self.table_lo = np.concatenate([self.lower[first], -self.upper[last]])  # token_hist's bins: 2^TABLE_BITS
+        self.table_hi = np.concatenate([self.upper[last], -self.lower[first]])  # of the kernel's merged
 
 
 class _KeyRows(NamedTuple):
@@ -255,7 +264,10 @@ def _key_rows(key: tuple[str, int, int], f: PairFigures, meta: dict[str, Any], e
     row.update(zip((name for name, _ in QUANTILES),
                    f.quantiles(tuple(q for _, q in QUANTILES), edges.upper, counts, filled)))
     bins = np.concatenate([filled[f.hist[filled] > 0], HALF + filled[f.hist[HALF + filled] > 0]])  # Δ >= 0; Δ < 0
-    hist = {"lo": edges.signed_lo[bins], "hi": edges.signed_hi[bins], "tokens": f.hist[bins]}
+    merged = bins >> TABLE_BITS  # the table's bins: 2^TABLE_BITS of the kernel's summed, in the same order
+    starts = np.flatnonzero(np.diff(merged, prepend=-1))
+    tokens = np.add.reduceat(f.hist[bins], starts)
+    hist = {"lo": edges.table_lo[merged[starts]], "hi": edges.table_hi[merged[starts]], "tokens": tokens}
     p = np.flatnonzero(f.pos_count)
     positions = {"lo": edges.pos_lo[p], "hi": edges.pos_hi[p], "tokens": f.pos_count[p],
                  "mean_abs": f.pos_sum[p] / f.pos_count[p], "max_abs": f.pos_max[p]}

@@ -84,6 +84,23 @@ def test_a_missing_or_truncated_file_is_named(tmp_path):
         frames(dump)
 
 
+@pytest.mark.skipif(not npy_reads.READS, reason="compiled reads are POSIX only")
+def test_files_are_opened_from_a_folder_of_the_dump_and_a_missing_folder_is_named(tmp_path):
+    dump = small_steps(tmp_path / "d")
+    parts = token_tables_module.pairs(tensor_rows(stats_table(dump)))
+    plan = token_batch._plan([(k, [p]) for k, p in enumerate(parts)])
+    names = bytes(plan.paths)
+    for part in plan.parts:
+        for at, folder in zip(part[5:8], part[10:13]):  # a, b, mask: the name (its last 4 parts) in its folder
+            name = names[at:names.index(b"\0", at)].decode()
+            assert name.count("/") == 3 and (dump.path / plan.folders[folder] / name).is_file()
+    expected = frames(dump)
+    assert len(plan.parts) == len(expected["token_steps"]) == 6 and len(plan.folders) < 6
+    shutil.rmtree(dump.path / plan.folders[0])  # every step's files in it
+    with pytest.raises(DumpReadError, match=re.escape(f"{tensor_path(dump, 'old_log_prob', 0)}: cannot read tensor")):
+        frames(dump)
+
+
 def test_the_pair_column_is_cut_into_chunks_past_32_bit_offsets(monkeypatch):
     keys = [("rollout_vs_old", 1, 0), ("on_policy", 2, 1), ("rollout_vs_old", 3, 0)]
     sizes = np.array([3, 0, 2], np.int64)

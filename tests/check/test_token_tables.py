@@ -11,7 +11,7 @@ import rlprobe
 from rlprobe.check import token_batch
 from rlprobe.check.inputs import stats_table
 from rlprobe.check.pair_part import Part
-from rlprobe.check.token_kernel import reduce_pair
+from rlprobe.check.token_kernel import TABLE_BITS, reduce_pair
 from rlprobe.check.token_tables import batches, token_tables
 from rlprobe.lake.reader import open_dump
 
@@ -44,12 +44,32 @@ def test_each_step_equals_its_pair_reduced_alone(tmp_path, workers):
         assert row["mean_abs"] == pytest.approx(f.sum_abs / f.tokens, rel=1e-12)
         assert row["p95_abs"] == f.quantile(0.95)
         mine = hist[hist["step"] == row["step"]]
-        assert mine["tokens"].sum() == f.tokens and len(mine) == np.count_nonzero(f.hist)
-        assert sorted(mine["tokens"]) == sorted(f.hist[f.hist > 0])
+        merged = f.hist.reshape(-1, 1 << TABLE_BITS).sum(axis=1)  # the table's bins: the kernel's, 8 summed
+        assert mine["tokens"].sum() == f.tokens and len(mine) == np.count_nonzero(merged)
+        assert sorted(mine["tokens"]) == sorted(merged[merged > 0])
         prob = probability[probability["step"] == row["step"]]
         assert list(prob["tokens"]) == list(f.prob_count[f.prob_count > 0])
         seqs = tables["token_sequences"].filter(tables["token_sequences"]["step"].to_numpy() == row["step"])
         assert seqs["log_ratio"].to_pylist() == pytest.approx(seq_sum.tolist(), rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_the_histogram_rows_count_the_tokens_between_their_edges_in_numpy(tmp_path, monkeypatch, small):
+    """token_hist: per step the masked Δ (as float32) in [lo, hi) (Δ >= 0) or (lo, hi] (Δ < 0), every
+    row filled, 8 bins an octave (32 rows at most in the octave of 2^-7 to 2^-6 with both signs)."""
+    dump, saved = many_steps(tmp_path / "d")
+    if not small:
+        monkeypatch.setattr(token_batch, "SMALL", -1)  # every key through reduce_pair and PairFigures
+    hist = token_tables(dump, stats_table(dump), 0.2, workers=2)["token_hist"].to_pandas()
+    for step, (old, rollout, mask) in enumerate(saved):
+        d = (rollout - old)[mask]
+        mine = hist[hist["step"] == step]
+        assert (mine["tokens"] > 0).all() and mine["tokens"].sum() == d.size
+        for lo, hi, tokens in zip(mine["lo"], mine["hi"], mine["tokens"]):
+            inside = (d >= lo) & (d < hi) & ~np.signbit(d) if hi > 0 else (d > lo) & (d <= hi) & np.signbit(d)
+            assert np.count_nonzero(inside) == tokens, (step, lo, hi)
+        near, far = np.minimum(mine["lo"].abs(), mine["hi"].abs()), np.maximum(mine["lo"].abs(), mine["hi"].abs())
+        assert ((near >= 2.0 ** -7) & (far <= 2.0 ** -6)).sum() <= 16
 
 
 def test_batches_keep_the_order_and_even_out_the_tokens():
