@@ -1,0 +1,83 @@
+"""The console side of `rlprobe info` (a dump's summary as tables) and `rlprobe sql` (a query's result
+as a table, CSV, JSON or Parquet)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def print_dump_summary(s: dict[str, Any]) -> None:
+    from rich.markup import escape
+
+    from rlprobe.console import make_console, print_table, whole
+
+    console = make_console()
+    complete = {True: "[green]complete[/]", False: "[yellow]incomplete (killed, or still running)[/]",
+                None: "unknown (msprobe dump)"}[s["complete"]]
+    console.print("  ".join([f"[bold]{whole(s['path'])}[/]", whole(f"format {s['format']}"),
+                             whole(f"run_id {s.get('run_id') or '-'}"), complete]))
+    console.print("  ".join(whole(f"{name} {value}") for name, value in (
+        ("ranks", s["ranks"]), ("world_size", s.get("world_size") or "-"), ("framework", s.get("framework") or "-"),
+        ("tensor bytes", _bytes(s["tensor_bytes"])))))
+    for problem in s["problems"]:
+        console.print(f"[red]! {escape(str(problem))}[/]")
+    rows = []
+    for k in s["keys"]:
+        steps = f"{k['first_step']}-{k['last_step']} ({k['steps']})" if k["steps"] > 1 else str(k["first_step"])
+        rows.append([k["key"], k["dtypes"], steps, k["ranks"], k["micro_steps"], k["indexes"], k["tensors"],
+                     k["tensor_files"], _bytes(k["bytes"])])
+    print_table(console, ["key", "dtypes", "steps", "ranks", "micro steps", "indexes", "tensors", "saved", "bytes"],
+                rows, title="[italic]key data[/]")
+    if s["scalars"]:
+        print_table(console, ["name", "steps", "ranks", "mean"],
+                    [[m["name"], f"{m['first_step']}-{m['last_step']} ({m['steps']})", m["ranks"],
+                      f"{m['mean_value']:.6g}"] for m in s["scalars"]], title="[italic]scalars[/]")
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def write_table(table: Any, fmt: str, output: str | None, max_rows: int) -> None:
+    import pyarrow as pa
+
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, output)
+    elif fmt == "csv":
+        import pyarrow.csv as pacsv
+
+        from rlprobe.report.csv_report import csv_safe_table
+
+        sink = output or sys.stdout.buffer
+        pacsv.write_csv(csv_safe_table(table), sink)  # formula-like text guarded, lists as text
+    elif fmt == "json":
+        import json
+
+        text = json.dumps(table.to_pylist(), default=str, indent=1)
+        Path(output).write_text(text + "\n") if output else click.echo(text)
+    else:
+        from contextlib import nullcontext
+
+        from rlprobe.console import make_console, print_table
+
+        with open(output, "w", encoding="utf-8") if output else nullcontext() as file:
+            console = make_console(file=file)
+            shown = table.slice(0, max_rows)
+            rows = zip(*(["NULL" if v is None else v for v in column.to_pylist()] for column in shown.columns))
+            print_table(console, table.column_names, rows)
+            if table.num_rows > max_rows:
+                console.print(f"({table.num_rows} rows, {max_rows} shown; --max-rows or --format csv for all)",
+                              highlight=False)
+        assert isinstance(table, pa.Table)
