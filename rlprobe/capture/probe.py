@@ -20,8 +20,8 @@ from rlprobe._version import __version__
 from rlprobe.capture.flatten import flatten
 from rlprobe.capture.rank_claim import RankClaim, read_json
 from rlprobe.capture.user_values import as_number, is_whole_number, jsonable, whole
-from rlprobe.capture.writer import BackgroundWriter, LeafJob
-from rlprobe.capture.writer_process import end_session, write_call, writer_process
+from rlprobe.capture.writer import BackgroundWriter, LeafJob, SaveCall
+from rlprobe.capture.writer_process import end_session, writer_process
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks import broadcast_from_rank0, detect_rank_and_world, framework_names, prepare
 from rlprobe.lake.atomic import atomic_write_json
@@ -207,11 +207,10 @@ class Probe:
             self._micro[key] = micro[key] + 1
         jobs = [LeafJob(key, index, micro[key], self.framework or (adapter.name if adapter else None), leaf)
                 for (key, index, _, adapter), leaf in zip(leaves, staged)]
-        step, layout, save_tensors = self.current_step, self.layout, not self.stats_only
         nbytes = sum(j.leaf.nbytes for j in jobs if j.leaf is not None)
-        job = partial(write_call, self._writer, layout, step, jobs, save_tensors, identity, self._calls)
+        self._writer.submit_call(SaveCall(self.layout, self.current_step, jobs, not self.stats_only, identity,
+                                          self._calls), nbytes)
         self._calls += 1
-        self._writer.submit(job, nbytes, step)
         self._step_has_data = True
         self._raise_background_errors()
 

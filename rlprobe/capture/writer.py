@@ -34,7 +34,7 @@ from rlprobe.lake.encoding import narrow_integers, widen
 from rlprobe.lake.atomic import AtomicFolder
 from rlprobe.lake.layout import DumpLayout, key_data_call_dir, key_data_file_name
 from rlprobe.lake.rank_writer import RankWriter
-from rlprobe.lake.samples import CallIdentity, OccurrenceCounter, sample_table
+from rlprobe.lake.samples import CallIdentity, OccurrenceCounter, sample_table_of_calls
 
 if TYPE_CHECKING:
     from rlprobe.capture.writer_process import WriterProcess
@@ -42,6 +42,10 @@ from rlprobe.lake.statistics import STACK_BYTES, STATISTICS, bitwise_hash, host_
 
 
 RETRY_S = 1.0  # the least wait before retrying a failed commit
+# save calls are handed to the writer together: at the end of the step (or any other job), or once
+# this many bytes or calls wait (the snapshots hold staging memory until the writer is done)
+CALL_BATCH_BYTES = 1 << 20
+CALL_BATCH_COUNT = 64
 
 
 @dataclass
@@ -51,6 +55,18 @@ class LeafJob:
     micro_step: int
     framework: str | None
     leaf: StagedLeaf | None  # None: the value was None (absent)
+
+
+@dataclass
+class SaveCall:
+    """One save() call as the writer takes it: the step's `call`-th, its staged leaves and identity."""
+
+    layout: DumpLayout
+    step: int
+    jobs: list[LeafJob]
+    save_tensors: bool
+    identity: CallIdentity | None
+    call: int
 
 
 class BackgroundWriter:
@@ -75,12 +91,41 @@ class BackgroundWriter:
         self._queue: queue.SimpleQueue[tuple[Callable[[], None], int, int | None] | None] = queue.SimpleQueue()
         self._errors: list[str] = []
         self._errors_lock = threading.Lock()
+        # save calls not handed over yet: one job per step, not one per call (a job wakes this thread,
+        # whose Python then competes with the training thread for the GIL)
+        self._calls: list[SaveCall] = []
+        self._calls_bytes = 0
+        self._calls_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"rlprobe-writer-rank{sink.rank}", daemon=True)
         self._thread.start()
 
     # -- training thread -----------------------------------------------------------------
+    def submit_call(self, call: SaveCall, nbytes: int) -> None:
+        """Queue a save call; it reaches the writer with the other calls of its step (`hand_over`)."""
+        with self._calls_lock:
+            self._calls.append(call)
+            self._calls_bytes += nbytes
+            full = self._calls_bytes >= CALL_BATCH_BYTES or len(self._calls) >= CALL_BATCH_COUNT
+        if full:
+            self.hand_over()
+
+    def hand_over(self) -> None:
+        """Queue the waiting save calls as one job (any other job, such as the step's end, first
+        does this, so the jobs keep their order)."""
+        with self._calls_lock:
+            calls, nbytes = self._calls, self._calls_bytes
+            self._calls, self._calls_bytes = [], 0
+        if calls:
+            from rlprobe.capture.writer_process import write_calls
+
+            self._put(lambda: write_calls(self, calls), nbytes, calls[0].step)
+
     def submit(self, job: Callable[[], None], nbytes: int = 0, step: int | None = None) -> None:
         """Queue `job`; `step`: the probe step whose rows it adds, never committed if the job fails."""
+        self.hand_over()
+        self._put(job, nbytes, step)
+
+    def _put(self, job: Callable[[], None], nbytes: int, step: int | None) -> None:
         with self._cond:
             while self._inflight > 0 and self._inflight + nbytes > self.max_inflight:
                 self._cond.wait()
@@ -100,6 +145,7 @@ class BackgroundWriter:
         return errors
 
     def stop(self) -> None:
+        self.hand_over()
         self._queue.put(None)
         self._thread.join()
 
@@ -166,6 +212,7 @@ class TensorRow:
     where: str  # for messages: "key 'x' step 3 micro_step 0"
     tensor_path: Path | str | None  # a str is relative to the dump root; None: statistics only
     file_name: str | None = None  # with a folder: the file's name in it (tensor_path is where it ends up)
+    folder: AtomicFolder | None = None  # the folder it is written into (else write_tensor_rows' folder)
 
 
 def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow],
@@ -180,15 +227,7 @@ def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow
     written into it, and it is renamed into place before their rows are added."""
     sink = writer.sink
     errors: list[str] = []
-    rows: list[dict[str, Any]] = []
-    for chunk in _chunks(items):
-        try:
-            rows.extend(_tensor_rows(chunk, kind, sink, errors, folder))
-        finally:
-            for item in chunk:
-                item.leaf.raw = None
-                if item.leaf.release is not None:
-                    item.leaf.release()
+    rows = [row for _, row in _item_rows(writer, items, kind, errors, folder)]
     if folder is not None:
         try:
             sink.commit_folder(folder)
@@ -197,6 +236,21 @@ def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow
     for row in rows:
         sink.add_row(kind, row)
     writer.report(errors)
+
+
+def _item_rows(writer: BackgroundWriter, items: list[TensorRow], kind: str, errors: list[str],
+               folder: AtomicFolder | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """(id(item), row) of each item whose row could be made, in order; files written, copies released."""
+    out: list[tuple[int, dict[str, Any]]] = []
+    for chunk in _chunks(items):
+        try:
+            out.extend(_tensor_rows(chunk, kind, writer.sink, errors, folder))
+        finally:
+            for item in chunk:
+                item.leaf.raw = None
+                if item.leaf.release is not None:
+                    item.leaf.release()
+    return out
 
 
 def _folder_lost(folder: AtomicFolder, rows: list[dict[str, Any]], kind: str, sink: RankWriter, errors: list[str],
@@ -219,38 +273,70 @@ def write_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs
     """Writer-thread job for one save call (the step's `call`-th). A None value becomes a row marked
     absent: its key, step, micro_step and index, and nothing else. The call's tensor files go into
     one folder, renamed into place when all are written (docs/dump-format.md, "Files")."""
+    write_key_data_of_calls(writer, [SaveCall(layout, step, jobs, save_tensors, None, call)])
+
+
+def write_key_data_of_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> None:
+    """write_key_data of several save calls, their small tensors' statistics worked out together;
+    the rows (absent ones first, as each call has them) and folders follow the calls' order."""
     sink = writer.sink
-    folder_path = key_data_call_dir(step, sink.rank, call) if save_tensors else None
-    folder = AtomicFolder(os.path.join(os.fspath(sink.layout.root), folder_path)) if folder_path else None
-    items = []
-    for job in jobs:
-        keys = {"key": job.key, "step": step, "micro_step": job.micro_step, "index": job.index,
-                "framework": job.framework}
-        if job.leaf is None:
-            sink.add_row("key_data", {**keys, "absent": True})
-            continue
-        name = key_data_file_name(job.key, job.index) if folder_path else None
-        items.append(TensorRow(
-            job.leaf, {**keys, "absent": False},
-            f"key {job.key!r} step {step} micro_step {job.micro_step}" + (f" index {job.index!r}" if job.index else ""),
-            f"{folder_path}/{name}" if folder_path else None, name))
-    write_tensor_rows(writer, "key_data", items, folder)
+    planned: list[tuple[AtomicFolder | None, list[dict[str, Any]], list[TensorRow]]] = []
+    for c in calls:
+        folder_path = key_data_call_dir(c.step, sink.rank, c.call) if c.save_tensors else None
+        folder = AtomicFolder(os.path.join(os.fspath(sink.layout.root), folder_path)) if folder_path else None
+        absent, items = [], []
+        for job in c.jobs:
+            keys = {"key": job.key, "step": c.step, "micro_step": job.micro_step, "index": job.index,
+                    "framework": job.framework}
+            if job.leaf is None:
+                absent.append({**keys, "absent": True})
+                continue
+            name = key_data_file_name(job.key, job.index) if folder_path else None
+            items.append(TensorRow(
+                job.leaf, {**keys, "absent": False},
+                f"key {job.key!r} step {c.step} micro_step {job.micro_step}"
+                + (f" index {job.index!r}" if job.index else ""),
+                f"{folder_path}/{name}" if folder_path else None, name, folder))
+        planned.append((folder, absent, items))
+    errors: list[str] = []
+    done = dict(_item_rows(writer, [item for _, _, items in planned for item in items], "key_data", errors))
+    for folder, absent, items in planned:
+        rows = [done[id(item)] for item in items if id(item) in done]
+        if folder is not None:
+            try:
+                sink.commit_folder(folder)
+            except OSError as e:
+                _folder_lost(folder, rows, "key_data", sink, errors, e)
+        for row in absent + rows:
+            sink.add_row("key_data", row)
+    writer.report(errors)
 
 
 def write_samples_and_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob],
                                save_tensors: bool, identity: CallIdentity, call: int = 0) -> None:
     """write_key_data, after the call's `sample` rows (lake/samples.py) while the host copies exist."""
-    for job in jobs:
-        if job.leaf is not None and job.leaf.finish is not None:
-            job.leaf.finish()
-            job.leaf.finish = None
-    try:
-        writer.sink.add_row("sample", sample_table(identity, jobs, step, writer.samples))
-    except Exception as e:  # the key data is still written; the step is marked incomplete
-        message = f"step {step}: sample rows not written: {type(e).__name__}: {e}"
-        writer.sink.record_error(message, {"step": step, "what": "sample rows"}, incomplete_step=step)
-        writer.report([message])
-    write_key_data(writer, layout, step, jobs, save_tensors, call)
+    write_save_calls(writer, [SaveCall(layout, step, jobs, save_tensors, identity, call)])
+
+
+def write_save_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> None:
+    """Writer-thread job for save calls of one step, done together: the `sample` rows of those
+    with an identity (one table, in call order), then their key data."""
+    for c in calls:
+        for job in c.jobs:
+            if job.leaf is not None and job.leaf.finish is not None:
+                job.leaf.finish()
+                job.leaf.finish = None
+    identified = [c for c in calls if c.identity is not None]
+    if identified:
+        step = identified[0].step
+        try:
+            writer.sink.add_row("sample", sample_table_of_calls([(c.identity, c.jobs) for c in identified], step,
+                                                                writer.samples))
+        except Exception as e:  # the key data is still written; the step is marked incomplete
+            message = f"step {step}: sample rows not written: {type(e).__name__}: {e}"
+            writer.sink.record_error(message, {"step": step, "what": "sample rows"}, incomplete_step=step)
+            writer.report([message])
+    write_key_data_of_calls(writer, calls)
 
 
 def _chunks(items: list[TensorRow]) -> list[list[TensorRow]]:
@@ -268,7 +354,7 @@ def _chunks(items: list[TensorRow]) -> list[list[TensorRow]]:
 
 
 def _tensor_rows(chunk: list[TensorRow], kind: str, sink: RankWriter, errors: list[str],
-                 folder: AtomicFolder | None) -> list[dict[str, Any]]:
+                 folder: AtomicFolder | None) -> list[tuple[int, dict[str, Any]]]:
     ready: list[tuple[TensorRow, np.ndarray | None]] = []
     for item in chunk:
         try:
@@ -284,9 +370,9 @@ def _tensor_rows(chunk: list[TensorRow], kind: str, sink: RankWriter, errors: li
         host[i] = stats
     rows = []
     for (item, values), stats in zip(ready, host):
-        row = _tensor_row(item, values, stats, kind, sink, errors, folder)
+        row = _tensor_row(item, values, stats, kind, sink, errors, item.folder or folder)
         if row is not None:
-            rows.append(row)
+            rows.append((id(item), row))
     return rows
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlprobe.capture.writer import BackgroundWriter, LeafJob
+    from rlprobe.capture.writer import BackgroundWriter, LeafJob, SaveCall
     from rlprobe.lake.layout import DumpLayout
     from rlprobe.lake.samples import CallIdentity
 
@@ -129,6 +129,18 @@ class WriterProcess:
         """After fork: the child must neither use nor keep open the parent's pipes."""
         self.dead = "a forked child does not use its parent's writer process"
         self._close_pipes()
+
+
+def write_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> None:
+    """Writer-thread job for save calls of one step: each sent to the writer process in turn, or,
+    without one, all worked out here together (capture/writer.py, write_save_calls)."""
+    if writer.process is None and not writer.samples_remote:
+        from rlprobe.capture.writer import write_save_calls
+
+        write_save_calls(writer, calls)
+        return
+    for c in calls:
+        write_call(writer, c.layout, c.step, c.jobs, c.save_tensors, c.identity, c.call)
 
 
 def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob], save_tensors: bool,
