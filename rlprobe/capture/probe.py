@@ -20,7 +20,8 @@ from rlprobe._version import __version__
 from rlprobe.capture.flatten import flatten
 from rlprobe.capture.rank_claim import RankClaim, read_json
 from rlprobe.capture.user_values import as_number, is_whole_number, jsonable, whole
-from rlprobe.capture.writer import BackgroundWriter, LeafJob, SaveCall
+from rlprobe.capture.save_calls import SaveCall
+from rlprobe.capture.writer import BackgroundWriter, LeafJob
 from rlprobe.capture.writer_process import end_session, writer_process
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks import broadcast_from_rank0, detect_rank_and_world, framework_names, prepare
@@ -208,8 +209,8 @@ class Probe:
         jobs = [LeafJob(key, index, micro[key], self.framework or (adapter.name if adapter else None), leaf)
                 for (key, index, _, adapter), leaf in zip(leaves, staged)]
         nbytes = sum(j.leaf.nbytes for j in jobs if j.leaf is not None)
-        self._writer.submit_call(SaveCall(self.layout, self.current_step, jobs, not self.stats_only, identity,
-                                          self._calls), nbytes)
+        self._writer.defer(SaveCall(self.layout, self.current_step, jobs, not self.stats_only, identity, self._calls),
+                           nbytes)
         self._calls += 1
         self._step_has_data = True
         self._raise_background_errors()
@@ -248,7 +249,7 @@ class Probe:
                 return
             rows.append({"step": at, "name": name, "value": number, "wall_time": now})
         sink = self._writer.sink
-        self._writer.submit(lambda: [sink.add_row("scalar", r) for r in rows], 0, at)
+        self._writer.defer(lambda: [sink.add_row("scalar", r) for r in rows], 0, at)
         if at == self.current_step:
             self._step_has_data = True
         self._raise_background_errors()
@@ -363,7 +364,7 @@ class Probe:
     # -- internals -----------------------------------------------------------------------
     def _commit(self, step: int) -> None:
         """End `step`; the writer commits it within flush_interval seconds (flush()/close(): at once)."""
-        self._writer.submit(partial(self._writer.sink.end_step, step))
+        self._writer.defer(partial(self._writer.sink.end_step, step))
 
     def _usable(self, where: str) -> bool:
         if self._closed:

@@ -19,7 +19,6 @@ per-step Python work (which holds the GIL the training thread needs) stays small
 from __future__ import annotations
 
 import math
-import os
 import queue
 import threading
 import time
@@ -32,11 +31,11 @@ import numpy as np
 from rlprobe.frameworks.base import StagedLeaf
 from rlprobe.lake.encoding import narrow_integers, widen
 from rlprobe.lake.atomic import AtomicFolder
-from rlprobe.lake.layout import DumpLayout, key_data_call_dir, key_data_file_name
 from rlprobe.lake.rank_writer import RankWriter
-from rlprobe.lake.samples import CallIdentity, OccurrenceCounter, sample_table_of_calls
+from rlprobe.lake.samples import OccurrenceCounter
 
 if TYPE_CHECKING:
+    from rlprobe.capture.save_calls import SaveCall
     from rlprobe.capture.writer_process import WriterProcess
 from rlprobe.lake.statistics import STACK_BYTES, STATISTICS, bitwise_hash, host_statistics, host_statistics_many
 
@@ -55,18 +54,6 @@ class LeafJob:
     micro_step: int
     framework: str | None
     leaf: StagedLeaf | None  # None: the value was None (absent)
-
-
-@dataclass
-class SaveCall:
-    """One save() call as the writer takes it: the step's `call`-th, its staged leaves and identity."""
-
-    layout: DumpLayout
-    step: int
-    jobs: list[LeafJob]
-    save_tensors: bool
-    identity: CallIdentity | None
-    call: int
 
 
 class BackgroundWriter:
@@ -91,34 +78,45 @@ class BackgroundWriter:
         self._queue: queue.SimpleQueue[tuple[Callable[[], None], int, int | None] | None] = queue.SimpleQueue()
         self._errors: list[str] = []
         self._errors_lock = threading.Lock()
-        # save calls not handed over yet: one job per step, not one per call (a job wakes this thread,
-        # whose Python then competes with the training thread for the GIL)
-        self._calls: list[SaveCall] = []
-        self._calls_bytes = 0
-        self._calls_lock = threading.Lock()
+        # work of the training thread not handed over yet (save calls, the ends of steps, scalars): the
+        # writer takes it in one go once per flush_interval, when it commits, instead of waking for
+        # each call; its Python then competes with the training thread for the GIL once a commit,
+        # and a step's fixed costs (a sample table, a statistics pass) are shared by the steps of it
+        self._deferred: list[tuple[SaveCall | Callable[[], None], int | None]] = []
+        self._deferred_bytes = 0
+        self._deferred_since = 0.0
+        self._deferred_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"rlprobe-writer-rank{sink.rank}", daemon=True)
         self._thread.start()
 
     # -- training thread -----------------------------------------------------------------
-    def submit_call(self, call: SaveCall, nbytes: int) -> None:
-        """Queue a save call; it reaches the writer with the other calls of its step (`hand_over`)."""
-        with self._calls_lock:
-            self._calls.append(call)
-            self._calls_bytes += nbytes
-            full = self._calls_bytes >= CALL_BATCH_BYTES or len(self._calls) >= CALL_BATCH_COUNT
+    def defer(self, item: SaveCall | Callable[[], None], nbytes: int = 0, step: int | None = None) -> None:
+        """Queue a save call or a small job (`step`: the probe step whose rows it adds); the writer
+        takes it within flush_interval seconds, or sooner when CALL_BATCH_BYTES/COUNT wait or
+        another job is submitted (`hand_over`)."""
+        with self._deferred_lock:
+            first = not self._deferred
+            self._deferred.append((item, step))
+            self._deferred_bytes += nbytes
+            if first:
+                self._deferred_since = time.monotonic()
+            full = self._deferred_bytes >= CALL_BATCH_BYTES or len(self._deferred) >= CALL_BATCH_COUNT
         if full:
             self.hand_over()
+        elif first:
+            self._queue.put((_wake, 0, None))  # the writer's next wait ends when these are due
 
     def hand_over(self) -> None:
-        """Queue the waiting save calls as one job (any other job, such as the step's end, first
-        does this, so the jobs keep their order)."""
-        with self._calls_lock:
-            calls, nbytes = self._calls, self._calls_bytes
-            self._calls, self._calls_bytes = [], 0
-        if calls:
-            from rlprobe.capture.writer_process import write_calls
+        """Queue the deferred work as one job (any other job first does this: jobs keep their order)."""
+        items, nbytes = self._take_deferred()
+        if items:
+            self._put(lambda: self._run_deferred(items), nbytes, None)
 
-            self._put(lambda: write_calls(self, calls), nbytes, calls[0].step)
+    def _take_deferred(self) -> tuple[list[tuple[SaveCall | Callable[[], None], int | None]], int]:
+        with self._deferred_lock:
+            items, nbytes = self._deferred, self._deferred_bytes
+            self._deferred, self._deferred_bytes = [], 0
+        return items, nbytes
 
     def submit(self, job: Callable[[], None], nbytes: int = 0, step: int | None = None) -> None:
         """Queue `job`; `step`: the probe step whose rows it adds, never committed if the job fails."""
@@ -159,6 +157,47 @@ class BackgroundWriter:
             with self._errors_lock:
                 self._errors.extend(errors)
 
+    def _deferred_wait(self) -> float | None:
+        """Seconds until the deferred work is due (flush_interval after the first of it); None: none."""
+        with self._deferred_lock:
+            if not self._deferred:
+                return None
+            return max(0.0, self._deferred_since + self.flush_interval - time.monotonic())
+
+    def _run_deferred(self, items: list[tuple[SaveCall | Callable[[], None], int | None]]) -> None:
+        """The deferred work: its save calls worked out together (capture/save_calls.py), then each
+        call's rows published and each small job run in the order they came, committing when due
+        after each, as when each was a job of its own."""
+        from rlprobe.capture.save_calls import SaveCall, prepare_calls
+
+        calls = [item for item, _ in items if isinstance(item, SaveCall)]
+        publish: dict[int, Callable[[], None]] = {}
+        if calls:
+            def prepare() -> None:
+                publish.update(zip(map(id, calls), prepare_calls(self, calls)))
+
+            self._run_job(prepare, *sorted({c.step for c in calls}))
+        for item, step in items:
+            if isinstance(item, SaveCall):
+                if id(item) in publish:  # else its preparation failed, and its step is marked incomplete
+                    self._run_job(publish[id(item)], item.step)
+            else:
+                self._run_job(item, step)
+            if self._commit_wait() == 0.0:
+                self._commit()
+
+    def _run_job(self, job: Callable[[], None], *steps: int | None) -> None:
+        """Run `job`; when it fails, `steps` (the probe steps whose rows it adds) are not committed."""
+        try:
+            job()
+        except Exception as e:  # a bug or an unexpected failure must not kill the thread
+            for step in steps or (None,):
+                at = "" if step is None else f" (step {step}: not committed, its rows are incomplete)"
+                message = f"rlprobe writer: {type(e).__name__}: {e}{at}"
+                self.sink.record_error(message, None if step is None else {"step": step, "what": "rows"},
+                                       incomplete_step=step)
+                self.report([message])
+
     def _commit_wait(self) -> float | None:
         """Seconds until the ended steps are due to be committed; None when none are waiting."""
         if not self.sink.pending_steps:
@@ -178,22 +217,20 @@ class BackgroundWriter:
 
     def _run(self) -> None:
         while True:
+            waits = [w for w in (self._commit_wait(), self._deferred_wait()) if w is not None]
             try:
-                item = self._queue.get(timeout=self._commit_wait())
-            except queue.Empty:  # the interval ran out with nothing else to do
-                self._commit()
+                item = self._queue.get(timeout=min(waits) if waits else None)
+            except queue.Empty:  # an interval ran out with nothing queued: the deferred work is the newest
+                if self._deferred_wait() == 0.0:
+                    self._run_deferred(self._take_deferred()[0])
+                if self._commit_wait() == 0.0:
+                    self._commit()
                 continue
             if item is None:
                 return
             job, nbytes, step = item
             try:
-                job()
-            except Exception as e:  # a bug or an unexpected failure must not kill the thread
-                at = "" if step is None else f" (step {step}: not committed, its rows are incomplete)"
-                message = f"rlprobe writer: {type(e).__name__}: {e}{at}"
-                self.sink.record_error(message, None if step is None else {"step": step, "what": "rows"},
-                                       incomplete_step=step)
-                self.report([message])
+                self._run_job(job, step)
             finally:
                 item = job = None  # let the job's buffers go before waiting for the next one
                 with self._cond:
@@ -201,6 +238,10 @@ class BackgroundWriter:
                     self._cond.notify_all()
             if self._commit_wait() == 0.0:
                 self._commit()
+
+
+def _wake() -> None:
+    """Queued when deferred work starts waiting: the writer works out when it is due."""
 
 
 @dataclass
@@ -227,18 +268,18 @@ def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow
     written into it, and it is renamed into place before their rows are added."""
     sink = writer.sink
     errors: list[str] = []
-    rows = [row for _, row in _item_rows(writer, items, kind, errors, folder)]
+    rows = [row for _, row in tensor_rows_of(writer, items, kind, errors, folder)]
     if folder is not None:
         try:
             sink.commit_folder(folder)
         except OSError as e:
-            _folder_lost(folder, rows, kind, sink, errors, e)
+            folder_lost(folder, rows, kind, sink, errors, e)
     for row in rows:
         sink.add_row(kind, row)
     writer.report(errors)
 
 
-def _item_rows(writer: BackgroundWriter, items: list[TensorRow], kind: str, errors: list[str],
+def tensor_rows_of(writer: BackgroundWriter, items: list[TensorRow], kind: str, errors: list[str],
                folder: AtomicFolder | None = None) -> list[tuple[int, dict[str, Any]]]:
     """(id(item), row) of each item whose row could be made, in order; files written, copies released."""
     out: list[tuple[int, dict[str, Any]]] = []
@@ -253,7 +294,7 @@ def _item_rows(writer: BackgroundWriter, items: list[TensorRow], kind: str, erro
     return out
 
 
-def _folder_lost(folder: AtomicFolder, rows: list[dict[str, Any]], kind: str, sink: RankWriter, errors: list[str],
+def folder_lost(folder: AtomicFolder, rows: list[dict[str, Any]], kind: str, sink: RankWriter, errors: list[str],
                  e: OSError) -> None:
     """The call's folder could not be renamed into place: its rows keep their statistics, without files."""
     for row in rows:
@@ -266,77 +307,6 @@ def _folder_lost(folder: AtomicFolder, rows: list[dict[str, Any]], kind: str, si
                                 "index": row["index"], "what": "tensor"})
         errors.append(msg)
         row["tensor_file"] = None
-
-
-def write_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob],
-                   save_tensors: bool, call: int = 0) -> None:
-    """Writer-thread job for one save call (the step's `call`-th). A None value becomes a row marked
-    absent: its key, step, micro_step and index, and nothing else. The call's tensor files go into
-    one folder, renamed into place when all are written (docs/dump-format.md, "Files")."""
-    write_key_data_of_calls(writer, [SaveCall(layout, step, jobs, save_tensors, None, call)])
-
-
-def write_key_data_of_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> None:
-    """write_key_data of several save calls, their small tensors' statistics worked out together;
-    the rows (absent ones first, as each call has them) and folders follow the calls' order."""
-    sink = writer.sink
-    planned: list[tuple[AtomicFolder | None, list[dict[str, Any]], list[TensorRow]]] = []
-    for c in calls:
-        folder_path = key_data_call_dir(c.step, sink.rank, c.call) if c.save_tensors else None
-        folder = AtomicFolder(os.path.join(os.fspath(sink.layout.root), folder_path)) if folder_path else None
-        absent, items = [], []
-        for job in c.jobs:
-            keys = {"key": job.key, "step": c.step, "micro_step": job.micro_step, "index": job.index,
-                    "framework": job.framework}
-            if job.leaf is None:
-                absent.append({**keys, "absent": True})
-                continue
-            name = key_data_file_name(job.key, job.index) if folder_path else None
-            items.append(TensorRow(
-                job.leaf, {**keys, "absent": False},
-                f"key {job.key!r} step {c.step} micro_step {job.micro_step}"
-                + (f" index {job.index!r}" if job.index else ""),
-                f"{folder_path}/{name}" if folder_path else None, name, folder))
-        planned.append((folder, absent, items))
-    errors: list[str] = []
-    done = dict(_item_rows(writer, [item for _, _, items in planned for item in items], "key_data", errors))
-    for folder, absent, items in planned:
-        rows = [done[id(item)] for item in items if id(item) in done]
-        if folder is not None:
-            try:
-                sink.commit_folder(folder)
-            except OSError as e:
-                _folder_lost(folder, rows, "key_data", sink, errors, e)
-        for row in absent + rows:
-            sink.add_row("key_data", row)
-    writer.report(errors)
-
-
-def write_samples_and_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob],
-                               save_tensors: bool, identity: CallIdentity, call: int = 0) -> None:
-    """write_key_data, after the call's `sample` rows (lake/samples.py) while the host copies exist."""
-    write_save_calls(writer, [SaveCall(layout, step, jobs, save_tensors, identity, call)])
-
-
-def write_save_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> None:
-    """Writer-thread job for save calls of one step, done together: the `sample` rows of those
-    with an identity (one table, in call order), then their key data."""
-    for c in calls:
-        for job in c.jobs:
-            if job.leaf is not None and job.leaf.finish is not None:
-                job.leaf.finish()
-                job.leaf.finish = None
-    identified = [c for c in calls if c.identity is not None]
-    if identified:
-        step = identified[0].step
-        try:
-            writer.sink.add_row("sample", sample_table_of_calls([(c.identity, c.jobs) for c in identified], step,
-                                                                writer.samples))
-        except Exception as e:  # the key data is still written; the step is marked incomplete
-            message = f"step {step}: sample rows not written: {type(e).__name__}: {e}"
-            writer.sink.record_error(message, {"step": step, "what": "sample rows"}, incomplete_step=step)
-            writer.report([message])
-    write_key_data_of_calls(writer, calls)
 
 
 def _chunks(items: list[TensorRow]) -> list[list[TensorRow]]:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlprobe.capture.writer import BackgroundWriter, LeafJob, SaveCall
+    from rlprobe.capture.writer import BackgroundWriter, LeafJob
     from rlprobe.lake.layout import DumpLayout
     from rlprobe.lake.samples import CallIdentity
 
@@ -131,18 +131,6 @@ class WriterProcess:
         self._close_pipes()
 
 
-def write_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> None:
-    """Writer-thread job for save calls of one step: each sent to the writer process in turn, or,
-    without one, all worked out here together (capture/writer.py, write_save_calls)."""
-    if writer.process is None and not writer.samples_remote:
-        from rlprobe.capture.writer import write_save_calls
-
-        write_save_calls(writer, calls)
-        return
-    for c in calls:
-        write_call(writer, c.layout, c.step, c.jobs, c.save_tensors, c.identity, c.call)
-
-
 def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob], save_tensors: bool,
                identity: CallIdentity | None, call: int = 0) -> None:
     """Writer-thread job for the step's `call`-th save call: its sample rows (with an identity) and key
@@ -169,7 +157,7 @@ def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: li
             message = f"rlprobe writer: {e}; step {step} is not committed, the writer thread does the rest"
             writer.sink.record_error(message, {"step": step, "what": "rows"}, incomplete_step=step)
             writer.report([message])
-    from rlprobe.capture.writer import write_key_data, write_samples_and_key_data
+    from rlprobe.capture.save_calls import write_key_data, write_samples_and_key_data
 
     if identity is not None:
         write_samples_and_key_data(writer, layout, step, jobs, save_tensors, identity, call)

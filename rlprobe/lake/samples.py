@@ -239,18 +239,20 @@ class OccurrenceCounter:
 def sample_table(identity: CallIdentity, leaves: Sequence[Any], step: int, counter: OccurrenceCounter) -> pa.Table:
     """The `sample` rows of one save call. `leaves`: objects with key, index, micro_step and a
     staged `leaf` (dtype, shape, raw; None for an absent value), in the call's order."""
-    return sample_table_of_calls([(identity, leaves)], step, counter)
+    return sample_tables_of_calls([(identity, leaves, step)], counter)[0]
 
 
-def sample_table_of_calls(calls: Sequence[tuple[CallIdentity, Sequence[Any]]], step: int,
-                          counter: OccurrenceCounter) -> pa.Table:
-    """The `sample` rows of a step's save calls, in call order: the rows `sample_table` gives each
-    call, concatenated. Built as whole columns: a fixed number of numpy and Arrow calls for the
-    lot, whatever its call and key counts (tensors of one layout are reduced together: numpy
-    reduces each row of a stack exactly as the row alone)."""
+def sample_tables_of_calls(calls: Sequence[tuple[CallIdentity, Sequence[Any], int]],
+                           counter: OccurrenceCounter) -> list[pa.Table]:
+    """The `sample` rows of each of several save calls (identity, leaves, step), given in the order
+    they were made (occurrences count through them). Built as whole columns of one table, sliced
+    per call: a fixed number of numpy and Arrow calls for the lot, whatever its call and key
+    counts (tensors of one layout are reduced together: numpy reduces each row of a stack
+    exactly as the row alone)."""
     entries: list[tuple[Any, int]] = []  # (job, rows) per batch tensor, in call order
-    ids_parts, text_parts, group_parts, occurrence_parts = [], [], [], []
-    for identity, leaves in calls:
+    ids_parts, text_parts, group_parts, occurrence_parts, steps = [], [], [], [], []
+    call_rows = [0] * len(calls)
+    for c, (identity, leaves, step) in enumerate(calls):
         identity.resolve()
         n = identity.rows
         if n == 0:  # an empty batch has no rows
@@ -265,6 +267,8 @@ def sample_table_of_calls(calls: Sequence[tuple[CallIdentity, Sequence[Any]]], s
             ids, text = row_hashes(leaves[identity.prompt_leaf].leaf.raw), None  # type: ignore[index]
         k = len(batch)
         entries.extend((job, n) for job in batch)
+        steps.extend([step] * k)
+        call_rows[c] = k * n
         # occurrences count through the calls in their order
         occurrence_parts.append(counter.occurrences_of_call(step, [(job.key, job.index) for job in batch],
                                                             ids).reshape(-1))
@@ -272,7 +276,7 @@ def sample_table_of_calls(calls: Sequence[tuple[CallIdentity, Sequence[Any]]], s
         text_parts.append(text * k if text is not None else [None] * (k * n))
         group_parts.append(identity.groups * k if identity.groups is not None else [None] * (k * n))
     if not entries:
-        return SAMPLE.empty_table()
+        return [SAMPLE.empty_table()] * len(calls)
     counts = np.array([n for _, n in entries], np.int64)
     offsets = np.cumsum(counts) - counts
     total = int(counts.sum())
@@ -302,14 +306,16 @@ def sample_table_of_calls(calls: Sequence[tuple[CallIdentity, Sequence[Any]]], s
     text = [t for part in text_parts for t in part]
     groups = [g for part in group_parts for g in part]
     columns = {
-        "key": keys, "index": indexes, "step": np.full(total, step),
+        "key": keys, "index": indexes, "step": np.repeat(np.array(steps, np.int64), counts),
         "micro_step": np.repeat(np.array([job.micro_step for job, _ in entries], np.int64), counts),
         "row": np.arange(total) - np.repeat(offsets, counts), "sample": np.concatenate(ids_parts),
         "sample_id": text, "occurrence": np.concatenate(occurrence_parts),
         "group_id": groups, "dtype": dtypes, "row_numel": np.repeat(widths, counts),
         "row_hash": hashes.view(np.int64), "row_sum": sums, "row_min": mins, "row_max": maxs,
     }
-    return pa.Table.from_arrays([pa.array(columns[f.name], f.type) for f in SAMPLE], schema=SAMPLE)
+    table = pa.Table.from_arrays([pa.array(columns[f.name], f.type) for f in SAMPLE], schema=SAMPLE)
+    starts = np.cumsum([0, *call_rows]).tolist()
+    return [table.slice(start, rows) for start, rows in zip(starts, call_rows)]
 
 
 SAMPLE = pa.schema([
