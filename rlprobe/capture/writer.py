@@ -1,19 +1,20 @@
 """The background writer: one thread that turns staged tensors into files and stats rows.
 
-The training thread only stages tensors and queues jobs. Memory in flight is bounded by
-`max_inflight_bytes`; when the bound is reached `submit` waits (back-pressure) instead of
-dropping data or growing without bound. Failures are collected, never raised on this
-thread; the probe reports them on its next call.
+The training thread only stages tensors and queues work. Save calls, the ends of steps and
+scalars are deferred (`defer`): the writer takes them in one go when they are due, once per
+`flush_interval` (or sooner, when CALL_BATCH_BYTES or CALL_BATCH_COUNT of them wait, or another
+job is submitted), and works the calls out together (capture/save_calls.py): its Python, which
+holds the GIL the training thread needs, then runs once per commit instead of once per call.
+Memory in flight is bounded by `max_inflight_bytes`; when the bound is reached `submit` waits
+(back-pressure) instead of dropping data or growing without bound. Failures are collected,
+never raised on this thread; the probe reports them on its next call.
 
-A save call's key data (statistics, hashes, sample rows, .npy files) is worked out by the writer
-process (capture/writer_process.py) when its snapshots lie in the host staging ring: this thread
-forwards the call and waits for the rows without holding the GIL. Otherwise, and for every
-other kind of row, the work is done here.
+With RLPROBE_WRITER_PROCESS=1 a call's key data is worked out by the writer process
+(capture/writer_process.py) when its snapshots lie in the host staging ring.
 
 Ended steps are committed (their stats part and the rank manifest written) at most once per
 `flush_interval` seconds: after the job that makes a commit due, or when the interval runs out
-while the queue is idle. Steps shorter than the interval then share one part, and the writer's
-per-step Python work (which holds the GIL the training thread needs) stays small.
+while the queue is idle.
 """
 
 from __future__ import annotations
@@ -59,9 +60,8 @@ class LeafJob:
 class BackgroundWriter:
     def __init__(self, sink: RankWriter, max_inflight_bytes: int, flush_interval: float = 0.0,
                  process: WriterProcess | None = None):
-        # part merges need pyarrow.compute, whose import holds the GIL for ~100 ms. Imported here,
-        # on the thread setting the probe up: done on the writer thread it ran while the first
-        # saves did and stalled them (measured: the first save of a fresh process took ~100 ms
+        # part merges need pyarrow.compute, whose import holds the GIL for ~100 ms: imported on the thread
+        # setting the probe up, not on the writer thread, where it stalled the first saves (~100 ms
         # instead of ~7, benchmarks/save_overhead.py --cold)
         import pyarrow.compute  # noqa: F401
 
@@ -240,8 +240,8 @@ class BackgroundWriter:
                 self._commit()
 
 
-def _wake() -> None:
-    """Queued when deferred work starts waiting: the writer works out when it is due."""
+def _wake() -> None:  # queued when deferred work starts waiting: the writer works out when it is due
+    pass
 
 
 @dataclass
