@@ -22,7 +22,8 @@ table gives the medians over repetitions and the median of each repetition's pro
 the median may not. Read both; the issue's goal is stated on the paired medians.
 Before each run it waits (up to --idle-timeout s) for the CPU to be --min-idle idle for 1 s.
 
-Beside the wall time, per step (medians): `train_cpu` the training thread's CPU, `off_cpu` its
+Beside the wall time, per step (the mean of a run's steps, the median over runs; before issue 15's
+fourth pass these were medians of steps): `train_cpu` the training thread's CPU, `off_cpu` its
 wall time not on a CPU (waiting for the GIL, or for a core on a loaded machine), `probe_cpu`
 the CPU of the probe's other threads and of its writer process. `--writers` adds a third run
 per repetition with RLPROBE_WRITER_PROCESS=1 (key data worked out in a writer process, the default
@@ -98,7 +99,7 @@ def _helper_cpu() -> float:
 def timed_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path | None, warmup: int,
               stats_only: bool = False, cpu: dict[str, float] | None = None) -> list[float]:
     """Step times (s) of one training run; with `dump`, captured by rlprobe into it. `cpu`, when
-    given, receives the per-step medians of train_cpu, off_cpu and probe_cpu (ms)."""
+    given, receives the per-step means of train_cpu, off_cpu and probe_cpu (ms)."""
     from transformers import TrainerCallback
 
     from rlprobe.integrations.trl import attach
@@ -121,9 +122,10 @@ def timed_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path | None, 
     steps = [b - a for a, b in zip(begins, begins[1:])]  # the last step (ending in close()) is not timed
     if cpu is not None:
         d = [[(y[i] - x[i]) * 1e3 for x, y in zip(clocks, clocks[1:])][warmup:] for i in range(3)]
-        cpu["train_cpu"] = statistics.median(d[0])
-        cpu["off_cpu"] = statistics.median(w * 1e3 - t for w, t in zip(steps[warmup:], d[0]))
-        cpu["probe_cpu"] = statistics.median(p - t + h for p, t, h in zip(d[1], d[0], d[2]))
+        # means, not medians: the writer works once per flush_interval, so most steps hold none of it
+        cpu["train_cpu"] = statistics.fmean(d[0])
+        cpu["off_cpu"] = statistics.fmean(w * 1e3 - t for w, t in zip(steps[warmup:], d[0]))
+        cpu["probe_cpu"] = statistics.fmean(p - t + h for p, t, h in zip(d[1], d[0], d[2]))
     return steps[warmup:]
 
 
@@ -220,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'writer process':<28}{summary['process_step_ms']:>10.1f}"
               f"{summary['paired_process_overhead_pct']:>+9.1f}%   (paired; RLPROBE_WRITER_PROCESS=1)")
     columns = ("train_cpu", "off_cpu", "probe_cpu")
-    print(f"per step (ms, medians): {'':<4}" + "".join(f"{k:>11}" for k in columns))
+    print(f"per step (ms, means): {'':<6}" + "".join(f"{k:>11}" for k in columns))
     for m in modes:
         print(f"  {m:<26}" + "".join(f"{summary['cpu_ms'][m][k]:>11.1f}" for k in columns))
     if args.json:
