@@ -22,7 +22,7 @@ from rlprobe.capture.rank_claim import RankClaim, read_json
 from rlprobe.capture.user_values import as_number, is_whole_number, jsonable, whole
 from rlprobe.capture.save_calls import SaveCall
 from rlprobe.capture.writer import BackgroundWriter, LeafJob
-from rlprobe.capture.writer_process import end_session, writer_process
+from rlprobe.capture.writer_process import end_session, prepare_calls, writer_process
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks import broadcast_from_rank0, detect_rank_and_world, framework_names, prepare
 from rlprobe.lake.atomic import atomic_write_json
@@ -141,7 +141,7 @@ class Probe:
         except BaseException:
             self._lock.release()
             raise
-        self._writer = BackgroundWriter(sink, max_inflight_bytes, float(flush_interval), process)
+        self._writer = BackgroundWriter(sink, max_inflight_bytes, float(flush_interval), process, prepare_calls)
         self._closed = False
         me = weakref.ref(self)
         self._atexit = lambda: (p := me()) is not None and p.close()
@@ -210,7 +210,7 @@ class Probe:
                 for (key, index, _, adapter), leaf in zip(leaves, staged)]
         nbytes = sum(j.leaf.nbytes for j in jobs if j.leaf is not None)
         self._writer.defer(SaveCall(self.layout, self.current_step, jobs, not self.stats_only, identity, self._calls),
-                           nbytes)
+                           nbytes, call=True)
         self._calls += 1
         self._step_has_data = True
         self._raise_background_errors()

@@ -38,19 +38,9 @@ class SaveCall:
     call: int
 
 
-def prepare_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> list[Callable[[], None]]:
-    """Work out `calls` together; returns, per call, what publishes its rows (to run in call order).
-    With a writer process, each call is sent there when it is published, as before."""
-    if writer.process is not None or writer.samples_remote:
-        from rlprobe.capture.writer_process import write_call
-
-        return [partial(write_call, writer, c.layout, c.step, c.jobs, c.save_tensors, c.identity, c.call)
-                for c in calls]
-    return _prepare_here(writer, calls)
-
-
-def _prepare_here(writer: BackgroundWriter, calls: list[SaveCall]) -> list[Callable[[], None]]:
-    """prepare_calls on this thread (or in the writer process, whose `writer` is its own session)."""
+def prepare_here(writer: BackgroundWriter, calls: list[SaveCall]) -> list[Callable[[], None]]:
+    """Work out `calls` together on this thread (or in the writer process, whose `writer` is its own
+    session); returns, per call, what publishes its rows (to run in call order)."""
     for c in calls:
         for job in c.jobs:
             if job.leaf is not None and job.leaf.finish is not None:
@@ -73,7 +63,7 @@ def _prepare_here(writer: BackgroundWriter, calls: list[SaveCall]) -> list[Calla
 
 def write_save_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> None:
     """Writer-thread job for save calls: worked out together, published in order."""
-    for publish in _prepare_here(writer, calls):
+    for publish in prepare_here(writer, calls):
         publish()
 
 

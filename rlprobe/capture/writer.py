@@ -59,13 +59,14 @@ class LeafJob:
 
 class BackgroundWriter:
     def __init__(self, sink: RankWriter, max_inflight_bytes: int, flush_interval: float = 0.0,
-                 process: WriterProcess | None = None):
+                 process: WriterProcess | None = None, prepare_calls: Callable[..., list] | None = None):
         # part merges need pyarrow.compute, whose import holds the GIL for ~100 ms: imported on the thread
         # setting the probe up, not on the writer thread, where it stalled the first saves (~100 ms
         # instead of ~7, benchmarks/save_overhead.py --cold)
         import pyarrow.compute  # noqa: F401
 
         self.sink = sink
+        self.prepare_calls = prepare_calls  # deferred save calls -> a publisher each (writer_process.prepare_calls)
         self.samples = OccurrenceCounter()  # the sample rows' occurrence counts (writer thread only)
         self.process = process  # the writer process that works out key data (None: this thread does)
         self.session = process.session() if process is not None else 0
@@ -78,11 +79,10 @@ class BackgroundWriter:
         self._queue: queue.SimpleQueue[tuple[Callable[[], None], int, int | None] | None] = queue.SimpleQueue()
         self._errors: list[str] = []
         self._errors_lock = threading.Lock()
-        # work of the training thread not handed over yet (save calls, the ends of steps, scalars): the
-        # writer takes it in one go once per flush_interval, when it commits, instead of waking for
-        # each call; its Python then competes with the training thread for the GIL once a commit,
-        # and a step's fixed costs (a sample table, a statistics pass) are shared by the steps of it
-        self._deferred: list[tuple[SaveCall | Callable[[], None], int | None]] = []
+        # work of the training thread not handed over yet (save calls, the ends of steps, scalars), taken
+        # in one go once per flush_interval: the writer's Python competes for the GIL once a commit,
+        # and a step's fixed costs (a sample table, a statistics pass) are shared by its steps
+        self._deferred: list[tuple[Any, int | None, bool]] = []  # (save call or job, step, is a save call)
         self._deferred_bytes = 0
         self._deferred_since = 0.0
         self._deferred_lock = threading.Lock()
@@ -90,13 +90,14 @@ class BackgroundWriter:
         self._thread.start()
 
     # -- training thread -----------------------------------------------------------------
-    def defer(self, item: SaveCall | Callable[[], None], nbytes: int = 0, step: int | None = None) -> None:
-        """Queue a save call or a small job (`step`: the probe step whose rows it adds); the writer
-        takes it within flush_interval seconds, or sooner when CALL_BATCH_BYTES/COUNT wait or
+    def defer(self, item: SaveCall | Callable[[], None], nbytes: int = 0, step: int | None = None,
+              call: bool = False) -> None:
+        """Queue a save call (`call`) or a small job (`step`: the probe step whose rows it adds); the
+        writer takes it within flush_interval seconds, or sooner when CALL_BATCH_BYTES/COUNT wait or
         another job is submitted (`hand_over`)."""
         with self._deferred_lock:
             first = not self._deferred
-            self._deferred.append((item, step))
+            self._deferred.append((item, step, call))
             self._deferred_bytes += nbytes
             if first:
                 self._deferred_since = time.monotonic()
@@ -112,7 +113,7 @@ class BackgroundWriter:
         if items:
             self._put(lambda: self._run_deferred(items), nbytes, None)
 
-    def _take_deferred(self) -> tuple[list[tuple[SaveCall | Callable[[], None], int | None]], int]:
+    def _take_deferred(self) -> tuple[list[tuple[Any, int | None, bool]], int]:
         with self._deferred_lock:
             items, nbytes = self._deferred, self._deferred_bytes
             self._deferred, self._deferred_bytes = [], 0
@@ -164,21 +165,20 @@ class BackgroundWriter:
                 return None
             return max(0.0, self._deferred_since + self.flush_interval - time.monotonic())
 
-    def _run_deferred(self, items: list[tuple[SaveCall | Callable[[], None], int | None]]) -> None:
-        """The deferred work: its save calls worked out together (capture/save_calls.py), then each
-        call's rows published and each small job run in the order they came, committing when due
-        after each, as when each was a job of its own."""
-        from rlprobe.capture.save_calls import SaveCall, prepare_calls
-
-        calls = [item for item, _ in items if isinstance(item, SaveCall)]
+    def _run_deferred(self, items: list[tuple[Any, int | None, bool]]) -> None:
+        """The deferred work: its save calls worked out together (`prepare_calls`), then each call's
+        rows published and each small job run in the order they came, committing when due after
+        each, as when each was a job of its own."""
+        calls = [item for item, _, is_call in items if is_call]
         publish: dict[int, Callable[[], None]] = {}
         if calls:
             def prepare() -> None:
-                publish.update(zip(map(id, calls), prepare_calls(self, calls)))
+                assert self.prepare_calls is not None, "save calls deferred to a writer without prepare_calls"
+                publish.update(zip(map(id, calls), self.prepare_calls(self, calls)))
 
             self._run_job(prepare, *sorted({c.step for c in calls}))
-        for item, step in items:
-            if isinstance(item, SaveCall):
+        for item, step, is_call in items:
+            if is_call:
                 if id(item) in publish:  # else its preparation failed, and its step is marked incomplete
                     self._run_job(publish[id(item)], item.step)
             else:
