@@ -10,6 +10,7 @@ from rlprobe.lake.layout import check_name
 
 EXPECTED = ("a torch or MindSpore tensor, a numpy array, a Python bool/int/float, None (not computed), "
             "or a list, tuple or dict of them")
+_GOOD_KEYS: set[str] = set()  # keys check_name accepted (it has no state: a key good once is good again)
 MAX_DEPTH = 32  # lists/dicts nested deeper than this are refused, not walked until Python's stack runs out
 
 
@@ -23,7 +24,10 @@ def flatten(data: Any, where: str) -> list[tuple[str, str, Any, Adapter | None]]
         raise ProbeError(f"{where}: save() takes a dict of name -> value, got {type(data).__name__}")
     out: list[tuple[str, str, Any, Adapter | None]] = []
     for key, value in data.items():
-        check_name(key, "key", where)
+        if key not in _GOOD_KEYS:  # a training loop saves the same few keys every step
+            check_name(key, "key", where)
+            if len(_GOOD_KEYS) < 4096 and type(key) is str:
+                _GOOD_KEYS.add(key)
         at_key = f"{where}, key {key!r}"
         seen: dict[str, str] = {}  # index -> the path that produced it
         for index, path, leaf in _walk(value, "", "", at_key, (), 0):

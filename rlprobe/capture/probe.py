@@ -20,8 +20,9 @@ from rlprobe._version import __version__
 from rlprobe.capture.flatten import flatten
 from rlprobe.capture.rank_claim import RankClaim, read_json
 from rlprobe.capture.user_values import as_number, is_whole_number, jsonable, whole
+from rlprobe.capture.save_calls import SaveCall
 from rlprobe.capture.writer import BackgroundWriter, LeafJob
-from rlprobe.capture.writer_process import end_session, write_call, writer_process
+from rlprobe.capture.writer_process import end_session, prepare_calls, writer_process
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks import broadcast_from_rank0, detect_rank_and_world, framework_names, prepare
 from rlprobe.lake.atomic import atomic_write_json
@@ -140,7 +141,7 @@ class Probe:
         except BaseException:
             self._lock.release()
             raise
-        self._writer = BackgroundWriter(sink, max_inflight_bytes, float(flush_interval), process)
+        self._writer = BackgroundWriter(sink, max_inflight_bytes, float(flush_interval), process, prepare_calls)
         self._closed = False
         me = weakref.ref(self)
         self._atexit = lambda: (p := me()) is not None and p.close()
@@ -207,11 +208,10 @@ class Probe:
             self._micro[key] = micro[key] + 1
         jobs = [LeafJob(key, index, micro[key], self.framework or (adapter.name if adapter else None), leaf)
                 for (key, index, _, adapter), leaf in zip(leaves, staged)]
-        step, layout, save_tensors = self.current_step, self.layout, not self.stats_only
         nbytes = sum(j.leaf.nbytes for j in jobs if j.leaf is not None)
-        job = partial(write_call, self._writer, layout, step, jobs, save_tensors, identity, self._calls)
+        self._writer.defer(SaveCall(self.layout, self.current_step, jobs, not self.stats_only, identity, self._calls),
+                           nbytes, call=True)
         self._calls += 1
-        self._writer.submit(job, nbytes, step)
         self._step_has_data = True
         self._raise_background_errors()
 
@@ -249,7 +249,7 @@ class Probe:
                 return
             rows.append({"step": at, "name": name, "value": number, "wall_time": now})
         sink = self._writer.sink
-        self._writer.submit(lambda: [sink.add_row("scalar", r) for r in rows], 0, at)
+        self._writer.defer(lambda: [sink.add_row("scalar", r) for r in rows], 0, at)
         if at == self.current_step:
             self._step_has_data = True
         self._raise_background_errors()
@@ -364,7 +364,7 @@ class Probe:
     # -- internals -----------------------------------------------------------------------
     def _commit(self, step: int) -> None:
         """End `step`; the writer commits it within flush_interval seconds (flush()/close(): at once)."""
-        self._writer.submit(partial(self._writer.sink.end_step, step))
+        self._writer.defer(partial(self._writer.sink.end_step, step))
 
     def _usable(self, where: str) -> bool:
         if self._closed:

@@ -1,25 +1,25 @@
 """The background writer: one thread that turns staged tensors into files and stats rows.
 
-The training thread only stages tensors and queues jobs. Memory in flight is bounded by
-`max_inflight_bytes`; when the bound is reached `submit` waits (back-pressure) instead of
-dropping data or growing without bound. Failures are collected, never raised on this
-thread; the probe reports them on its next call.
+The training thread only stages tensors and queues work. Save calls, the ends of steps and
+scalars are deferred (`defer`): the writer takes them in one go when they are due, once per
+`flush_interval` (or sooner, when CALL_BATCH_BYTES or CALL_BATCH_COUNT of them wait, or another
+job is submitted), and works the calls out together (capture/save_calls.py): its Python, which
+holds the GIL the training thread needs, then runs once per commit instead of once per call.
+Memory in flight is bounded by `max_inflight_bytes`; when the bound is reached `submit` waits
+(back-pressure) instead of dropping data or growing without bound. Failures are collected,
+never raised on this thread; the probe reports them on its next call.
 
-A save call's key data (statistics, hashes, sample rows, .npy files) is worked out by the writer
-process (capture/writer_process.py) when its snapshots lie in the host staging ring: this thread
-forwards the call and waits for the rows without holding the GIL. Otherwise, and for every
-other kind of row, the work is done here.
+With RLPROBE_WRITER_PROCESS=1 a call's key data is worked out by the writer process
+(capture/writer_process.py) when its snapshots lie in the host staging ring.
 
 Ended steps are committed (their stats part and the rank manifest written) at most once per
 `flush_interval` seconds: after the job that makes a commit due, or when the interval runs out
-while the queue is idle. Steps shorter than the interval then share one part, and the writer's
-per-step Python work (which holds the GIL the training thread needs) stays small.
+while the queue is idle.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import queue
 import threading
 import time
@@ -32,16 +32,20 @@ import numpy as np
 from rlprobe.frameworks.base import StagedLeaf
 from rlprobe.lake.encoding import narrow_integers, widen
 from rlprobe.lake.atomic import AtomicFolder
-from rlprobe.lake.layout import DumpLayout, key_data_call_dir, key_data_file_name
 from rlprobe.lake.rank_writer import RankWriter
-from rlprobe.lake.samples import CallIdentity, OccurrenceCounter, sample_table
+from rlprobe.lake.samples import OccurrenceCounter
 
 if TYPE_CHECKING:
+    from rlprobe.capture.save_calls import SaveCall
     from rlprobe.capture.writer_process import WriterProcess
 from rlprobe.lake.statistics import STACK_BYTES, STATISTICS, bitwise_hash, host_statistics, host_statistics_many
 
 
 RETRY_S = 1.0  # the least wait before retrying a failed commit
+# save calls are handed to the writer together: at the end of the step (or any other job), or once
+# this many bytes or calls wait (the snapshots hold staging memory until the writer is done)
+CALL_BATCH_BYTES = 1 << 20
+CALL_BATCH_COUNT = 64
 
 
 @dataclass
@@ -55,14 +59,14 @@ class LeafJob:
 
 class BackgroundWriter:
     def __init__(self, sink: RankWriter, max_inflight_bytes: int, flush_interval: float = 0.0,
-                 process: WriterProcess | None = None):
-        # part merges need pyarrow.compute, whose import holds the GIL for ~100 ms. Imported here,
-        # on the thread setting the probe up: done on the writer thread it ran while the first
-        # saves did and stalled them (measured: the first save of a fresh process took ~100 ms
+                 process: WriterProcess | None = None, prepare_calls: Callable[..., list] | None = None):
+        # part merges need pyarrow.compute, whose import holds the GIL for ~100 ms: imported on the thread
+        # setting the probe up, not on the writer thread, where it stalled the first saves (~100 ms
         # instead of ~7, benchmarks/save_overhead.py --cold)
         import pyarrow.compute  # noqa: F401
 
         self.sink = sink
+        self.prepare_calls = prepare_calls  # deferred save calls -> a publisher each (writer_process.prepare_calls)
         self.samples = OccurrenceCounter()  # the sample rows' occurrence counts (writer thread only)
         self.process = process  # the writer process that works out key data (None: this thread does)
         self.session = process.session() if process is not None else 0
@@ -75,12 +79,52 @@ class BackgroundWriter:
         self._queue: queue.SimpleQueue[tuple[Callable[[], None], int, int | None] | None] = queue.SimpleQueue()
         self._errors: list[str] = []
         self._errors_lock = threading.Lock()
+        # work of the training thread not handed over yet (save calls, the ends of steps, scalars), taken
+        # in one go once per flush_interval: the writer's Python competes for the GIL once a commit,
+        # and a step's fixed costs (a sample table, a statistics pass) are shared by its steps
+        self._deferred: list[tuple[Any, int | None, bool]] = []  # (save call or job, step, is a save call)
+        self._deferred_bytes = 0
+        self._deferred_since = 0.0
+        self._deferred_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"rlprobe-writer-rank{sink.rank}", daemon=True)
         self._thread.start()
 
     # -- training thread -----------------------------------------------------------------
+    def defer(self, item: SaveCall | Callable[[], None], nbytes: int = 0, step: int | None = None,
+              call: bool = False) -> None:
+        """Queue a save call (`call`) or a small job (`step`: the probe step whose rows it adds); the
+        writer takes it within flush_interval seconds, or sooner when CALL_BATCH_BYTES/COUNT wait or
+        another job is submitted (`hand_over`)."""
+        with self._deferred_lock:
+            first = not self._deferred
+            self._deferred.append((item, step, call))
+            self._deferred_bytes += nbytes
+            if first:
+                self._deferred_since = time.monotonic()
+            full = self._deferred_bytes >= CALL_BATCH_BYTES or len(self._deferred) >= CALL_BATCH_COUNT
+        if full:
+            self.hand_over()
+        elif first:
+            self._queue.put((_wake, 0, None))  # the writer's next wait ends when these are due
+
+    def hand_over(self) -> None:
+        """Queue the deferred work as one job (any other job first does this: jobs keep their order)."""
+        items, nbytes = self._take_deferred()
+        if items:
+            self._put(lambda: self._run_deferred(items), nbytes, None)
+
+    def _take_deferred(self) -> tuple[list[tuple[Any, int | None, bool]], int]:
+        with self._deferred_lock:
+            items, nbytes = self._deferred, self._deferred_bytes
+            self._deferred, self._deferred_bytes = [], 0
+        return items, nbytes
+
     def submit(self, job: Callable[[], None], nbytes: int = 0, step: int | None = None) -> None:
         """Queue `job`; `step`: the probe step whose rows it adds, never committed if the job fails."""
+        self.hand_over()
+        self._put(job, nbytes, step)
+
+    def _put(self, job: Callable[[], None], nbytes: int, step: int | None) -> None:
         with self._cond:
             while self._inflight > 0 and self._inflight + nbytes > self.max_inflight:
                 self._cond.wait()
@@ -100,6 +144,7 @@ class BackgroundWriter:
         return errors
 
     def stop(self) -> None:
+        self.hand_over()
         self._queue.put(None)
         self._thread.join()
 
@@ -112,6 +157,46 @@ class BackgroundWriter:
         if errors:
             with self._errors_lock:
                 self._errors.extend(errors)
+
+    def _deferred_wait(self) -> float | None:
+        """Seconds until the deferred work is due (flush_interval after the first of it); None: none."""
+        with self._deferred_lock:
+            if not self._deferred:
+                return None
+            return max(0.0, self._deferred_since + self.flush_interval - time.monotonic())
+
+    def _run_deferred(self, items: list[tuple[Any, int | None, bool]]) -> None:
+        """The deferred work: its save calls worked out together (`prepare_calls`), then each call's
+        rows published and each small job run in the order they came, committing when due after
+        each, as when each was a job of its own."""
+        calls = [item for item, _, is_call in items if is_call]
+        publish: dict[int, Callable[[], None]] = {}
+        if calls:
+            def prepare() -> None:
+                assert self.prepare_calls is not None, "save calls deferred to a writer without prepare_calls"
+                publish.update(zip(map(id, calls), self.prepare_calls(self, calls)))
+
+            self._run_job(prepare, *sorted({c.step for c in calls}))
+        for item, step, is_call in items:
+            if is_call:
+                if id(item) in publish:  # else its preparation failed, and its step is marked incomplete
+                    self._run_job(publish[id(item)], item.step)
+            else:
+                self._run_job(item, step)
+            if self._commit_wait() == 0.0:
+                self._commit()
+
+    def _run_job(self, job: Callable[[], None], *steps: int | None) -> None:
+        """Run `job`; when it fails, `steps` (the probe steps whose rows it adds) are not committed."""
+        try:
+            job()
+        except Exception as e:  # a bug or an unexpected failure must not kill the thread
+            for step in steps or (None,):
+                at = "" if step is None else f" (step {step}: not committed, its rows are incomplete)"
+                message = f"rlprobe writer: {type(e).__name__}: {e}{at}"
+                self.sink.record_error(message, None if step is None else {"step": step, "what": "rows"},
+                                       incomplete_step=step)
+                self.report([message])
 
     def _commit_wait(self) -> float | None:
         """Seconds until the ended steps are due to be committed; None when none are waiting."""
@@ -132,22 +217,20 @@ class BackgroundWriter:
 
     def _run(self) -> None:
         while True:
+            waits = [w for w in (self._commit_wait(), self._deferred_wait()) if w is not None]
             try:
-                item = self._queue.get(timeout=self._commit_wait())
-            except queue.Empty:  # the interval ran out with nothing else to do
-                self._commit()
+                item = self._queue.get(timeout=min(waits) if waits else None)
+            except queue.Empty:  # an interval ran out with nothing queued: the deferred work is the newest
+                if self._deferred_wait() == 0.0:
+                    self._run_deferred(self._take_deferred()[0])
+                if self._commit_wait() == 0.0:
+                    self._commit()
                 continue
             if item is None:
                 return
             job, nbytes, step = item
             try:
-                job()
-            except Exception as e:  # a bug or an unexpected failure must not kill the thread
-                at = "" if step is None else f" (step {step}: not committed, its rows are incomplete)"
-                message = f"rlprobe writer: {type(e).__name__}: {e}{at}"
-                self.sink.record_error(message, None if step is None else {"step": step, "what": "rows"},
-                                       incomplete_step=step)
-                self.report([message])
+                self._run_job(job, step)
             finally:
                 item = job = None  # let the job's buffers go before waiting for the next one
                 with self._cond:
@@ -155,6 +238,10 @@ class BackgroundWriter:
                     self._cond.notify_all()
             if self._commit_wait() == 0.0:
                 self._commit()
+
+
+def _wake() -> None:  # queued when deferred work starts waiting: the writer works out when it is due
+    pass
 
 
 @dataclass
@@ -166,6 +253,7 @@ class TensorRow:
     where: str  # for messages: "key 'x' step 3 micro_step 0"
     tensor_path: Path | str | None  # a str is relative to the dump root; None: statistics only
     file_name: str | None = None  # with a folder: the file's name in it (tensor_path is where it ends up)
+    folder: AtomicFolder | None = None  # the folder it is written into (else write_tensor_rows' folder)
 
 
 def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow],
@@ -180,26 +268,33 @@ def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow
     written into it, and it is renamed into place before their rows are added."""
     sink = writer.sink
     errors: list[str] = []
-    rows: list[dict[str, Any]] = []
-    for chunk in _chunks(items):
-        try:
-            rows.extend(_tensor_rows(chunk, kind, sink, errors, folder))
-        finally:
-            for item in chunk:
-                item.leaf.raw = None
-                if item.leaf.release is not None:
-                    item.leaf.release()
+    rows = [row for _, row in tensor_rows_of(writer, items, kind, errors, folder)]
     if folder is not None:
         try:
             sink.commit_folder(folder)
         except OSError as e:
-            _folder_lost(folder, rows, kind, sink, errors, e)
+            folder_lost(folder, rows, kind, sink, errors, e)
     for row in rows:
         sink.add_row(kind, row)
     writer.report(errors)
 
 
-def _folder_lost(folder: AtomicFolder, rows: list[dict[str, Any]], kind: str, sink: RankWriter, errors: list[str],
+def tensor_rows_of(writer: BackgroundWriter, items: list[TensorRow], kind: str, errors: list[str],
+               folder: AtomicFolder | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """(id(item), row) of each item whose row could be made, in order; files written, copies released."""
+    out: list[tuple[int, dict[str, Any]]] = []
+    for chunk in _chunks(items):
+        try:
+            out.extend(_tensor_rows(chunk, kind, writer.sink, errors, folder))
+        finally:
+            for item in chunk:
+                item.leaf.raw = None
+                if item.leaf.release is not None:
+                    item.leaf.release()
+    return out
+
+
+def folder_lost(folder: AtomicFolder, rows: list[dict[str, Any]], kind: str, sink: RankWriter, errors: list[str],
                  e: OSError) -> None:
     """The call's folder could not be renamed into place: its rows keep their statistics, without files."""
     for row in rows:
@@ -212,45 +307,6 @@ def _folder_lost(folder: AtomicFolder, rows: list[dict[str, Any]], kind: str, si
                                 "index": row["index"], "what": "tensor"})
         errors.append(msg)
         row["tensor_file"] = None
-
-
-def write_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob],
-                   save_tensors: bool, call: int = 0) -> None:
-    """Writer-thread job for one save call (the step's `call`-th). A None value becomes a row marked
-    absent: its key, step, micro_step and index, and nothing else. The call's tensor files go into
-    one folder, renamed into place when all are written (docs/dump-format.md, "Files")."""
-    sink = writer.sink
-    folder_path = key_data_call_dir(step, sink.rank, call) if save_tensors else None
-    folder = AtomicFolder(os.path.join(os.fspath(sink.layout.root), folder_path)) if folder_path else None
-    items = []
-    for job in jobs:
-        keys = {"key": job.key, "step": step, "micro_step": job.micro_step, "index": job.index,
-                "framework": job.framework}
-        if job.leaf is None:
-            sink.add_row("key_data", {**keys, "absent": True})
-            continue
-        name = key_data_file_name(job.key, job.index) if folder_path else None
-        items.append(TensorRow(
-            job.leaf, {**keys, "absent": False},
-            f"key {job.key!r} step {step} micro_step {job.micro_step}" + (f" index {job.index!r}" if job.index else ""),
-            f"{folder_path}/{name}" if folder_path else None, name))
-    write_tensor_rows(writer, "key_data", items, folder)
-
-
-def write_samples_and_key_data(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob],
-                               save_tensors: bool, identity: CallIdentity, call: int = 0) -> None:
-    """write_key_data, after the call's `sample` rows (lake/samples.py) while the host copies exist."""
-    for job in jobs:
-        if job.leaf is not None and job.leaf.finish is not None:
-            job.leaf.finish()
-            job.leaf.finish = None
-    try:
-        writer.sink.add_row("sample", sample_table(identity, jobs, step, writer.samples))
-    except Exception as e:  # the key data is still written; the step is marked incomplete
-        message = f"step {step}: sample rows not written: {type(e).__name__}: {e}"
-        writer.sink.record_error(message, {"step": step, "what": "sample rows"}, incomplete_step=step)
-        writer.report([message])
-    write_key_data(writer, layout, step, jobs, save_tensors, call)
 
 
 def _chunks(items: list[TensorRow]) -> list[list[TensorRow]]:
@@ -268,7 +324,7 @@ def _chunks(items: list[TensorRow]) -> list[list[TensorRow]]:
 
 
 def _tensor_rows(chunk: list[TensorRow], kind: str, sink: RankWriter, errors: list[str],
-                 folder: AtomicFolder | None) -> list[dict[str, Any]]:
+                 folder: AtomicFolder | None) -> list[tuple[int, dict[str, Any]]]:
     ready: list[tuple[TensorRow, np.ndarray | None]] = []
     for item in chunk:
         try:
@@ -284,9 +340,9 @@ def _tensor_rows(chunk: list[TensorRow], kind: str, sink: RankWriter, errors: li
         host[i] = stats
     rows = []
     for (item, values), stats in zip(ready, host):
-        row = _tensor_row(item, values, stats, kind, sink, errors, folder)
+        row = _tensor_row(item, values, stats, kind, sink, errors, item.folder or folder)
         if row is not None:
-            rows.append(row)
+            rows.append((id(item), row))
     return rows
 
 

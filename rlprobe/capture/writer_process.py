@@ -30,10 +30,12 @@ import struct
 import subprocess
 import sys
 import threading
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
+    from rlprobe.capture.save_calls import SaveCall
     from rlprobe.capture.writer import BackgroundWriter, LeafJob
     from rlprobe.lake.layout import DumpLayout
     from rlprobe.lake.samples import CallIdentity
@@ -131,6 +133,18 @@ class WriterProcess:
         self._close_pipes()
 
 
+def prepare_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> list[Callable[[], None]]:
+    """The writer thread's preparation of deferred save calls (capture/writer.py, _run_deferred):
+    worked out together on the thread (capture/save_calls.py), or, with a writer process, each
+    sent there when it is published, as before. Returns, per call, what publishes its rows."""
+    from rlprobe.capture.save_calls import prepare_here
+
+    if writer.process is None and not writer.samples_remote:
+        return prepare_here(writer, calls)
+    return [partial(write_call, writer, c.layout, c.step, c.jobs, c.save_tensors, c.identity, c.call)
+            for c in calls]
+
+
 def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob], save_tensors: bool,
                identity: CallIdentity | None, call: int = 0) -> None:
     """Writer-thread job for the step's `call`-th save call: its sample rows (with an identity) and key
@@ -157,7 +171,7 @@ def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: li
             message = f"rlprobe writer: {e}; step {step} is not committed, the writer thread does the rest"
             writer.sink.record_error(message, {"step": step, "what": "rows"}, incomplete_step=step)
             writer.report([message])
-    from rlprobe.capture.writer import write_key_data, write_samples_and_key_data
+    from rlprobe.capture.save_calls import write_key_data, write_samples_and_key_data
 
     if identity is not None:
         write_samples_and_key_data(writer, layout, step, jobs, save_tensors, identity, call)

@@ -50,12 +50,28 @@ class CallIdentity:
     explicit: np.ndarray | None  # uint64 identity per row from sample_ids; None: derive from prompts
     explicit_text: list[str] | None  # the ids as given, stored beside the hash
     groups: list[str] | None
+    # integer ids (a tensor or array of ints): checked on the training thread, hashed and written
+    # out as text by the writer (`resolve`), which keeps that Python work off the training thread
+    int_ids: np.ndarray | None = None
+    int_groups: np.ndarray | None = None
+
+    def resolve(self) -> "CallIdentity":
+        """Fill `explicit`, `explicit_text` and `groups` from integer ids (writer side; idempotent)."""
+        if self.int_ids is not None:
+            self.explicit = row_hashes(self.int_ids.reshape(-1, 1))
+            self.explicit_text = [str(v) for v in self.int_ids.tolist()]
+            self.int_ids = None
+        if self.int_groups is not None:
+            self.groups = [str(v) for v in self.int_groups.tolist()]
+            self.int_groups = None
+        return self
 
 
 def call_identity(keys: Sequence[tuple[str, str, tuple[int, ...] | None]], sample_ids: Any, group_ids: Any,
                   where: str) -> CallIdentity | None:
     """Check a save call's identity; `keys`: (key, index, shape or None when absent) per leaf.
     None when the call has neither sample_ids nor a prompt key (no sample rows then)."""
+    int_ids = None
     prompt = next((i for i, (key, index, shape) in enumerate(keys)
                    if key in PROMPT_KEYS and index == "" and shape is not None and len(shape) >= 1), None)
     batch = [(key, index, shape) for key, index, shape in keys if shape is not None and len(shape) >= 1]
@@ -68,10 +84,15 @@ def call_identity(keys: Sequence[tuple[str, str, tuple[int, ...] | None]], sampl
         rows = keys[prompt][2][0]  # type: ignore[index]
         explicit = text = None
     else:
-        text = _as_id_list(sample_ids, "sample_ids", where)
-        rows = len(text)
-        explicit = _id_hashes(sample_ids, text)
-        _refuse_duplicates(text, explicit, "sample_ids", where)
+        int_ids = _int_array(sample_ids)
+        if int_ids is not None and len(np.unique(int_ids)) == len(int_ids):
+            rows, explicit, text = len(int_ids), None, None
+        else:  # strings, a list, or a duplicate (refused below with the id it repeats)
+            int_ids = None
+            text = _as_id_list(sample_ids, "sample_ids", where)
+            rows = len(text)
+            explicit = _id_hashes(sample_ids, text)
+            _refuse_duplicates(text, explicit, "sample_ids", where)
     if prompt is not None and keys[prompt][2][0] != rows:  # type: ignore[index]
         raise ProbeError(f"{where}: sample_ids has {rows} ids but key {keys[prompt][0]!r} has "
                          f"{keys[prompt][2][0]} rows (its leading dimension); give one id per row of "  # type: ignore
@@ -80,13 +101,33 @@ def call_identity(keys: Sequence[tuple[str, str, tuple[int, ...] | None]], sampl
         found = ", ".join(f"{k!r}{f' index {i!r}' if i else ''}: {s[0]}" for k, i, s in batch) or "no tensor"
         raise ProbeError(f"{where}: sample_ids has {rows} ids but no tensor of this call has {rows} rows "
                          f"(leading dimensions: {found}); give one id per row of the batch tensors")
-    groups = None
+    groups = int_groups = None
     if group_ids is not None:
-        groups = _as_id_list(group_ids, "group_ids", where)
-        if len(groups) != rows:
-            raise ProbeError(f"{where}: group_ids has {len(groups)} ids but the batch has {rows} rows "
+        int_groups = _int_array(group_ids)
+        if int_groups is None:
+            groups = _as_id_list(group_ids, "group_ids", where)
+        count = len(groups if int_groups is None else int_groups)
+        if count != rows:
+            raise ProbeError(f"{where}: group_ids has {count} ids but the batch has {rows} rows "
                              "(the leading dimension of its tensors); give one group id per row")
-    return CallIdentity(rows, prompt, explicit, text, groups)
+    return CallIdentity(rows, prompt, explicit, text, groups, int_ids, int_groups)
+
+
+def _int_array(ids: Any) -> np.ndarray | None:
+    """A 1-D integer numpy array or torch tensor as an int64 copy (the caller may change its tensor
+    afterwards); None for anything else (lists, strings, other frameworks: the general path)."""
+    if isinstance(ids, np.ndarray):
+        arr = ids
+    elif type(ids).__module__.startswith("torch") and hasattr(ids, "numpy"):
+        try:
+            arr = ids.detach().cpu().numpy()
+        except (RuntimeError, TypeError):
+            return None
+    else:
+        return None
+    if arr.ndim != 1 or arr.dtype.kind not in "iu" or (arr.dtype.kind == "u" and arr.dtype.itemsize == 8):
+        return None
+    return arr.astype(np.int64)
 
 
 def _as_id_list(ids: Any, field: str, where: str) -> list[str]:
@@ -197,51 +238,84 @@ class OccurrenceCounter:
 
 def sample_table(identity: CallIdentity, leaves: Sequence[Any], step: int, counter: OccurrenceCounter) -> pa.Table:
     """The `sample` rows of one save call. `leaves`: objects with key, index, micro_step and a
-    staged `leaf` (dtype, shape, raw; None for an absent value), in the call's order. Built as
-    whole columns: a fixed number of numpy and Arrow calls per call, whatever its key count."""
-    if identity.explicit is not None:
-        ids, text = identity.explicit, identity.explicit_text
-    else:
-        prompt = leaves[identity.prompt_leaf].leaf  # type: ignore[index]
-        ids, text = row_hashes(prompt.raw), None
-    n = identity.rows
-    if n == 0:  # an empty batch has no rows
-        return SAMPLE.empty_table()
-    batch = [job for job in leaves if job.leaf is not None and job.leaf.raw is not None
-             and len(job.leaf.shape) > 0 and job.leaf.shape[0] == n]
-    if not batch:
-        return SAMPLE.empty_table()
-    k = len(batch)
-    hashes = np.empty((k, n), np.uint64)
-    sums, mins, maxs = (np.full((k, n), np.nan) for _ in range(3))
-    widths = np.empty(k, np.int64)
-    raws = [job.leaf.raw for job in batch]
-    for members in stack_groups([(job.leaf.dtype, r.dtype, r.size // n) for job, r in zip(batch, raws)],
-                                [r.nbytes for r in raws], STACK_BYTES):
+    staged `leaf` (dtype, shape, raw; None for an absent value), in the call's order."""
+    return sample_tables_of_calls([(identity, leaves, step)], counter)[0]
+
+
+def sample_tables_of_calls(calls: Sequence[tuple[CallIdentity, Sequence[Any], int]],
+                           counter: OccurrenceCounter) -> list[pa.Table]:
+    """The `sample` rows of each of several save calls (identity, leaves, step), given in the order
+    they were made (occurrences count through them). Built as whole columns of one table, sliced
+    per call: a fixed number of numpy and Arrow calls for the lot, whatever its call and key
+    counts (tensors of one layout are reduced together: numpy reduces each row of a stack
+    exactly as the row alone)."""
+    entries: list[tuple[Any, int]] = []  # (job, rows) per batch tensor, in call order
+    ids_parts, text_parts, group_parts, occurrence_parts, steps = [], [], [], [], []
+    call_rows = [0] * len(calls)
+    for c, (identity, leaves, step) in enumerate(calls):
+        identity.resolve()
+        n = identity.rows
+        if n == 0:  # an empty batch has no rows
+            continue
+        batch = [job for job in leaves if job.leaf is not None and job.leaf.raw is not None
+                 and len(job.leaf.shape) > 0 and job.leaf.shape[0] == n]
+        if not batch:
+            continue
+        if identity.explicit is not None:
+            ids, text = identity.explicit, identity.explicit_text
+        else:
+            ids, text = row_hashes(leaves[identity.prompt_leaf].leaf.raw), None  # type: ignore[index]
+        k = len(batch)
+        entries.extend((job, n) for job in batch)
+        steps.extend([step] * k)
+        call_rows[c] = k * n
+        # occurrences count through the calls in their order
+        occurrence_parts.append(counter.occurrences_of_call(step, [(job.key, job.index) for job in batch],
+                                                            ids).reshape(-1))
+        ids_parts.append(np.tile(ids.view(np.int64), k))
+        text_parts.append(text * k if text is not None else [None] * (k * n))
+        group_parts.append(identity.groups * k if identity.groups is not None else [None] * (k * n))
+    if not entries:
+        return [SAMPLE.empty_table()] * len(calls)
+    counts = np.array([n for _, n in entries], np.int64)
+    offsets = np.cumsum(counts) - counts
+    total = int(counts.sum())
+    hashes = np.empty(total, np.uint64)
+    sums, mins, maxs = (np.full(total, np.nan) for _ in range(3))
+    widths = np.empty(len(entries), np.int64)
+    raws = [job.leaf.raw for job, _ in entries]
+    layouts = [(job.leaf.dtype, r.dtype, n, r.size // n) for (job, n), r in zip(entries, raws)]
+    for members in stack_groups(layouts, [r.nbytes for r in raws], STACK_BYTES):
+        n = entries[members[0]][1]
         raw = [raws[i].reshape(n, -1) for i in members]
         rows = raw[0][None] if len(raw) == 1 else np.stack(raw)  # (tensors, rows, width)
         at = np.asarray(members)
+        where = (offsets[at][:, None] + np.arange(n)).reshape(-1)
         widths[at] = rows.shape[2]
-        hashes[at] = row_hashes(rows.reshape(len(members) * n, -1)).reshape(len(members), n)
+        hashes[where] = row_hashes(rows.reshape(len(members) * n, -1))
         if rows.shape[2]:
-            values = widen(rows, batch[members[0]].leaf.dtype).astype(np.float64, copy=False)
-            sums[at], mins[at], maxs[at] = values.sum(axis=2), values.min(axis=2), values.max(axis=2)
-    occurrences = counter.occurrences_of_call(step, [(job.key, job.index) for job in batch], ids)
+            values = widen(rows, entries[members[0]][0].leaf.dtype).astype(np.float64, copy=False)
+            sums[where], mins[where], maxs[where] = (values.sum(axis=2).reshape(-1), values.min(axis=2).reshape(-1),
+                                                     values.max(axis=2).reshape(-1))
     # Python lists, not object arrays: pyarrow converts those through pandas (imported on first use)
-    keys, indexes, dtypes = ([v for job in batch for v in (value(job),) * n] for value in
-                             (lambda job: job.key, lambda job: job.index, lambda job: job.leaf.dtype))
+    keys, indexes, dtypes = [], [], []
+    for job, n in entries:
+        keys += [job.key] * n
+        indexes += [job.index] * n
+        dtypes += [job.leaf.dtype] * n
+    text = [t for part in text_parts for t in part]
+    groups = [g for part in group_parts for g in part]
     columns = {
-        "key": keys, "index": indexes, "step": np.full(k * n, step),
-        "micro_step": np.repeat(np.array([job.micro_step for job in batch], np.int64), n),
-        "row": np.tile(np.arange(n), k), "sample": np.tile(ids.view(np.int64), k),
-        "sample_id": text * k if text is not None else pa.nulls(k * n, pa.string()),
-        "occurrence": occurrences.reshape(-1),
-        "group_id": identity.groups * k if identity.groups is not None else pa.nulls(k * n, pa.string()),
-        "dtype": dtypes, "row_numel": np.repeat(widths, n),
-        "row_hash": hashes.reshape(-1).view(np.int64), "row_sum": sums.reshape(-1),
-        "row_min": mins.reshape(-1), "row_max": maxs.reshape(-1),
+        "key": keys, "index": indexes, "step": np.repeat(np.array(steps, np.int64), counts),
+        "micro_step": np.repeat(np.array([job.micro_step for job, _ in entries], np.int64), counts),
+        "row": np.arange(total) - np.repeat(offsets, counts), "sample": np.concatenate(ids_parts),
+        "sample_id": text, "occurrence": np.concatenate(occurrence_parts),
+        "group_id": groups, "dtype": dtypes, "row_numel": np.repeat(widths, counts),
+        "row_hash": hashes.view(np.int64), "row_sum": sums, "row_min": mins, "row_max": maxs,
     }
-    return pa.Table.from_arrays([pa.array(columns[f.name], f.type) for f in SAMPLE], schema=SAMPLE)
+    table = pa.Table.from_arrays([pa.array(columns[f.name], f.type) for f in SAMPLE], schema=SAMPLE)
+    starts = np.cumsum([0, *call_rows]).tolist()
+    return [table.slice(start, rows) for start, rows in zip(starts, call_rows)]
 
 
 SAMPLE = pa.schema([

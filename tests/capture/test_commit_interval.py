@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
 import rlprobe
@@ -64,6 +65,37 @@ def test_an_idle_writer_commits_when_the_interval_runs_out(tmp_path):
         time.sleep(0.02)
     assert sorted(rlprobe.open(path).key_data().collect()["step"].to_list()) == [0, 1, 2]
     probe.close()
+
+
+def test_deferred_calls_reach_the_writer_when_many_wait_and_give_the_rows_of_one_by_one(tmp_path):
+    """Save calls wait on the training thread until the interval ends (the writer then works them
+    out together), or until CALL_BATCH_COUNT of them (or CALL_BATCH_BYTES) wait; the rows are those
+    of calls written one at a time (flush_interval=0 hands each step over as it ends)."""
+    from rlprobe.capture.writer import CALL_BATCH_COUNT
+
+    tables = {}
+    for interval in (3600, 0):
+        path = tmp_path / f"dump{interval}"
+        probe = rlprobe.Probe(path, rank=0, world_size=1, flush_interval=interval)
+        for s in range(3):
+            for micro in range(2):
+                probe.save({"x": np.full((2, 3), 10.0 * s + micro, np.float32), "absent": None},
+                           sample_ids=[2 * micro, 2 * micro + 1])
+            probe.step()
+        if interval:
+            assert len(probe._writer._deferred) == 3 * 2 + 3  # six calls, three ends of steps
+            for _ in range(CALL_BATCH_COUNT - 9):
+                probe.save({"x": np.zeros(2)})
+            assert probe._writer._deferred == []  # handed over without waiting for the interval
+        probe.close()
+        dump = rlprobe.open(path)
+        assert dump.rank_manifests[0]["committed_steps"] == [0, 1, 2, *([3] if interval else [])]
+        kd = dump.key_data().collect().filter(pl.col("step") < 3).sort("step", "micro_step", "key")
+        samples = pl.from_arrow(dump.arrow("sample")).sort("step", "micro_step", "key", "row")
+        tables[interval] = (kd, samples)
+    assert tables[3600][0].equals(tables[0][0], null_equal=True)
+    assert tables[3600][1].equals(tables[0][1], null_equal=True)
+    assert tables[0][1].height == 3 * 2 * 2  # a row per sample
 
 
 def test_zero_interval_commits_every_step(tmp_path):

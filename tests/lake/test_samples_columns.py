@@ -10,7 +10,9 @@ import pytest
 
 from rlprobe.frameworks.base import StagedLeaf
 from rlprobe.lake.encoding import widen
-from rlprobe.lake.samples import OccurrenceCounter, call_identity, row_hashes, sample_table
+from rlprobe.errors import ProbeError
+from rlprobe.lake.samples import (OccurrenceCounter, call_identity, row_hashes, sample_table,
+                                   sample_tables_of_calls)
 
 
 @dataclass
@@ -129,3 +131,55 @@ def test_large_and_small_tensors_give_the_same_rows(size):
     identity = call_identity([(j.key, j.index, j.leaf.shape) for j in jobs], None, None, "t")
     table = sample_table(identity, jobs, 0, OccurrenceCounter())
     _same(table.to_pylist(), _expected_rows(jobs, row_hashes(jobs[0].leaf.raw), 0, {}))
+
+
+def _rows(table) -> str:
+    """The rows exactly, NaN equal to NaN (repr of a float round-trips)."""
+    return repr(table.to_pylist())
+
+
+def test_calls_worked_out_together_give_each_call_its_own_rows():
+    """The writer works out the calls of several steps at once: each call's slice is the table
+    the call alone gives, occurrences counted through the calls in order, steps kept apart."""
+    calls = []
+    plan = ((0, 0, 1, None), (0, 1, 1, [7, 8, 9, 10]), (0, 2, 1, None), (1, 0, 1, None), (1, 1, 3, [1, 2, 3, 4]))
+    for step, micro, seed, ids in plan:
+        jobs = _call(np.random.default_rng(seed), 4, micro)
+        identity = call_identity([(j.key, j.index, None if j.leaf is None else j.leaf.shape) for j in jobs],
+                                 ids, None if ids is None else ["a", "a", "b", "b"], "t")
+        calls.append((identity, jobs, step))
+    together = sample_tables_of_calls(calls, OccurrenceCounter())
+    alone_counter = OccurrenceCounter()
+    for (identity, jobs, step), table in zip(calls, together):
+        assert _rows(table) == _rows(sample_table(identity, jobs, step, alone_counter))
+    assert max(together[2].column("occurrence").to_pylist()) == 1  # the first call's prompts again
+    assert set(together[3].column("occurrence").to_pylist()) == {0}  # a new step counts again
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_integer_id_arrays_give_what_the_same_ids_as_a_list_give(kind):
+    """Integer ids are checked on the training thread and written out by the writer (resolve):
+    the same rows as the ids given as a list; a later change of the caller's tensor is not seen."""
+    jobs = _call(np.random.default_rng(4), 4, 0)
+    keys = [(j.key, j.index, None if j.leaf is None else j.leaf.shape) for j in jobs]
+    ids, groups = np.array([5, -3, 1 << 40, 0]), np.array([0, 0, 1, 1], np.int32)
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        ids, groups = torch.from_numpy(ids), torch.from_numpy(groups)
+    fast = call_identity(keys, ids, groups, "t")
+    listed = call_identity(keys, [5, -3, 1 << 40, 0], [0, 0, 1, 1], "t")
+    ids[0] = 99  # the caller reuses its tensor
+    assert fast.resolve().explicit_text == listed.explicit_text == ["5", "-3", "1099511627776", "0"]
+    assert fast.groups == listed.groups == ["0", "0", "1", "1"]
+    assert np.array_equal(fast.explicit, listed.explicit)
+    assert _rows(sample_table(fast, jobs, 0, OccurrenceCounter())) == _rows(sample_table(listed, jobs, 0,
+                                                                                         OccurrenceCounter()))
+
+
+def test_repeated_integer_ids_are_refused_naming_the_id():
+    jobs = _call(np.random.default_rng(4), 4, 0)
+    keys = [(j.key, j.index, None if j.leaf is None else j.leaf.shape) for j in jobs]
+    with pytest.raises(ProbeError, match="sample_ids holds '3' more than once"):
+        call_identity(keys, np.array([1, 3, 2, 3]), None, "t")
+    with pytest.raises(ProbeError, match="group_ids has 3 ids but the batch has 4 rows"):
+        call_identity(keys, np.array([1, 2, 3, 4]), np.array([0, 0, 1]), "t")
