@@ -31,7 +31,7 @@ __all__ = ["build", "main"]
 
 
 #: an exported function's fastmath, as its dispatcher's (pycc compiles the Python function: the options of its
-#: `numba.njit` are lost, those of the kernels it calls are kept by their dispatchers)
+#: decorator are lost, those of the kernels it calls are kept by their dispatchers)
 _FASTMATH: dict[object, object] = {}
 
 
