@@ -1,7 +1,7 @@
 """Reduce one pair of per-token log-prob tensors (trainer `a`, other `b`; Δ = b − a) to the
-figures the token-level checks read, in compiled code (check/compiled.py: the ahead-of-time copy of
-token_kernel.reduce_rows, else numba's JIT kernel), no Python per token. This module imports no numba:
-the figures, their bins and buckets and the Python around a kernel call. Pairs are independent:
+figures the token-level checks read, in compiled code (token_reduce.reduce_pair through check/compiled.py:
+the ahead-of-time copy of token_kernel.reduce_rows, else numba's JIT kernel), no Python per token. This
+module imports no numba and no kernel: the figures, their bins and buckets. Pairs are independent:
 rlprobe/check/token_tables.py runs them on a thread pool (the kernel releases the GIL), adding the pairs
 of one step into one set of figures (`into`).
 
@@ -144,32 +144,3 @@ def mask_bytes(mask: np.ndarray) -> np.ndarray:
     """A mask as uint8 0/1 (a bool mask's own bytes: no copy)."""
     m = np.asarray(mask)
     return m.view(np.uint8) if m.dtype == np.bool_ else (m != 0).view(np.uint8)
-
-
-def reduce_pair(a: np.ndarray, b: np.ndarray, eps: float, mask: np.ndarray | None = None,
-                into: PairFigures | None = None) -> tuple[PairFigures, np.ndarray, np.ndarray]:
-    """(figures, per-sequence Σ Δ, per-sequence token count) of one pair of equal shapes (a mask
-    of the same number of elements). Floating point only: token ids are no log-probs. With `into`
-    the pair's figures are added to those (one kernel call per pair, no per-pair histogram)."""
-    a, b = np.asarray(a), np.asarray(b)
-    check_shapes(a, b, mask)
-    a2, b2 = as_rows(a), as_rows(b)
-    m2 = np.ones(a2.shape, np.uint8) if mask is None else mask_bytes(mask).reshape(a2.shape)
-    f = PairFigures() if into is None else into
-    sums = np.zeros(7)
-    seq_sum = np.zeros(a2.shape[0])
-    seq_n = np.zeros(a2.shape[0], np.int64)
-    lo = math.log(1.0 - eps) if eps < 1 else -math.inf
-    from rlprobe.check.compiled import rows_kernel
-
-    rows_kernel(a2, b2, m2)(a2, b2, m2, lo, math.log(1.0 + eps), PROBABILITY_OF, LOG_THRESHOLDS, sums, f.hist, None,
-                f.pos_count, f.pos_sum, f.pos_max, f.prob_count, f.prob_sum, seq_sum, seq_n)
-    f.tokens += int(sums[0])
-    f.sum_delta += sums[1]
-    f.sum_sq += sums[2]
-    f.sum_abs += sums[3]
-    f.max_abs = max(f.max_abs, sums[4])
-    f.outside += int(sums[5])
-    f.nonfinite += int(sums[6])
-    return f, seq_sum, seq_n
-

@@ -1,6 +1,6 @@
 """The compiled token kernel (numba): reduce_rows, which reduces rows of a log-prob pair to the figures
 of rlprobe/check/token_figures.py (its docstring says which). Callers take it through check/compiled.py
-(the ahead-of-time copy where built: no numba imported); token_figures.reduce_pair is its Python face."""
+(the ahead-of-time copy where built: no numba imported); token_reduce.reduce_pair is its Python face."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import math
 
 import numpy as np
 
-from rlprobe.check.token_figures import (BLOCK_BITS, LOG_THRESHOLDS, N_BINS, N_POSITIONS,  # noqa: F401
-                                         N_PROBABILITY, PROBABILITY_OF, TABLE_BITS, PairFigures, as_rows,
-                                         check_shapes, mask_bytes, reduce_pair)
+from rlprobe.check.token_figures import BLOCK_BITS, N_POSITIONS, N_PROBABILITY
 from rlprobe.numba_cache import import_numba, use_user_cache_dir
 
 use_user_cache_dir()  # where the compare kernels are cached too, whichever module loads numba first

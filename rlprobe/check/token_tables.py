@@ -32,7 +32,8 @@ import pyarrow.compute as pc
 from rlprobe.check.pair_part import Part, is_float
 from rlprobe.check.sample_pairs import sample_parts, samples_table
 from rlprobe.check.token_figures import (N_POSITIONS, N_PROBABILITY, HALF, TABLE_BITS, PairFigures, bin_lower_edges,
-                                         bin_upper_edges, position_bounds, reduce_pair)
+                                         bin_upper_edges, position_bounds)
+from rlprobe.check.token_reduce import reduce_pair
 from rlprobe.check.token_selection import ROLLOUT_KINDS, PairSelection
 from rlprobe.check.token_rows import BUCKETS, HIST, QUANTILES, SEQUENCES, STEPS, loader, part_tokens
 from rlprobe.lake.reader import Dump
