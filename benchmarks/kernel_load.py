@@ -34,8 +34,9 @@ FAMILIES = {
                 "buf = bk.read_files(paths, np.zeros(1, np.int64), 1 << 20, info, sizes)\n"
                 "bk.compare_batch(buf, info, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 6), np.int64),"
                 " np.zeros((0, 5)))\n"),
-    # `rlprobe check`'s token kernel (JIT only so far)
-    "check": ("", "from rlprobe.check.token_kernel import reduce_pair\n"
+    # `rlprobe check`'s token kernel (and compare's single-run rules'), as token_tables calls it
+    "check": ("import rlprobe.check.token_tables  # imported by the command anyway",
+              "from rlprobe.check.token_reduce import reduce_pair\n"
               "x = np.zeros((2, 8), np.float32)\nreduce_pair(x, x, 0.2)\n"),
     # the gradient probe's CPU kernel (JIT only so far)
     "grads": ("", "from rlprobe.frameworks.cpu_grad_kernel import stats_into\n"

@@ -30,20 +30,35 @@ from rlprobe.numba_cache import AOT_FAMILIES, aot_folder, aot_module_name
 __all__ = ["build", "main"]
 
 
+#: an exported function's fastmath, as its dispatcher's (pycc compiles the Python function: the options of its
+#: decorator are lost, those of the kernels it calls are kept by their dispatchers)
+_FASTMATH: dict[object, object] = {}
+
+
 def _patch_numba_for_the_jit_target() -> None:
-    """pycc's codegen for the JIT's target (host CPU name and features) and GIL-releasing wrappers."""
+    """pycc's codegen for the JIT's target (host CPU name and features), GIL-releasing wrappers and each exported
+    function's own fastmath flags (token_kernel.reduce_rows': without them its sums were rounded otherwise)."""
     import numba.pycc.compiler as pycc_compiler
     from numba.core.codegen import AOTCPUCodegen
 
+    if getattr(pycc_compiler, "_rlprobe_patched", False):
+        return
     AOTCPUCodegen._customize_tm_features = lambda self: self._get_host_cpu_features()
-    flags_class = pycc_compiler.Flags
+    flags_class, compile_extra = pycc_compiler.Flags, pycc_compiler.compile_extra
 
     def flags():
         made = flags_class()
         made.release_gil = True  # as the JIT kernels' nogil=True
         return made
 
-    pycc_compiler.Flags = flags
+    def compile_with_the_functions_flags(typingctx, targetctx, func, args, return_type, flags, *rest, **named):
+        if _FASTMATH.get(func):
+            flags = flags.copy()
+            flags.fastmath = _FASTMATH[func]
+        return compile_extra(typingctx, targetctx, func, args, return_type, flags, *rest, **named)
+
+    pycc_compiler.Flags, pycc_compiler.compile_extra = flags, compile_with_the_functions_flags
+    pycc_compiler._rlprobe_patched = True
 
 
 def _compile(family: str, folder: str) -> str:
@@ -57,7 +72,9 @@ def _compile(family: str, folder: str) -> str:
     cc.target_cpu = "host"
     for export, module_name, attribute, signature in AOT_FAMILIES[family]:
         function = getattr(importlib.import_module(module_name), attribute)
-        cc.export(export, signature)(getattr(function, "py_func", function))
+        python_function = getattr(function, "py_func", function)
+        _FASTMATH[python_function] = getattr(function, "targetoptions", {}).get("fastmath")
+        cc.export(export, signature)(python_function)
     work = tempfile.mkdtemp(prefix=f".{family}-", dir=folder)
     try:
         cc.output_dir = work

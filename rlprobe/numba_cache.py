@@ -16,8 +16,8 @@ from typing import Any
 #: (pair_kernels' element kernel into batch_kernels' batch) was loaded stale after only the first
 #: file changed; the cache folder is named after the contents of all of them instead
 KERNEL_MODULES = ("compare/pair_kernels.py", "compare/batch_kernels.py", "compare/batch_codes.py",
-                  "check/token_kernel.py",
-                  "check/token_batch.py", "check/npy_reads.py",
+                  "check/token_kernel.py", "check/token_figures.py", "check/token_batch_kernel.py",
+                  "check/npy_reads.py", "check/npy_layout.py",
                   "frameworks/cpu_grad_kernel.py", "frameworks/cpu_param_kernel.py")
 
 
@@ -140,6 +140,23 @@ def _pair_signature(dtype: str) -> str:
     return f"({_array(dtype, readonly=True)}, {_array(dtype, readonly=True)}, int64, int64)"
 
 
+def _rows_signature(a: str, b: str) -> str:
+    """token_kernel.reduce_rows as token_figures.reduce_pair calls it (touched: None)."""
+    f8, i8 = _array("float64"), _array("int64")
+    return (f"({_array(a, 2)}, {_array(b, 2)}, {_array('uint8', 2)}, float64, float64, {_array('int8')}, {f8}, {f8}, "
+            f"{i8}, none, {i8}, {f8}, {f8}, {i8}, {f8}, {f8}, {i8})")
+
+
+def _batch_signature() -> str:
+    """token_batch_kernel.reduce_batch as token_batch._reduce calls it."""
+    u1, i8, f8 = _array("uint8"), _array("int64"), _array("float64")
+    u1_2, i8_2, f8_2 = _array("uint8", 2), _array("int64", 2), _array("float64", 2)
+    return (f"({_array('int32')}, int64, {_array('uint8', readonly=True)}, {i8_2}, {u1_2}, {i8}, {_array('float32')}, "
+            f"{_array('float32')}, {u1}, int64, int64, float64, float64, {_array('int8')}, {f8}, {f8}, "
+            f"{_array('uint8', 2, readonly=True)}, {_array('uint8', 2, readonly=True)}, {f8_2}, {i8}, {u1}, int64, "
+            f"{f8}, {f8}, {f8_2}, {i8_2}, {f8_2}, {f8_2}, {i8_2}, {f8_2}, {f8}, {i8}, {i8}, {f8}, {f8}, {i8}, {i8_2})")
+
+
 #: per family, the exported functions: (name in the module, defining module, its attribute, numba
 #: signature as the JIT compiles it for the callers' arrays). An exported function takes
 #: exactly these types, unchecked: callers pass what they pass the JIT kernels (C-contiguous, dtype)
@@ -154,6 +171,11 @@ AOT_FAMILIES: dict[str, tuple[tuple[str, str, str, str], ...]] = {
          f"({_array('uint8')}, {_array('int64', 2)}, {_array('int64')}, {_array('int64')}, {_array('int64', 2)}, "
          f"{_array('float64', 2)})"),
     ),
+    # a family per package: compare's commands do not wait for check's build, nor the other way round
+    "check": tuple(
+        (f"reduce_rows_{a}_{b}", "rlprobe.check.token_kernel", "reduce_rows", _rows_signature(a, b))
+        for a in ("float32", "float64") for b in ("float32", "float64")) + (
+        ("reduce_batch", "rlprobe.check.token_batch_kernel", "reduce_batch", _batch_signature()),),
 }
 
 _CPU_FIELDS = ("vendor_id", "model name", "flags", "cpu family", "model", "stepping")

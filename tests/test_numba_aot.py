@@ -22,23 +22,32 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=600)
 
 
-@pytest.fixture(scope="session")
-def aot_compare():
-    """The compare family's module, built in the user's cache once (kept there for later runs and commands:
-    a test run pays no build per process, and none where an earlier run or command built it)."""
+def _built(family: str):
+    """The family's module, built in the user's cache once (kept there for later runs and commands: a test run
+    pays no build per process, and none where an earlier run or command built it)."""
     from rlprobe.numba_build import build
     from rlprobe.numba_cache import aot_folder, aot_module_name
 
-    path = build("compare")
+    path = build(family)
     if path is None and shutil.which(os.environ.get("CC", "cc")) is None:
         pytest.skip("no C compiler: rlprobe keeps numba's JIT kernels (tested below)")
-    assert path is not None, open(os.path.join(aot_folder(), "compare.failed")).read()
+    assert path is not None, open(os.path.join(aot_folder(), f"{family}.failed")).read()
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(aot_module_name("compare"), path)
+    spec = importlib.util.spec_from_file_location(aot_module_name(family), path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def aot_compare():
+    return _built("compare")
+
+
+@pytest.fixture(scope="session")
+def aot_check():
+    return _built("check")
 
 
 def _bits(values) -> list[bytes]:
@@ -186,3 +195,119 @@ def test_the_folder_is_named_after_the_sources_numba_settings_and_cpu(tmp_path):
     changed = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(tmp_path)},
                              cwd=tmp_path, capture_output=True, text=True, timeout=300)  # not this checkout
     assert changed.stdout.strip() not in ("", plain), changed.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------------------
+# check's token kernels (the "check" family)
+
+def _token_pairs(rng):
+    """(a, b, mask) pairs of log-probs: widths across the position buckets (1 .. 5,000 tokens, odd), NaN and
+    ±inf on either side (masked and not), all-masked and unmasked rows, readonly (mapped) arrays."""
+    for rows, width in ((1, 1), (1, 7), (3, 17), (2, 64), (5, 33), (4, 1025), (2, 5000)):
+        a = -rng.random((rows, width)) * 6.0
+        b = a + rng.normal(0, 0.05, a.shape) * 10.0 ** rng.integers(-4, 1)
+        mask = rng.random(a.shape) > 0.3
+        if width >= 7:
+            a[0, width // 2], b[-1, width // 3], b[0, 1] = np.nan, np.inf, -np.inf
+            mask[-1, :] = False
+            b[0, 2] = a[0, 2]
+        yield a, b, mask
+        yield a, b, np.ones(a.shape, bool)
+        frozen = a.copy(), b.copy()
+        for x in frozen:
+            x.flags.writeable = False
+        yield (*frozen, mask)
+
+
+@pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float64, np.float64), (np.float64, np.float32),
+                                    (np.float32, np.float64)])
+def test_the_ahead_of_time_token_kernel_gives_the_jit_kernels_bits(aot_check, dtypes):
+    from rlprobe.check.compiled import ROWS_EXPORTS
+    from rlprobe.check.token_figures import LOG_THRESHOLDS, PROBABILITY_OF, PairFigures, mask_bytes
+    from rlprobe.check.token_kernel import reduce_rows
+
+    aot = getattr(aot_check, ROWS_EXPORTS[tuple(np.dtype(d) for d in dtypes)])
+    rng = np.random.default_rng(16)
+    checked = 0
+    for a, b, mask in _token_pairs(rng):
+        a, b = a.astype(dtypes[0]), b.astype(dtypes[1])
+        m = mask_bytes(mask)
+        for eps in (0.2, 1.5):  # 1.5: no lower bound (-inf)
+            lo = np.log(1.0 - eps) if eps < 1 else -np.inf
+            out = []
+            for kernel in (aot, reduce_rows):
+                f, sums = PairFigures(), np.zeros(7)
+                seq_sum, seq_n = np.zeros(a.shape[0]), np.zeros(a.shape[0], np.int64)
+                kernel(a, b, m, lo, np.log(1.0 + eps), PROBABILITY_OF, LOG_THRESHOLDS, sums, f.hist, None,
+                       f.pos_count, f.pos_sum, f.pos_max, f.prob_count, f.prob_sum, seq_sum, seq_n)
+                out.append([x.tobytes() for x in (sums, f.hist, f.pos_count, f.pos_sum, f.pos_max, f.prob_count,
+                                                  f.prob_sum, seq_sum, seq_n)])
+            assert out[0] == out[1], (dtypes, a.shape, eps)
+            checked += 1
+    assert checked == 42
+
+
+def _small_dump(path):
+    """A run whose token pairs go through the batch kernel: odd widths, NaN/±inf, masks, several steps and keys."""
+    import rlprobe
+
+    rng = np.random.default_rng(3)
+    with rlprobe.Probe(path, flush_interval=0) as probe:
+        for step in range(5):
+            old = -rng.random((3, 29 + step), dtype=np.float32) * 4
+            rollout = old + rng.normal(0, 0.03, old.shape).astype(np.float32)
+            rollout[0, step] = (np.nan, np.inf, -np.inf, 0.0, 1e30)[step]
+            probe.save({"rollout_log_prob": rollout, "old_log_prob": old, "log_prob": old - np.float32(1e-4),
+                        "response_mask": rng.random(old.shape) > 0.2})
+            probe.step()
+    return path
+
+
+def _table_bits(tables) -> dict:
+    """Every column of every table, floats as their bits."""
+    out = {}
+    for name, table in tables.items():
+        for column in table.column_names:
+            values = table.column(column).to_numpy(zero_copy_only=False)
+            out[name, column] = values.tobytes() if values.dtype.kind == "f" else list(values)
+    return out
+
+
+def test_the_ahead_of_time_batch_kernel_gives_the_jit_tables(aot_check, tmp_path, monkeypatch):
+    """token_tables' batch of small pairs (compiled reads included) and its pair-by-pair path give the same
+    tables, as bits, through the ahead-of-time kernels as through numba's JIT kernels."""
+    from rlprobe.check import compiled, token_batch
+    from rlprobe.check.inputs import stats_table
+    from rlprobe.check.token_batch_kernel import reduce_batch
+    from rlprobe.check.token_kernel import reduce_rows
+    from rlprobe.check.token_tables import token_tables
+    from rlprobe.lake.reader import open_dump
+
+    dump = open_dump(_small_dump(tmp_path / "d"))
+    got, rows_kernel = {}, compiled.rows_kernel
+    assert rows_kernel(*(np.zeros((1, 1), t) for t in (np.float32, np.float32, np.uint8))) is not reduce_rows
+    for small in (token_batch.SMALL, -1):  # -1: every key pair by pair (reduce_pair)
+        monkeypatch.setattr(token_batch, "SMALL", small)
+        for aot in (True, False):
+            monkeypatch.setattr(token_batch, "batch_kernel", lambda: aot_check.reduce_batch if aot else reduce_batch)
+            monkeypatch.setattr(compiled, "rows_kernel", rows_kernel if aot else lambda *arrays: reduce_rows)
+            got[small, aot] = _table_bits(token_tables(dump, stats_table(dump), 0.2, workers=1))
+    assert got[token_batch.SMALL, True] == got[token_batch.SMALL, False]
+    assert got[-1, True] == got[-1, False]
+    assert len(got[-1, True][("token_steps", "pair")]) == 10  # on_policy and rollout_vs_old, 5 steps
+
+
+def test_check_uses_the_built_module_without_importing_numba(aot_check, tmp_path):
+    """A fresh process reducing a run's token pairs, batched and pair by pair: with the module built, numba is
+    never imported."""
+    path = _small_dump(tmp_path / "d")
+    code = ("import sys\nfrom rlprobe.check import token_batch\nfrom rlprobe.check.inputs import stats_table\n"
+            "from rlprobe.check.token_tables import token_tables\nfrom rlprobe.lake.reader import open_dump\n"
+            f"dump = open_dump({str(path)!r})\n"
+            "n = [len(token_tables(dump, stats_table(dump), 0.2, workers=2)['token_steps'])]\n"
+            "token_batch.SMALL = -1\n"
+            "n.append(len(token_tables(dump, stats_table(dump), 0.2, workers=2)['token_steps']))\n"
+            "print(n, 'numba' in sys.modules)\n")
+    done = _python(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "[10, 10] False"

@@ -3,16 +3,13 @@ header compared with the one numpy writes for the shape in the tensor index, wit
 no GIL a file (reading 3,072 small files from Python took as long as the kernel on their tokens,
 and one thread at a time). The C library's functions are named in the compiled code and found
 when it is loaded (no address is kept in numba's cache). POSIX only: elsewhere READS is False and
-token_batch.py has numpy read every file."""
+token_batch.py has numpy read every file (npy_layout.py: the constants, numba-free)."""
 
 from __future__ import annotations
 
-import io
-import os
-import sys
-
 import numpy as np
 
+from rlprobe.check.npy_layout import DESCR_AT, FLOAT32, MASK_BYTES, OPEN_FLAGS, READS, npy_header  # noqa: F401
 from rlprobe.numba_cache import import_numba, use_user_cache_dir
 
 use_user_cache_dir()
@@ -22,19 +19,6 @@ import numba  # noqa: E402  (after the cache dir is set)
 from llvmlite import ir  # noqa: E402
 from numba.core import cgutils, types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
-
-READS = os.name == "posix" and sys.byteorder == "little"
-OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-DESCR_AT = 21  # the dtype's 3 characters in numpy's header: b"\x93NUMPY\x01\x00" b"xx" b"{'descr': '" here
-FLOAT32 = np.frombuffer(b"<f4", np.uint8).reshape(1, 3)
-MASK_BYTES = np.frombuffer(b"|b1|u1|i1", np.uint8).reshape(3, 3)  # a byte a token: nonzero is counted
-
-
-def npy_header(shape: tuple[int, ...]) -> bytes:
-    """The header numpy (and rlprobe's writer) puts before a C-order float32 array of `shape`."""
-    out = io.BytesIO()
-    np.lib.format.write_array_header_1_0(out, {"descr": "<f4", "fortran_order": False, "shape": tuple(shape)})
-    return out.getvalue()
 
 
 def _libc(name: str, result: ir.Type, *args: ir.Type):

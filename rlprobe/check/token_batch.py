@@ -16,15 +16,14 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from rlprobe.check import npy_reads
+from rlprobe.check import npy_layout
 from rlprobe.check import token_rows as tt
+from rlprobe.check.compiled import batch_kernel
 from rlprobe.check.pair_part import Part
 from rlprobe.check.token_batch_tables import BatchFigures, figures_tables
-from rlprobe.check.token_kernel import (BLOCK_BITS, LOG_THRESHOLDS, N_BINS, N_POSITIONS, N_PROBABILITY,
-                                        PROBABILITY_OF, TABLE_BITS, as_rows, check_shapes, mask_bytes, reduce_rows)
+from rlprobe.check.token_figures import (BLOCK_BITS, LOG_THRESHOLDS, N_BINS, N_POSITIONS, N_PROBABILITY,
+                                         PROBABILITY_OF, TABLE_BITS, as_rows, check_shapes, mask_bytes)
 from rlprobe.lake.reader import Dump
-
-import numba  # noqa: E402  (after token_kernel has set numba's cache dir)
 
 SMALL = 1 << 20  # tokens: a larger pair goes to the kernel mapped (its own job, or cut into row ranges)
 _READ = 4  # parts[:, _READ]: where a part's tokens start in the preloaded arrays, -1: its files are read here
@@ -90,7 +89,7 @@ def _plan(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> _Plan | None:
             rows, width = _rows_width(p)
             if rows * width > SMALL:
                 return None
-            if p.a_rows is None and p.b_rows is None and p.mask_rows is None and npy_reads.READS:
+            if p.a_rows is None and p.b_rows is None and p.mask_rows is None and npy_layout.READS:
                 (a, a_in), (b, b_in), (m, m_in) = path(p.a), path(p.b), (-1, -1) if p.mask is None else path(p.mask)
                 files = (a, b, m, header(p.a), -1 if p.mask is None else header(p.mask), a_in, b_in, m_in)
             else:  # a sample pair's rows: numpy reads and gathers them (_preload)
@@ -99,7 +98,7 @@ def _plan(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> _Plan | None:
             picks.append(p.a_rows if isinstance(p.a_rows, np.ndarray) else None)
             micro_steps.append(p.a["micro_step"])
             first += rows
-    texts = [npy_reads.npy_header(shape) for shape in headers]
+    texts = [npy_layout.npy_header(shape) for shape in headers]
     sizes = np.array([len(t) for t in texts], np.int64)
     table = np.zeros((len(texts), int(sizes.max()) if texts else 0), np.uint8)
     for i, t in enumerate(texts):
@@ -151,6 +150,7 @@ def _reduce(dump: Dump, batch: list[tuple[Any, list[Part]]], plan: _Plan, eps: f
         if loaded[i] is None:
             return None
     part_sums = np.zeros((len(parts), 7))
+    reduce_batch = batch_kernel()
     folders = np.full(len(plan.folders), -1, np.int32)  # one that cannot be opened: its files are read by numpy
     try:
         for i, folder in enumerate(plan.folders):
@@ -158,9 +158,9 @@ def _reduce(dump: Dump, batch: list[tuple[Any, list[Part]]], plan: _Plan, eps: f
         start = used = 0
         while True:
             pre = _concatenated(spec, loaded)
-            start, used = _reduce_batch(folders, npy_reads.OPEN_FLAGS, plan.paths, spec, plan.headers,
+            start, used = reduce_batch(folders, npy_layout.OPEN_FLAGS, plan.paths, spec, plan.headers,
                                         plan.header_sizes, *pre, start, used, lo, math.log(1.0 + eps), PROBABILITY_OF,
-                                        LOG_THRESHOLDS, qs, npy_reads.FLOAT32, npy_reads.MASK_BYTES, part_sums, hist,
+                                        LOG_THRESHOLDS, qs, npy_layout.FLOAT32, npy_layout.MASK_BYTES, part_sums, hist,
                                         touched, TABLE_BITS, edges.table_lo, edges.table_hi, *out)
             if start == len(parts):  # the histogram is zero again: the thread's next job reuses it
                 _SCRATCH.arrays = scratch
@@ -211,95 +211,3 @@ def _concatenated(spec: np.ndarray, loaded: list) -> tuple[np.ndarray, np.ndarra
     if at == 0:
         return np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.uint8)
     return tuple(np.concatenate([x[j] for x in loaded if x is not None]) for j in range(3))
-
-
-@numba.njit(cache=True, nogil=True)
-def _reduce_batch(folders, flags, paths, parts, headers, header_sizes, pre_a, pre_b, pre_m, start, used, lo, hi,
-                  prob_of, thr, qs, float32, mask_bytes, part_sums, hist, touched, merge, table_lo, table_hi, sums,
-                  pos_count, pos_sum, pos_max, prob_count, prob_sum, seq_sum, seq_n, counts, hist_lo, hist_hi, ends,
-                  quantile_bins):  # pragma: no cover - compiled
-    """From part `start` on, as reduce_pair adds each of a key's parts into its figures in order;
-    (the part it could not read, or len(parts); table rows written so far). The quantiles are read from
-    the key's fine bins; its histogram rows are 2^merge of them summed (table_lo/hi: their edges)."""
-    most = 1
-    for p in range(start, parts.shape[0]):
-        most = max(most, parts[p, 1] * parts[p, 2])
-    head = header_sizes.max() if header_sizes.size else 0
-    buf_a, buf_b, buf_m = np.empty(head + 4 * most, np.uint8), np.empty(head + 4 * most, np.uint8), \
-        np.empty(head + most, np.uint8)
-    bins, fine = np.empty(hist.size, np.int64), np.empty(hist.size, np.int64)  # a key's filled bins, their counts
-    for p in range(start, parts.shape[0]):
-        k, rows, width, first, at = parts[p, 0], parts[p, 1], parts[p, 2], parts[p, 3], parts[p, 4]
-        n = rows * width
-        if at >= 0:
-            a, b, m = pre_a[at:at + n], pre_b[at:at + n], pre_m[at:at + n]
-        else:
-            size = header_sizes[parts[p, 8]]
-            header = headers[parts[p, 8], :size]
-            if not (npy_reads.read_npy(folders[parts[p, 10]], flags, paths, parts[p, 5], header, float32, buf_a, 4 * n)
-                    and npy_reads.read_npy(folders[parts[p, 11]], flags, paths, parts[p, 6], header, float32, buf_b,
-                                           4 * n)):
-                return p, used
-            m = buf_m[:n]
-            if parts[p, 7] < 0:
-                m[:] = 1
-            else:
-                mask_size = header_sizes[parts[p, 9]]
-                if not npy_reads.read_npy(folders[parts[p, 12]], flags, paths, parts[p, 7],
-                                          headers[parts[p, 9], :mask_size], mask_bytes, buf_m, n):
-                    return p, used
-                m = buf_m[mask_size:mask_size + n]
-            a, b = buf_a[size:size + 4 * n].view(np.float32), buf_b[size:size + 4 * n].view(np.float32)
-        reduce_rows(a.reshape((rows, width)), b.reshape((rows, width)), m.reshape((rows, width)), lo, hi, prob_of,
-                    thr, part_sums[p], hist, touched, pos_count[k], pos_sum[k], pos_max[k], prob_count[k],
-                    prob_sum[k], seq_sum[first:first + rows], seq_n[first:first + rows])
-        for i in (0, 1, 2, 3, 5, 6):  # as reduce_pair adds a pair's sums to its PairFigures
-            sums[k, i] += part_sums[p, i]
-        sums[k, 4] = max(sums[k, 4], part_sums[p, 4])
-        if p + 1 < parts.shape[0] and parts[p + 1, 0] == k:
-            continue
-        filled, row = 0, -1
-        for block in range(touched.size):  # the key's filled bins in bin order (Δ >= 0, then Δ < 0), zeroed
-            if touched[block] == 0:
-                continue
-            touched[block] = 0
-            for i in range(block << BLOCK_BITS, (block + 1) << BLOCK_BITS):
-                if hist[i] != 0:
-                    bins[filled], fine[filled] = i, hist[i]
-                    filled += 1
-                    if i >> merge == row:  # a table row's bins lie in one block (merge <= BLOCK_BITS)
-                        counts[used - 1] += hist[i]
-                    else:
-                        row = i >> merge
-                        counts[used], hist_lo[used], hist_hi[used] = hist[i], table_lo[row], table_hi[row]
-                        used += 1
-                    hist[i] = 0
-        ends[k] = used
-        _quantile_bins(bins[:filled], fine[:filled], qs, quantile_bins[k])
-    return parts.shape[0], used
-
-
-@numba.njit(cache=True, nogil=True)
-def _quantile_bins(bins, counts, qs, found):  # pragma: no cover - compiled
-    """The |Δ| bin of each quantile: the first whose cumulative count reaches max(1, ⌈q · total⌉),
-    the |Δ| bins merged from the Δ >= 0 and Δ < 0 ones (as PairFigures.quantiles)."""
-    half = N_BINS // 2
-    total = counts.sum()
-    mid = 0
-    while mid < bins.size and bins[mid] < half:
-        mid += 1
-    i, j, seen = 0, mid, 0
-    while i < mid or j < bins.size:
-        if j >= bins.size or (i < mid and bins[i] <= bins[j] - half):
-            at, c = bins[i], counts[i]
-            i += 1
-            if j < bins.size and bins[j] - half == at:
-                c += counts[j]
-                j += 1
-        else:
-            at, c = bins[j] - half, counts[j]
-            j += 1
-        seen += c
-        for q in range(qs.size):
-            if found[q] < 0 and seen >= max(1, math.ceil(qs[q] * total)):
-                found[q] = at

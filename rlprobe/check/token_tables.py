@@ -1,5 +1,5 @@
 """Token-level tables from the saved tensors: each log-prob pair reduced by the kernel
-(rlprobe/check/token_kernel.py) and merged per (pair, step, rank), and GRPO advantages per group.
+(rlprobe/check/token_figures.py) and merged per (pair, step, rank), and GRPO advantages per group.
 
 Pairs (a: the trainer's recomputation, b: the other side, Δ = b − a), masked by the response mask:
 - `rollout_vs_old`: rollout_log_prob vs old_log_prob;
@@ -31,8 +31,9 @@ import pyarrow.compute as pc
 
 from rlprobe.check.pair_part import Part, is_float
 from rlprobe.check.sample_pairs import sample_parts, samples_table
-from rlprobe.check.token_kernel import (N_POSITIONS, N_PROBABILITY, HALF, TABLE_BITS, PairFigures, bin_lower_edges,
-                                        bin_upper_edges, position_bounds, reduce_pair)
+from rlprobe.check.token_figures import (N_POSITIONS, N_PROBABILITY, HALF, TABLE_BITS, PairFigures, bin_lower_edges,
+                                         bin_upper_edges, position_bounds)
+from rlprobe.check.token_reduce import reduce_pair
 from rlprobe.check.token_selection import ROLLOUT_KINDS, PairSelection
 from rlprobe.check.token_rows import BUCKETS, HIST, QUANTILES, SEQUENCES, STEPS, loader, part_tokens
 from rlprobe.lake.reader import Dump

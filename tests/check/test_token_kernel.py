@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlprobe.check.token_kernel import N_POSITIONS, PairFigures, reduce_pair
+from rlprobe.check.token_figures import N_POSITIONS, PairFigures
+from rlprobe.check.token_reduce import reduce_pair
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -11,7 +11,8 @@ import rlprobe
 from rlprobe.check import token_batch
 from rlprobe.check.inputs import stats_table
 from rlprobe.check.pair_part import Part
-from rlprobe.check.token_kernel import TABLE_BITS, reduce_pair
+from rlprobe.check.token_figures import TABLE_BITS
+from rlprobe.check.token_reduce import reduce_pair
 from rlprobe.check.token_tables import batches, token_tables
 from rlprobe.lake.reader import open_dump
 

@@ -1,0 +1,107 @@
+"""The compiled call of token_batch.py (numba): a pool job of many small pairs read (npy_reads.read_npy) and
+reduced (token_kernel.reduce_rows) in one call, each key's filled histogram bins and quantile bins taken from
+the blocks reduce_rows marked. Callers take it through check/compiled.py (the ahead-of-time copy where built)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rlprobe.check import npy_reads
+from rlprobe.check.token_figures import BLOCK_BITS, N_BINS
+from rlprobe.check.token_kernel import reduce_rows
+
+import numba  # noqa: E402  (after token_kernel has set numba's cache dir)
+
+
+@numba.njit(cache=True, nogil=True)
+def reduce_batch(folders, flags, paths, parts, headers, header_sizes, pre_a, pre_b, pre_m, start, used, lo, hi,
+                 prob_of, thr, qs, float32, mask_bytes, part_sums, hist, touched, merge, table_lo, table_hi, sums,
+                 pos_count, pos_sum, pos_max, prob_count, prob_sum, seq_sum, seq_n, counts, hist_lo, hist_hi, ends,
+                 quantile_bins):  # pragma: no cover - compiled
+    """From part `start` on, as reduce_pair adds each of a key's parts into its figures in order;
+    (the part it could not read, or len(parts); table rows written so far). The quantiles are read from
+    the key's fine bins; its histogram rows are 2^merge of them summed (table_lo/hi: their edges)."""
+    most = 1
+    for p in range(start, parts.shape[0]):
+        most = max(most, parts[p, 1] * parts[p, 2])
+    head = header_sizes.max() if header_sizes.size else 0
+    buf_a, buf_b, buf_m = np.empty(head + 4 * most, np.uint8), np.empty(head + 4 * most, np.uint8), \
+        np.empty(head + most, np.uint8)
+    bins, fine = np.empty(hist.size, np.int64), np.empty(hist.size, np.int64)  # a key's filled bins, their counts
+    for p in range(start, parts.shape[0]):
+        k, rows, width, first, at = parts[p, 0], parts[p, 1], parts[p, 2], parts[p, 3], parts[p, 4]
+        n = rows * width
+        if at >= 0:
+            a, b, m = pre_a[at:at + n], pre_b[at:at + n], pre_m[at:at + n]
+        else:
+            size = header_sizes[parts[p, 8]]
+            header = headers[parts[p, 8], :size]
+            if not (npy_reads.read_npy(folders[parts[p, 10]], flags, paths, parts[p, 5], header, float32, buf_a, 4 * n)
+                    and npy_reads.read_npy(folders[parts[p, 11]], flags, paths, parts[p, 6], header, float32, buf_b,
+                                           4 * n)):
+                return p, used
+            m = buf_m[:n]
+            if parts[p, 7] < 0:
+                m[:] = 1
+            else:
+                mask_size = header_sizes[parts[p, 9]]
+                if not npy_reads.read_npy(folders[parts[p, 12]], flags, paths, parts[p, 7],
+                                          headers[parts[p, 9], :mask_size], mask_bytes, buf_m, n):
+                    return p, used
+                m = buf_m[mask_size:mask_size + n]
+            a, b = buf_a[size:size + 4 * n].view(np.float32), buf_b[size:size + 4 * n].view(np.float32)
+        reduce_rows(a.reshape((rows, width)), b.reshape((rows, width)), m.reshape((rows, width)), lo, hi, prob_of,
+                    thr, part_sums[p], hist, touched, pos_count[k], pos_sum[k], pos_max[k], prob_count[k],
+                    prob_sum[k], seq_sum[first:first + rows], seq_n[first:first + rows])
+        for i in (0, 1, 2, 3, 5, 6):  # as reduce_pair adds a pair's sums to its PairFigures
+            sums[k, i] += part_sums[p, i]
+        sums[k, 4] = max(sums[k, 4], part_sums[p, 4])
+        if p + 1 < parts.shape[0] and parts[p + 1, 0] == k:
+            continue
+        filled, row = 0, -1
+        for block in range(touched.size):  # the key's filled bins in bin order (Δ >= 0, then Δ < 0), zeroed
+            if touched[block] == 0:
+                continue
+            touched[block] = 0
+            for i in range(block << BLOCK_BITS, (block + 1) << BLOCK_BITS):
+                if hist[i] != 0:
+                    bins[filled], fine[filled] = i, hist[i]
+                    filled += 1
+                    if i >> merge == row:  # a table row's bins lie in one block (merge <= BLOCK_BITS)
+                        counts[used - 1] += hist[i]
+                    else:
+                        row = i >> merge
+                        counts[used], hist_lo[used], hist_hi[used] = hist[i], table_lo[row], table_hi[row]
+                        used += 1
+                    hist[i] = 0
+        ends[k] = used
+        _quantile_bins(bins[:filled], fine[:filled], qs, quantile_bins[k])
+    return parts.shape[0], used
+
+
+@numba.njit(cache=True, nogil=True)
+def _quantile_bins(bins, counts, qs, found):  # pragma: no cover - compiled
+    """The |Δ| bin of each quantile: the first whose cumulative count reaches max(1, ⌈q · total⌉),
+    the |Δ| bins merged from the Δ >= 0 and Δ < 0 ones (as PairFigures.quantiles)."""
+    half = N_BINS // 2
+    total = counts.sum()
+    mid = 0
+    while mid < bins.size and bins[mid] < half:
+        mid += 1
+    i, j, seen = 0, mid, 0
+    while i < mid or j < bins.size:
+        if j >= bins.size or (i < mid and bins[i] <= bins[j] - half):
+            at, c = bins[i], counts[i]
+            i += 1
+            if j < bins.size and bins[j] - half == at:
+                c += counts[j]
+                j += 1
+        else:
+            at, c = bins[j] - half, counts[j]
+            j += 1
+        seen += c
+        for q in range(qs.size):
+            if found[q] < 0 and seen >= max(1, math.ceil(qs[q] * total)):
+                found[q] = at
