@@ -205,9 +205,13 @@ def kernel_speed(path: Path, repeat: int | str) -> dict[str, float]:
     """GB/s of the kernel alone on the dump's rollout/old pairs, in memory: 1 thread (wall and thread
     CPU time), 2 threads (wall), scaling = 2-thread / 1-thread wall GB/s."""
     from rlprobe.check.inputs import stats_table
-    from rlprobe.check.token_figures import PairFigures
-    from rlprobe.check.token_reduce import reduce_pair
     from rlprobe.check.token_tables import tensor_rows
+
+    try:
+        from rlprobe.check.token_figures import PairFigures
+        from rlprobe.check.token_reduce import reduce_pair
+    except ImportError:  # a --baseline checkout from before the kernels' AOT split (session 5)
+        from rlprobe.check.token_kernel import PairFigures, reduce_pair
     from rlprobe.lake.reader import open_dump
 
     dump = open_dump(path)
