@@ -147,6 +147,11 @@ def _rows_signature(a: str, b: str) -> str:
             f"{i8}, none, {i8}, {f8}, {f8}, {i8}, {f8}, {f8}, {i8})")
 
 
+def _maxima_signature(a: str, b: str) -> str:
+    """token_kernel.reduce_maxima as token_maxima.reduce_maxima calls it."""
+    return f"({_array(a, 2)}, {_array(b, 2)}, {_array('uint8', 2)}, {_array('int64')})"
+
+
 def _batch_signature() -> str:
     """token_batch_kernel.reduce_batch as token_batch._reduce calls it."""
     u1, i8, f8 = _array("uint8"), _array("int64"), _array("float64")
@@ -174,6 +179,8 @@ AOT_FAMILIES: dict[str, tuple[tuple[str, str, str, str], ...]] = {
     # a family per package: compare's commands do not wait for check's build, nor the other way round
     "check": tuple(
         (f"reduce_rows_{a}_{b}", "rlprobe.check.token_kernel", "reduce_rows", _rows_signature(a, b))
+        for a in ("float32", "float64") for b in ("float32", "float64")) + tuple(
+        (f"reduce_maxima_{a}_{b}", "rlprobe.check.token_kernel", "reduce_maxima", _maxima_signature(a, b))
         for a in ("float32", "float64") for b in ("float32", "float64")) + (
         ("reduce_batch", "rlprobe.check.token_batch_kernel", "reduce_batch", _batch_signature()),),
 }

@@ -247,6 +247,27 @@ def test_the_ahead_of_time_token_kernel_gives_the_jit_kernels_bits(aot_check, dt
     assert checked == 42
 
 
+@pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float64, np.float64), (np.float64, np.float32),
+                                    (np.float32, np.float64)])
+def test_the_ahead_of_time_maxima_kernel_gives_the_jit_kernels_bits(aot_check, dtypes):
+    from rlprobe.check.compiled import ROWS_EXPORTS, maxima_kernel
+    from rlprobe.check.token_figures import mask_bytes
+    from rlprobe.check.token_kernel import reduce_maxima
+
+    name = ROWS_EXPORTS[tuple(np.dtype(d) for d in dtypes)].replace("reduce_rows", "reduce_maxima")
+    aot = getattr(aot_check, name)
+    checked = 0
+    for a, b, mask in _token_pairs(np.random.default_rng(17)):
+        a, b, m = a.astype(dtypes[0]), b.astype(dtypes[1]), mask_bytes(mask)
+        assert maxima_kernel(a, b, m) is not reduce_maxima  # the built module's, where built
+        out = [np.zeros(3, np.int64), np.zeros(3, np.int64)]
+        aot(a, b, m, out[0])
+        reduce_maxima(a, b, m, out[1])
+        assert out[0].tobytes() == out[1].tobytes(), (dtypes, a.shape)
+        checked += int(out[0][0] > 0)
+    assert checked >= 18  # pairs with tokens counted
+
+
 def _small_dump(path):
     """A run whose token pairs go through the batch kernel: odd widths, NaN/±inf, masks, several steps and keys."""
     import rlprobe

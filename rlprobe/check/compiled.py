@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["ROWS_EXPORTS", "batch_kernel", "rows_kernel"]
+__all__ = ["ROWS_EXPORTS", "batch_kernel", "maxima_kernel", "rows_kernel"]
 
 #: token_kernel.reduce_rows as called from Python (touched=None), by the dtypes of (a, b): the pairs of dtypes
 #: the checks pass (log-probs saved as float32 or float64, a side of each); others take the JIT kernel
@@ -20,6 +20,15 @@ ROWS_EXPORTS = {(np.dtype(a), np.dtype(b)): f"reduce_rows_{a.__name__}_{b.__name
 def rows_kernel(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> Callable[..., None]:
     """token_kernel.reduce_rows for these (rows, tokens) arrays and a uint8 mask: the ahead-of-time copy for
     C-contiguous arrays of the exported dtypes (it checks neither), numba's JIT kernel for any other."""
+    return _for_arrays("reduce_rows", a, b, mask)
+
+
+def maxima_kernel(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> Callable[..., None]:
+    """token_kernel.reduce_maxima for these arrays, chosen as rows_kernel chooses (exported for the same dtypes)."""
+    return _for_arrays("reduce_maxima", a, b, mask)
+
+
+def _for_arrays(kernel: str, a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> Callable[..., None]:
     from rlprobe.numba_cache import compiled_module
 
     name = ROWS_EXPORTS.get((a.dtype, b.dtype))
@@ -27,10 +36,10 @@ def rows_kernel(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> Callable[...,
             and mask.dtype == np.uint8:
         module = compiled_module("check")
         if module is not None:
-            return getattr(module, name)
-    from rlprobe.check.token_kernel import reduce_rows
+            return getattr(module, name.replace("reduce_rows", kernel))
+    from rlprobe.check import token_kernel
 
-    return reduce_rows
+    return getattr(token_kernel, kernel)
 
 
 def batch_kernel() -> Callable[..., tuple[int, int]]:

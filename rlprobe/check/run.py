@@ -63,13 +63,15 @@ def all_params() -> dict[str, Any]:
 
 
 def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tuple[str, ...] | None = None,
-               con: Any = None) -> CheckResult:
+               con: Any = None, maxima_only: bool = False) -> CheckResult:
     """Run every check (or those named in `only`) on one dump (a path or an open Dump). Raises
     DumpReadError when it cannot be read and ValueError for an unknown parameter or check.
     `con`: a DuckDB connection of the caller's that the check's tables are registered in (compare passes
     a cursor of its own: duckdb.connect() starts a database each time, ~25 ms of CPU, a cursor ~20 µs).
     The two-run verdict reads the same rules: check_dump(dump, only=("on_policy", "rollout_vs_recompute")).rows;
-    with `only`, the token tables hold the pairs those checks read, not every pair (token_selection.py)."""
+    with `only`, the token tables hold the pairs those checks read, not every pair (token_selection.py), and
+    with `maxima_only` too, the on_policy pairs only their token count and max |Δ|, what its query reads
+    (token_maxima.py: the rules' results are the same, their token tables lean)."""
     import duckdb
 
     params = dict(params or {})
@@ -99,7 +101,13 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
         selection = None if only is None else selection_for(only, stats, info)
         with collections_paused():
             samples = samples_table(dump)
-            tables.update(token_tables(dump, stats, info["eps"], int(params.get("workers") or 2), samples, selection))
+            workers = int(params.get("workers") or 2)
+            if maxima_only and selection is not None:
+                from rlprobe.check.token_maxima import lean_token_tables
+
+                tables.update(lean_token_tables(dump, stats, info["eps"], workers, samples, selection))
+            else:
+                tables.update(token_tables(dump, stats, info["eps"], workers, samples, selection))
             # every advantages tensor is read for it: only where a check run reads the table (one does:
             # sql/check/grpo_advantages.sql; compare's single-run rules do not)
             tables["group_advantages"] = (group_advantages(dump, stats, info["group_size"], samples)

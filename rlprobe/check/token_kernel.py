@@ -147,3 +147,28 @@ def reduce_rows(a, b, mask, lo, hi, prob_of, thr, sums, hist, touched, pos_count
     sums[5] += outside
     sums[6] += bad
 
+
+
+@numba.njit(cache=True, nogil=True)
+def reduce_maxima(a, b, mask, out):  # pragma: no cover - compiled
+    """Of reduce_rows' figures only the counted tokens (out[0] +=), max |Δ| (out[1], as the bits of a float64:
+    the max of non-negative values through their bits vectorizes) and the masked tokens whose Δ is not finite
+    (out[2] +=), by the same rules: a token counts where its mask is nonzero and Δ = b − a (in float64) is
+    finite. One branch-free pass a row: what the on_policy rule reads (token_maxima.py)."""
+    rows, width = a.shape
+    count = 0
+    largest = out[1]
+    bad = 0
+    for r in range(rows):
+        ar, br, mr = a[r], b[r], mask[r]
+        for t in range(width):
+            d = np.float64(br[t]) - np.float64(ar[t])
+            finite = abs(d) < math.inf
+            masked = mr[t] != 0
+            counted = masked & finite
+            count += counted
+            bad += masked & (not finite)
+            largest = max(largest, _float64_bits(abs(d) if counted else 0.0))
+    out[0] += count
+    out[1] = largest
+    out[2] += bad

@@ -52,7 +52,9 @@ def single_run_findings(dumps: dict[str, Dump], saved_keys: dict[str, set[str]],
             # on_policy_ulps 0: every on-policy pair that is not bitwise equal (a bitwise divergence
             # between runs is what the verdict explains); each row then says whether the check's
             # default tolerance (rounding of the dtype) covers it
-            result = check_dump(dump, {"on_policy_ulps": 0}, only=RULES, con=(connections or {}).get(name))
+            # maxima_only: the on-policy pairs reduced to what on_policy.sql reads (token count, max |Δ|)
+            result = check_dump(dump, {"on_policy_ulps": 0}, only=RULES, con=(connections or {}).get(name),
+                                maxima_only=True)
         except ProbeError:
             continue
         strict = _rows(result, "on_policy")
