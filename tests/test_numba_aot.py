@@ -119,6 +119,33 @@ def test_the_ahead_of_time_batch_gives_the_jit_batchs_bits(aot_compare, tmp_path
     assert picked.size == n - 1  # all but the unreadable pair
 
 
+def test_the_ahead_of_time_mapped_pairs_give_the_jit_kernels_bits(aot_compare, tmp_path):
+    """mapped_kernels.compare_mapped (larger pairs, mapped, chunk by chunk: chunks of 3,000 elements here) built
+    ahead of time gives the JIT's partials and codes, bit for bit, and leaves unreadable pairs to the per-pair path."""
+    from rlprobe.compare import mapped_kernels
+    from rlprobe.compare.small_pairs import _path_bytes
+
+    rng = np.random.default_rng(8)
+    paths = []
+    for i, (a, b) in enumerate(p for dtype in (np.float32, np.float64, np.int64) for p in _pairs(dtype, rng)):
+        for side, x in (("a", a), ("b", b)):
+            np.save(tmp_path / f"{i}{side}.npy", x)
+        paths.append((tmp_path / f"{i}a.npy", tmp_path / f"{i}b.npy"))
+    (tmp_path / "bad.npy").write_bytes(b"not numpy")
+    paths.append((tmp_path / "bad.npy", tmp_path / "missing.npy"))
+    names, starts = _path_bytes([p[0] for p in paths] + [p[1] for p in paths])
+    n = len(paths)
+    first_row = np.arange(n + 1, dtype=np.int64) * 30
+    out = []
+    for function in (aot_compare.compare_mapped, mapped_kernels.compare_mapped):
+        info = np.zeros((n, 4), np.int64)
+        ints, floats = np.zeros((30 * n, 6), np.int64), np.zeros((30 * n, 5), np.float64)
+        function(names, starts, 1 << 40, 3000, info, first_row, ints, floats)
+        out.append((info.tobytes(), ints.tobytes(), floats.tobytes()))
+    assert out[0] == out[1]
+    assert (info[:-1, 0] == 0).all() and info[-1, 0] == 1 and info[:, 3].max() == 24  # 70,001 elements: 24 chunks
+
+
 def test_compare_uses_the_built_module_without_importing_numba(aot_compare, tmp_path):
     """A comparison of larger tensors (the compiled kernels) in a fresh process: with the module built,
     numba is never imported and the kernels load in well under 50 ms of CPU."""

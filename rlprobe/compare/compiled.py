@@ -12,7 +12,7 @@ import numpy as np
 
 from rlprobe.compare import batch_codes
 
-__all__ = ["batch_functions", "pair_kernel"]
+__all__ = ["batch_functions", "mapped_function", "pair_kernel"]
 
 _PAIR_EXPORTS = {np.dtype(np.float32): "pair_f4", np.dtype(np.float64): "pair_f8", np.dtype(np.int64): "pair_i8"}
 
@@ -40,5 +40,21 @@ def batch_functions() -> Any:
         from rlprobe.compare import batch_kernels
 
         return batch_kernels
-    codes = {name: getattr(batch_codes, name) for name in batch_codes.__all__}
-    return SimpleNamespace(read_files=module.read_files, compare_batch=module.compare_batch, **codes)
+    return SimpleNamespace(read_files=module.read_files, compare_batch=module.compare_batch, **_codes())
+
+
+def mapped_function() -> Any:
+    """mapped_kernels' compare_mapped with the codes of its results (batch_codes): the ahead-of-time copy where
+    built, else the mapped_kernels module (numba's JIT kernel)."""
+    from rlprobe.numba_cache import compiled_module
+
+    module = compiled_module("compare")
+    if module is None:
+        from rlprobe.compare import mapped_kernels
+
+        return SimpleNamespace(compare_mapped=mapped_kernels.compare_mapped, **_codes())
+    return SimpleNamespace(compare_mapped=module.compare_mapped, **_codes())
+
+
+def _codes() -> dict[str, Any]:
+    return {name: getattr(batch_codes, name) for name in batch_codes.__all__}

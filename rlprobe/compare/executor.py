@@ -6,7 +6,8 @@ The pair kernels release the GIL (``nogil=True``), and so does reading with ``os
 start-up and no pickling. Pairs larger than ``split_elements`` are cut into ranges (at
 multiples of the chunk size, so the result is bit-identical to a one-shot pass) that run on
 all workers, so one big tensor does not serialise the run. Many small pairs go in batches
-(rlprobe.compare.small_pairs: no Python and no GIL per file).
+(rlprobe.compare.small_pairs: no Python and no GIL per file), and the larger pairs such a batch finds in
+jobs of several pairs each, mapped and compared in one compiled call (rlprobe.compare.mapped_pairs).
 
 Memory stays bounded whatever the tensor sizes: files are opened with
 ``np.load(mmap_mode='r')`` (which validates the header and the file length) and compared
@@ -25,7 +26,10 @@ from functools import partial
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Hashable, Iterable, NamedTuple
 
+import numpy as np
+
 from rlprobe.compare.flat_sources import chunk_bounds
+from rlprobe.compare.mapped_pairs import job_groups, run_mapped
 from rlprobe.compare.npy_files import NpyFile, PairError
 from rlprobe.compare.pair_metrics import DEFAULT_CHUNK, Partial, chunk_partial, combine, common_dtype, ranges
 from rlprobe.compare.pair_results import PairResults
@@ -149,6 +153,13 @@ def _run_batch(batch: list[PairTask], io: str, chunk: int, split_elements: int):
     return "batch", run_batch(batch, chunk, partial(_open_one, io=io, chunk=chunk, split_elements=split_elements))
 
 
+def _run_mapped(tasks: list[PairTask], nbytes: list[int], io: str, chunk: int, limit: int, split_elements: int):
+    """Job: larger pairs a batch found, several at once (rlprobe.compare.mapped_pairs); a pair it cannot take is
+    compared the per-pair way, one over `limit` elements handed back to be split."""
+    return "mapped", run_mapped(tasks, nbytes, chunk, limit,
+                                partial(_open_one, io=io, chunk=chunk, split_elements=split_elements))
+
+
 def run_pairs(
     tasks: Iterable[PairTask],
     workers: int = 2,
@@ -207,6 +218,24 @@ def run_pairs(
         job_of[fut] = (row, None)
         pending.add(fut)
 
+    # with more than one worker a pair over split_elements is split between them (the per-pair path)
+    mapped_limit = split_elements if workers > 1 else 1 << 62
+
+    def submit_large(row: int, batch: list[PairTask], large: list[tuple[int, int]]) -> None:
+        """The larger pairs a batch found: jobs of several (mapped_pairs.py), or one by one where io is pread."""
+        for i, nbytes in large:
+            pair_bytes[row + i] = nbytes
+        if io != "mmap":
+            for i, _ in large:
+                submit_pair(row + i, batch[i])
+            return
+        for group in job_groups(large):
+            rows = [row + i for i, _ in group]
+            fut = pool.submit(_run_mapped, [batch[i] for i, _ in group], [b for _, b in group], io, chunk,
+                              mapped_limit, split_elements)
+            job_of[fut] = (rows, [batch[i] for i, _ in group])
+            pending.add(fut)
+
     try:
         while True:
             while not exhausted and len(pending) < max_inflight:
@@ -236,10 +265,16 @@ def run_pairs(
                         results.put(row + i, metrics)
                     done_bytes += payload.nbytes
                     total += payload.nbytes
-                    for i, nbytes in payload.large:
-                        pair_bytes[row + i] = nbytes
-                        total += nbytes
-                        submit_pair(row + i, batch[i])
+                    total += sum(nbytes for _, nbytes in payload.large)
+                    submit_large(row, batch, payload.large)
+                elif kind == "mapped":  # `row`: the rows of the job's pairs
+                    rows = np.asarray(row, np.int64)
+                    results.put_rows(rows[payload.rows], payload.columns)
+                    for i, metrics in payload.other:
+                        results.put(row[i], metrics)
+                    done_bytes += payload.nbytes
+                    for i, nbytes in payload.large:  # over the limit: split between the workers
+                        submit_pair(row[i], batch[i])
                 elif kind == "split":
                     split = payload
                     split.row = row
