@@ -93,11 +93,11 @@ def test_the_ahead_of_time_element_kernel_gives_the_jit_kernels_bits(aot_compare
     assert checked > 40
 
 
-def test_the_ahead_of_time_batch_gives_the_jit_batchs_bits(aot_compare, tmp_path):
-    from rlprobe.compare import batch_kernels
-    from rlprobe.compare.small_pairs import _path_bytes
+def _pair_files(tmp_path, seed):
+    """_pairs of the three dtypes saved as .npy files, and an unreadable pair last: (paths, their starts, pairs)."""
+    from rlprobe.compare.small_pairs import path_bytes
 
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(seed)
     paths = []
     for i, (a, b) in enumerate(p for dtype in (np.float32, np.float64, np.int64) for p in _pairs(dtype, rng)):
         for side, x in (("a", a), ("b", b)):
@@ -105,8 +105,14 @@ def test_the_ahead_of_time_batch_gives_the_jit_batchs_bits(aot_compare, tmp_path
         paths.append((tmp_path / f"{i}a.npy", tmp_path / f"{i}b.npy"))
     (tmp_path / "bad.npy").write_bytes(b"not numpy")
     paths.append((tmp_path / "bad.npy", tmp_path / "missing.npy"))
-    names, starts = _path_bytes([p[0] for p in paths] + [p[1] for p in paths])
-    n = len(paths)
+    names, starts = path_bytes([p[0] for p in paths] + [p[1] for p in paths])
+    return names, starts, len(paths)
+
+
+def test_the_ahead_of_time_batch_gives_the_jit_batchs_bits(aot_compare, tmp_path):
+    from rlprobe.compare import batch_kernels
+
+    names, starts, n = _pair_files(tmp_path, 7)
     out = []
     for functions in (aot_compare, batch_kernels):
         info, sizes = np.zeros((2 * n, 4), np.int64), np.empty(2 * n, np.int64)
@@ -123,18 +129,8 @@ def test_the_ahead_of_time_mapped_pairs_give_the_jit_kernels_bits(aot_compare, t
     """mapped_kernels.compare_mapped (larger pairs, mapped, chunk by chunk: chunks of 3,000 elements here) built
     ahead of time gives the JIT's partials and codes, bit for bit, and leaves unreadable pairs to the per-pair path."""
     from rlprobe.compare import mapped_kernels
-    from rlprobe.compare.small_pairs import _path_bytes
 
-    rng = np.random.default_rng(8)
-    paths = []
-    for i, (a, b) in enumerate(p for dtype in (np.float32, np.float64, np.int64) for p in _pairs(dtype, rng)):
-        for side, x in (("a", a), ("b", b)):
-            np.save(tmp_path / f"{i}{side}.npy", x)
-        paths.append((tmp_path / f"{i}a.npy", tmp_path / f"{i}b.npy"))
-    (tmp_path / "bad.npy").write_bytes(b"not numpy")
-    paths.append((tmp_path / "bad.npy", tmp_path / "missing.npy"))
-    names, starts = _path_bytes([p[0] for p in paths] + [p[1] for p in paths])
-    n = len(paths)
+    names, starts, n = _pair_files(tmp_path, 8)
     first_row = np.arange(n + 1, dtype=np.int64) * 30
     out = []
     for function in (aot_compare.compare_mapped, mapped_kernels.compare_mapped):

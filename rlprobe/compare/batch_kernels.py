@@ -47,7 +47,7 @@ def _expect(buf, pos, end, text):  # pragma: no cover - runs compiled
 
 
 @numba.njit(nogil=True, cache=True)
-def _parse_header(buf, start, size, out):  # pragma: no cover - runs compiled
+def parse_header(buf, start, size, out):  # pragma: no cover - runs compiled
     """Fill out = (status, dtype code, numel, data offset) for the file at buf[start:start+size]."""
     out[0] = SLOW
     if size < 10 or _expect(buf, start, start + 6, _MAGIC) < 0:
@@ -161,7 +161,7 @@ def read_files(paths, path_starts, limit, info, sizes):  # pragma: no cover - ru
             got += n
         _CLOSE(fd)
         if got == size:
-            _parse_header(buf, pos, size, info[i])
+            parse_header(buf, pos, size, info[i])
         pos += (size + ALIGN - 1) // ALIGN * ALIGN
     return buf[:pos + ALIGN]
 

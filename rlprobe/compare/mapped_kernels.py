@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from rlprobe.compare.batch_codes import BIG, F4, F8, I8, OK, SLOW
-from rlprobe.compare.batch_kernels import _parse_header
+from rlprobe.compare.batch_kernels import parse_header
 from rlprobe.compare.pair_kernels import compiled_float_kernel, compiled_int_kernel
 
 import numba  # noqa: E402,I001  (pair_kernels set numba's cache dir before this import)
@@ -71,7 +71,7 @@ def _open_header(paths, start, head, out):  # pragma: no cover - runs compiled
     if head[6] != 1:
         end = 12 + (hlen | (np.int64(head[10]) << 16) | (np.int64(head[11]) << 24))
     if end <= got:
-        _parse_header(head, 0, size, out)
+        parse_header(head, 0, size, out)
     return fd, size
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from rlprobe.compare.partials import Partial, combine
-from rlprobe.compare.small_pairs import Batch, _metric_columns, _path_bytes
+from rlprobe.compare.small_pairs import Batch, metric_columns, path_bytes
 
 __all__ = ["MAPPED_JOB_BYTES", "compare_mapped_pairs", "job_groups", "run_mapped"]
 
@@ -49,7 +49,7 @@ def compare_mapped_pairs(tasks: Sequence[Any], nbytes: Sequence[int], chunk: int
     from rlprobe.compare.compiled import mapped_function
 
     n = len(tasks)
-    located = _path_bytes([t.path_a for t in tasks] + [t.path_b for t in tasks]) if n else None
+    located = path_bytes([t.path_a for t in tasks] + [t.path_b for t in tasks]) if n else None
     if located is None:
         return Batch(np.empty(0, np.int64), {}, [], 0, [], list(range(n)))
     paths, path_starts = located
@@ -64,7 +64,7 @@ def compare_mapped_pairs(tasks: Sequence[Any], nbytes: Sequence[int], chunk: int
     mapped.compare_mapped(paths, path_starts, limit, chunk, info, first_row, ints, floats)
     done = info[:, 0] == mapped.OK
     whole = np.flatnonzero(done & (info[:, 3] == 1))  # one chunk: combine() of one partial, as columns
-    columns = _metric_columns(ints[first_row[whole]], floats[first_row[whole]]) if whole.size else {}
+    columns = metric_columns(ints[first_row[whole]], floats[first_row[whole]]) if whole.size else {}
     other = [(i, combine(_partial(ints[r].tolist(), floats[r].tolist())
                          for r in range(first_row[i], first_row[i] + info[i, 3])))
              for i in np.flatnonzero(done & (info[:, 3] > 1)).tolist()]

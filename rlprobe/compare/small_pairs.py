@@ -57,7 +57,7 @@ def _aligned(nbytes: int, align: int) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
-def _path_bytes(paths: Sequence[Any]) -> tuple[np.ndarray, np.ndarray] | None:
+def path_bytes(paths: Sequence[Any]) -> tuple[np.ndarray, np.ndarray] | None:
     """All paths NUL-terminated in one array, and where each starts (None: a path holds a NUL)."""
     encoded = "\0".join(map(os.fspath, paths)).encode() if paths and isinstance(os.fspath(paths[0]), str) \
         else None
@@ -88,7 +88,7 @@ def _cosines(n: np.ndarray, dot: np.ndarray, sa: np.ndarray, sb: np.ndarray) -> 
     return cos
 
 
-def _metric_columns(ints: np.ndarray, floats: np.ndarray) -> dict[str, np.ndarray]:
+def metric_columns(ints: np.ndarray, floats: np.ndarray) -> dict[str, np.ndarray]:
     """combine() of each pair's one partial, a column per metric (combine's exactly rounded sum of
     one value x is x + 0.0); first_mismatch_index -1 and cosine NaN where there is none."""
     return {"numel": ints[:, 0], "equal_count": ints[:, 1], "first_mismatch_index": ints[:, 2],
@@ -126,7 +126,7 @@ def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> 
 
     bk = batch_functions()  # ahead-of-time compiled or numba's JIT kernels: the same bits
     n = len(tasks)
-    located = _path_bytes([t.path_a for t in tasks] + [t.path_b for t in tasks]) if n else None
+    located = path_bytes([t.path_a for t in tasks] + [t.path_b for t in tasks]) if n else None
     if located is None:
         return _nothing_done(n)
     paths, path_starts = located
@@ -145,7 +145,7 @@ def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> 
         ints = np.empty((picked.size, 6), np.int64)
         floats = np.empty((picked.size, 5), np.float64)
         bk.compare_batch(buf, info, picked, picked + n, ints, floats)
-        columns = _metric_columns(ints, floats)
+        columns = metric_columns(ints, floats)
     other = []
     slow = np.flatnonzero(ok & ~fast)
     for i in slow.tolist():  # other dtypes: converted by chunk_partial, from the buffer
