@@ -43,8 +43,8 @@ def reduce_maxima(a: np.ndarray, b: np.ndarray, mask: np.ndarray | None = None) 
 def maxima_steps(dump: Dump, parts: list[Part], eps: float) -> pa.Table:
     """token_steps rows (STEPS) of these parts, one per (pair, step, rank), with tokens, nonfinite and max_abs."""
     keys: dict[tuple[str, int, int], dict] = {}
-    load = loader(dump)
     for p in parts:
+        load = loader(dump)  # a part's maps only: they are unmapped once it is reduced (the pairs may be large)
         mask = None if p.mask is None else load(p.mask, p.mask_rows)
         tokens, largest, bad = reduce_maxima(load(p.a, p.a_rows), load(p.b, p.b_rows), mask)
         key = (p.pair, p.a["step"], p.a["rank"])
