@@ -1,8 +1,8 @@
 """The token tables for check_dump(only=..., maxima_only=True): pairs of a kind whose checks read of token_steps
 only the token count and max |Δ| (on_policy: sql/check/on_policy.sql reads `tokens` and `max_abs`) are reduced
 to those by token_kernel.reduce_maxima, one branch-free pass, instead of every figure of token_figures.py
-(histograms, position and probability buckets, per-sequence sums: ~12 ns a token of CPU, where this pass takes
-well under 1 ns). Their token_steps rows hold tokens, nonfinite and max_abs, equal to the full reduction's,
+(histograms, position and probability buckets, per-sequence sums: ~12 ns a token of CPU, this pass ~1.5 ns with
+the mapping of the files). Their token_steps rows hold tokens, nonfinite and max_abs, equal to the full reduction's,
 with the other figures null, and they have no rows in the other token tables. Compare's single-run rules
 (rlprobe/compare/single_run.py) ask for it; `rlprobe check` reduces every figure (its reports show them)."""
 
