@@ -55,10 +55,10 @@ def compare(
                             plot_every_param=plot_every_param, workers=workers)
 
     def write(folder: Path) -> None:
-        xlsx_extras = write_tables(folder, tables)
+        xlsx_extras = write_tables(folder, tables, key_data=not reports)  # else beside the workbook
         write_summary_json(folder, summary)
         if reports:
-            write_reports(folder, tables, summary, xlsx_extras, options)
+            write_reports(folder, tables, summary, xlsx_extras, options, key_data_parquet=True)
         if extra_files is not None:
             extra_files(folder)
 
