@@ -44,8 +44,14 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     stats_b, key_order and key_data (and the macros of pair_macros.sql) for the queries after it.
     Runs with different layouts (micro-batches, ranks) are compared per sample (sample_alignment.py)."""
     read_errors: list[str] = []
-    load_stats(con, "stats_a", dump_a, read_errors, "A")
-    load_stats(con, "stats_b", dump_b, read_errors, "B")
+    # with two workers, run B's msprobe statistics files are read by a child process while run A's are read here
+    beside = dump_b.read_key_data_beside() if workers > 1 else None
+    try:
+        load_stats(con, "stats_a", dump_a, read_errors, "A")
+        load_stats(con, "stats_b", dump_b, read_errors, "B")
+    finally:
+        if beside is not None:
+            beside.close()
     con.register("key_order", key_order_table(order, key_map))
     run_layout = layout(con, dump_a, dump_b, read_errors)
     execute(con, "pair_macros.sql")
