@@ -61,8 +61,10 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     # only rows with a tensor file on both sides (and equal shapes) are compared element-wise;
     # a statistics-only dump has none, so its pairs are never looked at twice
     files = _NO_FILES  # row i: pair i's file_a and file_b
-    if not run_layout["per_sample"] and records(con, "has_tensor_files.sql")[0]["both_have_files"]:
-        files = run(con, "tensor_pairs.sql", **selection)
+    if not run_layout["per_sample"]:
+        create_table(con, "selected_pairs", "selected_pairs.sql", **selection)  # for tensor_pairs and key_data
+        if records(con, "has_tensor_files.sql")[0]["both_have_files"]:
+            files = run(con, "tensor_pairs.sql")
     results: dict[int, dict[str, Any]] = {}
     if files.num_rows:  # the executor (and numba under it) is imported only when there is a pair to compare
         from rlprobe.compare.executor import PairTask, run_pairs
@@ -79,7 +81,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     else:
         con.register("pair_results", pair_results_table(results, files))
         try:
-            key_data = run(con, "key_data.sql", **selection, stats_rtol=stats_rtol)
+            key_data = run(con, "key_data.sql", stats_rtol=stats_rtol)
         finally:
             con.unregister("pair_results")
     key_data = _prepend_read_errors(key_data, read_errors)
