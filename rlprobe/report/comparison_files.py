@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from rlprobe.report.key_data_files import KeyDataFiles
 
 # columns the reports leave out: file paths and ordering helpers of the comparison
 KEY_DATA_PRIVATE = ("file_a", "file_b", "canonical_key", "flow_position")
@@ -82,22 +85,33 @@ def write_key_data_parquet(folder: Path, key_data: pa.Table) -> None:
     pq.write_table(key_data, folder / "key_data.parquet", compression="zstd")
 
 
+def key_data_parquet_bytes(key_data: pa.Table) -> pa.Buffer:
+    """What write_key_data_parquet writes, in memory (rendered before the output folder exists)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(key_data, sink, compression="zstd")
+    return sink.getvalue()
+
+
 def write_summary_json(folder: Path, summary: dict[str, Any]) -> None:
     (folder / "summary.json").write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n",
                                          encoding="utf-8")
 
 
 def write_reports(folder: Path, tables: dict[str, pa.Table], summary: dict[str, Any], xlsx_extras: dict[str, Any],
-                  options: ReportOptions, *, key_data_parquet: bool = False) -> None:
+                  options: ReportOptions, *, key_data_parquet: bool = False,
+                  rendered: "KeyDataFiles | None" = None) -> None:
     """key_data.csv, report.xlsx, summary.md, the per-key workbooks and the plots, as `options` say;
-    with `key_data_parquet`, key_data.parquet too (write_tables(key_data=False) left it out). With
-    `options.workers` > 1 and a workbook, key_data.parquet and key_data.csv are written by a thread
-    beside it (Arrow's Parquet writer, pyarrow.compute and zlib release the GIL)."""
+    with `key_data_parquet`, key_data.parquet too (write_tables(key_data=False) left it out), or, given
+    `rendered` (key_data_files.py), both key_data files as it rendered them. With `options.workers` > 1
+    and a workbook, key_data.parquet and key_data.csv are written by a thread beside it (Arrow's
+    Parquet writer, pyarrow.compute and zlib release the GIL)."""
     public = public_key_data(tables["key_data"])
     beside = []  # key_data.parquet, key_data.csv: (function, arguments, keywords)
-    if key_data_parquet:
+    if rendered is not None:
+        beside.append((rendered.write, (folder,), {}))
+    elif key_data_parquet:
         beside.append((write_key_data_parquet, (folder, tables["key_data"]), {}))
-    if options.csv:
+    if options.csv and rendered is None:
         from rlprobe.report.csv_report import write_key_data_csv
 
         beside.append((write_key_data_csv, (folder / "key_data.csv", public), {"lang": options.lang}))
