@@ -59,6 +59,16 @@ def key_data_table(root: Path, beside: "KeyDataReader | None" = None) -> pa.Tabl
                      for f in schema], schema=schema)
 
 
+# a child reads a run's statistics beside this process from about this many tensors on: it costs
+# ~25 ms to start, reading costs ~30 us a tensor here (docs/compare.md, "sixth session")
+CHILD_MIN_TENSORS = 1000
+
+
+def tensors_estimate(root: Path) -> int:
+    """About how many tensors a SingleSave dump holds (msprobe_scan.tensors_estimate)."""
+    return msprobe_scan.tensors_estimate(os.fspath(root))
+
+
 class KeyDataReader:
     """A child Python reading a SingleSave dump's folders and statistics files (msprobe_scan.py)
     while this process does other work (the other run's): `columns()` waits for them, None where

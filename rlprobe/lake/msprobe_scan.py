@@ -85,6 +85,24 @@ def scan_key_data(root: str) -> dict[str, list[Any]]:
     return cols
 
 
+def tensors_estimate(root: str) -> int:
+    """About how many tensors the dump under `root` holds, from one listing a level: its keys x the
+    first key's steps x that step's ranks x that rank's micro-steps x the first micro-step's .npy
+    files (0 where a folder cannot be read)."""
+    try:
+        data = root + os.sep + "data"
+        with os.scandir(data) as entries:
+            keys = sorted(d.path for d in entries if d.is_dir())
+        count, folder = len(keys), keys[0] if keys else None
+        for pattern in (_STEP, _RANK, _MICRO):
+            found = numbered(folder, pattern) if folder is not None else []
+            count *= len(found)
+            folder = found[0][1] if found else None
+        return count * sum(1 for n in os.listdir(folder) if n.endswith(".npy")) if folder is not None else 0
+    except OSError:
+        return 0
+
+
 def _read_meta(meta_file: str) -> dict[str, Any]:
     text = _read_text(meta_file)
     try:

@@ -217,10 +217,13 @@ class Dump:
         return pa.concat_tables(tables, promote_options="default")
 
     def read_key_data_beside(self) -> "msprobe_format.KeyDataReader | None":
-        """An msprobe dump: start reading its statistics files in a child process, which
-        `arrow("key_data")` then takes (while this process reads the other run's); the reader,
-        to close where the comparison fails first. None for other formats or once read."""
+        """An msprobe dump of many tensors: start reading its statistics files in a child process,
+        which `arrow("key_data")` then takes (while this process reads the other run's); the reader,
+        to close where the comparison fails first. None for other formats, once read, or for a dump
+        of fewer tensors than msprobe_format.CHILD_MIN_TENSORS (the child's start costs more)."""
         if self.format != "msprobe" or "_msprobe_key_data" in self.__dict__ or self._beside is not None:
+            return None
+        if msprobe_format.tensors_estimate(self.path) < msprobe_format.CHILD_MIN_TENSORS:
             return None
         self._beside = msprobe_format.KeyDataReader(self.path)
         return self._beside

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from rlprobe.errors import DumpReadError
-from rlprobe.lake.msprobe_format import KeyDataReader, key_data_table
+from rlprobe.lake import msprobe_format
+from rlprobe.lake.msprobe_format import KeyDataReader, key_data_table, tensors_estimate
 
 
 def _item(run: Path, key: str, step: int, micro: int, stem: str, array: np.ndarray, meta: str | None) -> Path:
@@ -58,8 +59,31 @@ def test_a_child_reads_the_table_this_process_reads(tmp_path: Path):
     assert rows[5]["max"] == 0.30000000000000004
 
 
-def test_a_corrupt_statistics_file_of_run_b_is_named_with_two_workers(tmp_path: Path):
+def test_the_estimate_of_tensors_decides_the_child(tmp_path: Path):
+    run = _odd_dump(tmp_path / "run")
+    assert tensors_estimate(run) == 3 * 2 * 1 * 1 * 1  # keys x adv's steps (2, 10) x ranks x micro-steps x tensors
+    assert tensors_estimate(tmp_path / "missing") == 0
+    assert rlprobe_open(run).read_key_data_beside() is None  # 6 < CHILD_MIN_TENSORS: read here
+    for step in range(CHILDLESS := msprobe_format.CHILD_MIN_TENSORS // 2):
+        _item(tmp_path / "big", "k", step, 0, "k", np.zeros(1, np.float32), None)
+        _item(tmp_path / "big", "l", step, 0, "l", np.zeros(1, np.float32), None)
+    assert tensors_estimate(tmp_path / "big") == 2 * CHILDLESS
+    dump = rlprobe_open(tmp_path / "big")
+    reader = dump.read_key_data_beside()
+    assert reader is not None and dump.read_key_data_beside() is None  # one child a dump
+    assert dump.arrow("key_data").num_rows == 2 * CHILDLESS
+
+
+def rlprobe_open(path: Path):
+    from rlprobe.lake.reader import open_dump
+
+    return open_dump(path)
+
+
+def test_a_corrupt_statistics_file_of_run_b_is_named_with_two_workers(tmp_path: Path, monkeypatch):
     from rlprobe.pipeline.compare_command import compare
+
+    monkeypatch.setattr(msprobe_format, "CHILD_MIN_TENSORS", 1)  # a child for these few tensors too
 
     run_a = _odd_dump(tmp_path / "a")
     run_b = _odd_dump(tmp_path / "b")
@@ -72,8 +96,10 @@ def test_a_corrupt_statistics_file_of_run_b_is_named_with_two_workers(tmp_path: 
     assert not (tmp_path / "out").exists()
 
 
-def test_run_a_failing_first_stops_run_b_s_child(tmp_path: Path):
+def test_run_a_failing_first_stops_run_b_s_child(tmp_path: Path, monkeypatch):
     from rlprobe.pipeline.compare_command import compare
+
+    monkeypatch.setattr(msprobe_format, "CHILD_MIN_TENSORS", 1)  # a child for these few tensors too
 
     run_a = _odd_dump(tmp_path / "a")
     run_b = _odd_dump(tmp_path / "b")
