@@ -10,7 +10,11 @@ comparison and its reports wrapped: each call is a span (thread, wall start and 
 process began, thread CPU from time.thread_time). Every Python thread's CPU is recorded when it
 ends (threading.Thread.run wrapped); native threads (DuckDB's, zlib in pyarrow's pools) show in
 the process CPU (getrusage) only. Prints, per run, the spans in start order with their thread,
-wall and CPU, then per thread its CPU, and the whole process's wall and CPU.
+wall and CPU, then per thread its CPU, and the whole process's wall and CPU; then (and with --brief
+only that) one line a run: the wall time of the phases before the pairs, the pairs, after them and
+the output, with the CPU of the main thread and of the other Python threads in each (a thread's
+CPU spread evenly over its life), and what the phase would take on two free cores if no GIL were
+shared (its busiest thread's CPU or half of its CPU, the larger): a model that load does not move.
 """
 
 from __future__ import annotations
@@ -84,8 +88,9 @@ def child(a: str, b: str, out: str, workers: int) -> None:
             try:
                 return fn(*args, **kwargs)
             finally:
-                spans.append({"label": label, "thread": threading.current_thread().name,
-                              "start": w0 - t_zero, "wall": time.perf_counter() - w0, "cpu": time.thread_time() - c0})
+                c1 = time.thread_time()
+                spans.append({"label": label, "thread": threading.current_thread().name, "start": w0 - t_zero,
+                              "wall": time.perf_counter() - w0, "cpu": c1 - c0, "cpu0": c0, "cpu1": c1})
 
         timed._timeline = True  # type: ignore[attr-defined]
         timed.__wrapped__ = fn  # type: ignore[attr-defined]
@@ -165,6 +170,32 @@ def show(result: dict, title: str) -> None:
         print(f"{t['start']:7.3f} {t['wall']:7.3f} {t['cpu']:7.3f}  {t['thread']}")
 
 
+def phases(result: dict) -> dict[str, tuple[float, float, float]]:
+    """(wall, main thread CPU, other Python threads' CPU) of the phases beyond opening the dumps:
+    before the pairs (statistics, SQL), the pairs, after them (key_data.sql, verdict), the output."""
+    first = {}
+    for s in result["spans"]:
+        if s["thread"] == "MainThread":
+            first.setdefault(s["label"], s)
+    start, pairs, out = first["run.compare_dumps"], first["executor.run_pairs"], first["output_folder.publish_output"]
+    bounds = [("before pairs", start["start"], start["cpu0"], pairs["start"], pairs["cpu0"]),
+              ("pairs", pairs["start"], pairs["cpu0"], pairs["start"] + pairs["wall"], pairs["cpu1"]),
+              ("after pairs", pairs["start"] + pairs["wall"], pairs["cpu1"], out["start"], out["cpu0"]),
+              ("output", out["start"], out["cpu0"], out["start"] + out["wall"], out["cpu1"])]
+    found = {}
+    for name, w0, c0, w1, c1 in bounds:
+        shares = []
+        for t in result["threads"]:  # a thread's CPU, spread evenly over its life, inside the window
+            t0, t1 = t["start"], t["start"] + t["wall"]
+            overlap = max(0.0, min(w1, t1) - max(w0, t0))
+            shares.append(t["cpu"] * overlap / t["wall"] if t["wall"] > 0 else 0.0)
+        main_cpu, others = c1 - c0, sum(shares)
+        # on two free cores, with no GIL between them: the busiest thread's CPU or half of all of it
+        estimate = max(main_cpu, max(shares, default=0.0), (main_cpu + others) / 2)
+        found[name] = (w1 - w0, main_cpu, others, estimate)
+    return found
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="*")
@@ -173,6 +204,7 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json", default=None, help="also write every run's spans here")
+    ap.add_argument("--brief", action="store_true", help="only the phases of each run (wall, main + other CPU)")
     ap.add_argument("--child", nargs=4, metavar=("A", "B", "OUT", "WORKERS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -200,7 +232,13 @@ def main() -> None:
                 result = json.loads(done.stdout.strip().splitlines()[-1])
                 result.update(workers=workers, repeat=i, load=os.getloadavg()[0])
                 results.append(result)
-                show(result, f"{workers} worker(s), repeat {i + 1}, load {result['load']:.1f}")
+                if not args.brief:
+                    show(result, f"{workers} worker(s), repeat {i + 1}, load {result['load']:.1f}")
+                found = phases(result)
+                print(f"{workers} worker(s), load {result['load']:4.1f}: " + "; ".join(
+                    f"{name} {w:.3f} s wall, {c:.3f} + {o:.3f} s CPU (2 cores: {e:.3f} s)"
+                    for name, (w, c, o, e) in found.items())
+                    + f"; 2 cores: {sum(e for *_, e in found.values()):.3f} s; process CPU {result['cpu']:.3f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(results))
 
