@@ -177,6 +177,8 @@ def phases(result: dict) -> dict[str, tuple[float, float, float]]:
     for s in result["spans"]:
         if s["thread"] == "MainThread":
             first.setdefault(s["label"], s)
+    if not {"run.compare_dumps", "executor.run_pairs", "output_folder.publish_output"} <= first.keys():
+        return {}  # no tensor pair compared (statistics only): no phases to tell apart
     start, pairs, out = first["run.compare_dumps"], first["executor.run_pairs"], first["output_folder.publish_output"]
     bounds = [("before pairs", start["start"], start["cpu0"], pairs["start"], pairs["cpu0"]),
               ("pairs", pairs["start"], pairs["cpu0"], pairs["start"] + pairs["wall"], pairs["cpu1"]),
