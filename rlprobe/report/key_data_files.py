@@ -25,18 +25,22 @@ class KeyDataFiles:
         self._error: BaseException | None = None
 
     def start(self, key_data: pa.Table) -> None:
+        # imported here, on the calling thread, which may import other modules while the thread renders:
+        # no two threads in one import cycle (as rlprobe.compare.run's later imports)
+        from rlprobe.report import csv_report  # noqa: F401
+        from rlprobe.report import comparison_files  # noqa: F401
+
         self._thread = threading.Thread(target=self._render, args=(key_data,), name="rlprobe-key-data-files",
                                         daemon=True)
         self._thread.start()
 
     def _render(self, key_data: pa.Table) -> None:
         from rlprobe.report.comparison_files import key_data_parquet_bytes, public_key_data
+        from rlprobe.report.csv_report import key_data_csv_bytes
 
         try:
             self._files["key_data.parquet"] = key_data_parquet_bytes(key_data)
             if self._csv:
-                from rlprobe.report.csv_report import key_data_csv_bytes
-
                 self._public = public_key_data(key_data)
                 self._files["key_data.csv"] = key_data_csv_bytes(self._public, self._lang)
         except BaseException as exc:  # noqa: BLE001 - raised again by write(), in the writing thread
