@@ -1,12 +1,12 @@
 -- key_data: one row per pair with its status, element metrics (where tensors were compared)
 -- and both sides' statistics, in (step, dataflow order, rank, micro_step, index) order.
--- Tables: stats_a, stats_b (through key_data_pairs), pair_results (element kernel results by
--- (file_a, file_b)), key_order (dataflow). Macros: pair_macros.sql, key_data_pairs.sql.
--- Parameters: $keys, $steps, $ranks (lists, NULL = all), $stats_rtol (relative tolerance for
--- statistics-only rows). Keys not in key_order come after its last position.
+-- Tables: selected_pairs (selected_pairs.sql: the selection's key_data_pairs), pair_results
+-- (element kernel results by (file_a, file_b)), key_order (dataflow). Macros: pair_macros.sql.
+-- Parameters: $stats_rtol (relative tolerance for statistics-only rows). Keys not in key_order
+-- come after its last position.
 WITH joined AS (
     SELECT p.*, COLUMNS(r.* EXCLUDE (pair_id, file_a, file_b)) AS 'kernel_\0', r.file_a IS NOT NULL AS compared
-    FROM key_data_pairs($keys, $steps, $ranks) AS p
+    FROM selected_pairs AS p
     LEFT JOIN pair_results AS r ON r.file_a = p.file_a AND r.file_b = p.file_b
 ),
 stats_agree AS (

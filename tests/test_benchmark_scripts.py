@@ -135,3 +135,25 @@ def test_interleaved_fingerprint_ratios_pair_each_fingerprinted_step_with_its_ne
     assert sorted({r["step"] for r in rows}) == [0, 2, 4]  # the even optimizer steps only
     sys.modules.pop("grad_overhead", None)
     sys.modules.pop("msprobe_grad_workload", None)
+
+
+def test_compare_timeline_script_prints_each_run_s_phases(tmp_path):
+    """benchmarks/compare_timeline.py: a fresh process a run, its spans, and a line of phases each."""
+    import numpy as np
+
+    runs = []
+    for name, value in (("a", 1.0), ("b", 2.0)):
+        folder = tmp_path / name / "data" / "x" / "step0" / "rank0" / "micro_step0"
+        folder.mkdir(parents=True)
+        np.save(folder / "x.npy", np.full(4, value, np.float32))
+        runs.append(str(tmp_path / name))
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_timeline.py"
+    done = subprocess.run([sys.executable, str(script), *runs, "--workers", "1,2", "--json", str(tmp_path / "t.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    phases = [line for line in done.stdout.splitlines() if "before pairs" in line]
+    assert [line.split(" worker")[0] for line in phases] == ["1", "2"]
+    assert all("2 cores:" in line and "output" in line for line in phases)
+    spans = json.loads((tmp_path / "t.json").read_text())
+    assert [r["workers"] for r in spans] == [1, 2]
+    assert {"key_data.load_stats", "executor.run_pairs", "xlsx.write_report_xlsx"} <= {s["label"] for s in spans[0]["spans"]}

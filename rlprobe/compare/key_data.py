@@ -44,8 +44,14 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     stats_b, key_order and key_data (and the macros of pair_macros.sql) for the queries after it.
     Runs with different layouts (micro-batches, ranks) are compared per sample (sample_alignment.py)."""
     read_errors: list[str] = []
-    load_stats(con, "stats_a", dump_a, read_errors, "A")
-    load_stats(con, "stats_b", dump_b, read_errors, "B")
+    # with two workers, run B's msprobe statistics files are read by a child process while run A's are read here
+    beside = dump_b.read_key_data_beside() if workers > 1 else None
+    try:
+        load_stats(con, "stats_a", dump_a, read_errors, "A")
+        load_stats(con, "stats_b", dump_b, read_errors, "B")
+    finally:
+        if beside is not None:
+            beside.close()
     con.register("key_order", key_order_table(order, key_map))
     run_layout = layout(con, dump_a, dump_b, read_errors)
     execute(con, "pair_macros.sql")
@@ -55,8 +61,10 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     # only rows with a tensor file on both sides (and equal shapes) are compared element-wise;
     # a statistics-only dump has none, so its pairs are never looked at twice
     files = _NO_FILES  # row i: pair i's file_a and file_b
-    if not run_layout["per_sample"] and records(con, "has_tensor_files.sql")[0]["both_have_files"]:
-        files = run(con, "tensor_pairs.sql", **selection)
+    if not run_layout["per_sample"]:
+        create_table(con, "selected_pairs", "selected_pairs.sql", **selection)  # for tensor_pairs and key_data
+        if records(con, "has_tensor_files.sql")[0]["both_have_files"]:
+            files = run(con, "tensor_pairs.sql")
     results: dict[int, dict[str, Any]] = {}
     if files.num_rows:  # the executor (and numba under it) is imported only when there is a pair to compare
         from rlprobe.compare.executor import PairTask, run_pairs
@@ -73,7 +81,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     else:
         con.register("pair_results", pair_results_table(results, files))
         try:
-            key_data = run(con, "key_data.sql", **selection, stats_rtol=stats_rtol)
+            key_data = run(con, "key_data.sql", stats_rtol=stats_rtol)
         finally:
             con.unregister("pair_results")
     key_data = _prepend_read_errors(key_data, read_errors)

@@ -30,6 +30,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
                   modules: dict[str, Any] | None = None,
                   con: "duckdb.DuckDBPyConnection | None" = None, key_map: dict[str, str] | None = None,
                   config_ignore: list[str] | None = None, config_ignore_defaults: bool = True,
+                  key_data_ready: Callable[[pa.Table], None] | None = None,
                   ) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     """The comparison itself, in memory: (tables by name, summary). `executor` runs the pair
     kernels, called like rlprobe.compare.executor.run_pairs(tasks, workers=, progress=) (default).
@@ -38,7 +39,9 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     keyword arguments for compare_modules (e.g. stages=[...]). With `con`, both runs' statistics
     are left in it as the tables stats_a and stats_b (and key_data, key_rollup, step_rollup are
     registered there) instead of being returned as Arrow tables. `key_map`: a trainer's key names
-    (key_aliases.py); `config_ignore`: config paths the config diff leaves out (config_diff.py)."""
+    (key_aliases.py); `config_ignore`: config paths the config diff leaves out (config_diff.py).
+    `key_data_ready(key_data)` is called once key_data is final, before the verdict's queries (the
+    command renders its files on a thread from then on: rlprobe.report.key_data_files)."""
     import duckdb
 
     keep_stats = con is None
@@ -52,6 +55,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
         beside.wait(quiet=True)  # the comparison's own error is the one to report
         raise
     first, read_errors = compared.first, compared.read_errors
+    if key_data_ready is not None:
+        key_data_ready(compared.table)
     with _numba_loading:  # what follows may compile kernels too (the single-run rules, gradients)
         pass
 

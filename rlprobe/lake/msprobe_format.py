@@ -12,6 +12,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,10 @@ import numpy as np
 import pyarrow as pa
 
 from rlprobe.errors import DumpReadError
+from rlprobe.lake import msprobe_scan
 from rlprobe.lake.schema import GRAD, KEY_DATA, with_rank
 
-_STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^rank(\d+)$")
-_MICRO = re.compile(r"^micro_step(\d+)$")
 _GRAD_SUMMARY = re.compile(r"^grad_summary_(\d+)\.csv$")
 
 
@@ -35,106 +36,74 @@ def is_msprobe_grad(root: Path) -> bool:
     return any(_RANK.match(d.name) and any(d.glob("grad_summary_*.csv")) for d in root.iterdir() if d.is_dir())
 
 
-def _numbered(parent: Path | str, pattern: re.Pattern[str]) -> list[tuple[int, str]]:
-    """The sub-folders of `parent` whose names match `pattern` (its group: a number), by number."""
-    found = []
-    with os.scandir(parent) as entries:
-        for d in entries:
-            m = pattern.match(d.name)
-            if m and d.is_dir():
-                found.append((int(m.group(1)), d.path))
-    return sorted(found)
-
-
-def key_data_table(root: Path) -> pa.Table:
-    """One row per .npy file of a SingleSave dump, in the rlprobe key_data schema (+ rank).
-
-    Built column by column with os.scandir (a dump has a folder per key, step, rank and micro-step
-    and two files per tensor: pathlib and a dict per row cost ~1 ms a tensor); each statistics file
-    is read and parsed once."""
-    cols: dict[str, list[Any]] = {c: [] for c in ("key", "step", "rank", "micro_step", "index", "tensor_file")}
-    keys, steps, ranks, micros, indexes, tensor_files = cols.values()
-    metas: list[str | None] = []
-    npys: list[str] = []
-    root_s = os.fspath(root)
-    sep = os.sep
-    data = root_s + sep + "data"
-    with os.scandir(data) as entries:
-        key_names = sorted(d.name for d in entries if d.is_dir())
-    for key in key_names:
-        for step, step_dir in _numbered(data + sep + key, _STEP):
-            for rank, rank_dir in _numbered(step_dir, _RANK):
-                for micro, micro_dir in _numbered(rank_dir, _MICRO):
-                    names = os.listdir(micro_dir)
-                    tensors = sorted(n for n in names if n.endswith(".npy") and not n.startswith("."))
-                    if not tensors:
-                        continue
-                    present = set(names)
-                    prefix = micro_dir[len(root_s) + 1:].replace(sep, "/") + "/"
-                    base = micro_dir + sep
-                    for name in tensors:
-                        stem = name[:-4]
-                        keys.append(key)
-                        steps.append(step)
-                        ranks.append(rank)
-                        micros.append(micro)
-                        indexes.append(_index_of(key, stem))
-                        tensor_files.append(prefix + name)
-                        npys.append(base + name)
-                        meta = stem + ".json"
-                        metas.append(base + meta if meta in present else None)
-    stats = {c: [] for c in ("shape", "min", "max", "mean", "norm")}
-    for npy, meta_file in zip(npys, metas):
-        meta = _read_meta(meta_file) if meta_file is not None else {}
-        shape = meta.get("shape")
-        if shape is None:  # no statistics file: the npy header still tells the shape
-            shape = _npy_shape(npy)
-        stats["shape"].append(shape)
-        for c in ("min", "max", "mean", "norm"):
-            stats[c].append(_float(meta.get(c)))
-    n = len(npys)
+def key_data_table(root: Path, beside: "KeyDataReader | None" = None) -> pa.Table:
+    """One row per .npy file of a SingleSave dump, in the rlprobe key_data schema (+ rank): the
+    folders and statistics files as msprobe_scan.scan_key_data reads them (each file read and
+    parsed once), from `beside` (started earlier, read by a child process) where it has them."""
+    cols = beside.columns() if beside is not None else None
+    if cols is None:
+        try:
+            cols = msprobe_scan.scan_key_data(os.fspath(root))
+        except msprobe_scan.StatsFileError as e:
+            raise DumpReadError(str(e)) from None
+    shapes = cols["shape"]
+    for i, shape in enumerate(shapes):
+        if shape is None:  # no statistics file (or no shape in it): the npy header still tells the shape
+            shapes[i] = _npy_shape(cols["npy"][i])
+    n = len(shapes)
     numel = [None if shape is None else math.prod(shape) if all(type(d) is int for d in shape)
-             else int(np.prod(shape, dtype=np.int64)) for shape in stats["shape"]]
-    values = {**cols, **stats, "numel": numel, "framework": ["msprobe"] * n}
+             else int(np.prod(shape, dtype=np.int64)) for shape in shapes]
+    values = {**cols, "numel": numel, "framework": ["msprobe"] * n}
     schema = with_rank(KEY_DATA)
     return pa.table([pa.array(values[f.name], f.type) if f.name in values else pa.nulls(n, f.type)
                      for f in schema], schema=schema)
 
 
-_decode = json.JSONDecoder().decode
+# a child reads a run's statistics beside this process from about this many tensors on: it costs
+# ~25 ms to start, reading costs ~30 us a tensor here (docs/compare.md, "sixth session")
+CHILD_MIN_TENSORS = 1000
 
 
-def _read_meta(meta_file: str) -> dict[str, Any]:
-    text = _read_text(meta_file)
-    try:
-        meta = _decode(text)
-    except ValueError as e:
-        raise DumpReadError(f"{meta_file}: not valid JSON ({e}); expected msprobe's statistics file") from None
-    data = meta.get("data", {}) if isinstance(meta, dict) else {}
-    return data if isinstance(data, dict) else {}
+def tensors_estimate(root: Path) -> int:
+    """About how many tensors a SingleSave dump holds (msprobe_scan.tensors_estimate)."""
+    return msprobe_scan.tensors_estimate(os.fspath(root))
 
 
-def _read_text(path: str) -> str:
-    """The file's UTF-8 text, read with os.open/os.read: a dump holds one statistics file per tensor,
-    and a text file object costs more than reading them (issue 18)."""
-    fd = os.open(path, _O_READ)
-    try:
-        data = os.read(fd, _READ_SIZE)
-        if len(data) == _READ_SIZE:  # a regular file reads short only at its end: the rest, if any
-            parts = [data]
-            while part := os.read(fd, _READ_SIZE):
-                parts.append(part)
-            data = b"".join(parts)
-    finally:
-        os.close(fd)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DumpReadError(f"{path}: not valid JSON ({e}); expected msprobe's statistics file") from None
+class KeyDataReader:
+    """A child Python reading a SingleSave dump's folders and statistics files (msprobe_scan.py)
+    while this process does other work (the other run's): `columns()` waits for them, None where
+    the child failed (the caller then reads the dump itself, and reports any error as it does)."""
 
+    def __init__(self, root: Path) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        if not sys.executable:
+            return
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-I", "-S", msprobe_scan.__file__, os.fspath(root)],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.DEVNULL)
+        except OSError:
+            self._proc = None
 
-_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-_READ_SIZE = 1 << 16
+    def columns(self) -> dict[str, list[Any]] | None:
+        if self._proc is None:
+            return None
+        out, _ = self._proc.communicate()
+        self._proc = None
+        if not out:  # the child failed (exit 1, nothing written)
+            return None
+        try:
+            values = json.loads(out)
+        except ValueError:
+            return None
+        return dict(zip(msprobe_scan.COLUMNS, values))
+
+    def close(self) -> None:
+        """Stop the child if its columns were never taken (the comparison failed before)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.communicate()
+            self._proc = None
 
 
 def _npy_shape(npy: str) -> list[int] | None:
@@ -144,28 +113,14 @@ def _npy_shape(npy: str) -> list[int] | None:
         return None
 
 
-def _index_of(key: str, stem: str) -> str:
-    if stem == key:
-        return ""
-    if stem.startswith(key + "."):
-        return stem[len(key) + 1:]
-    return stem
-
-
-def _float(value: Any) -> float | None:
-    if type(value) is float:  # what msprobe writes
-        return value
-    try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
-        return None
+_float = msprobe_scan.as_float
 
 
 def grad_table(root: Path) -> pa.Table:
     """grad_probe summaries in the rlprobe `grad` schema (+ rank): one row per (rank, step, param).
     Sign maps are msprobe's bool .npy per parameter, so sign_offset is null (docs/grads.md)."""
     rows: list[dict[str, Any]] = []
-    for rank, rank_path in _numbered(root, _RANK):
+    for rank, rank_path in msprobe_scan.numbered(os.fspath(root), _RANK):
         rank_dir = Path(rank_path)
         for f in sorted(rank_dir.iterdir()):
             m = _GRAD_SUMMARY.match(f.name)

@@ -62,6 +62,7 @@ class Dump:
         self.format = fmt
         self.include_uncommitted = include_uncommitted
         self.layout = DumpLayout(root)
+        self._beside: "msprobe_format.KeyDataReader | None" = None  # read_key_data_beside
 
     def __repr__(self) -> str:
         extra = ", include_uncommitted=True" if self.include_uncommitted else ""
@@ -215,9 +216,22 @@ class Dump:
             return _empty(kind)
         return pa.concat_tables(tables, promote_options="default")
 
+    def read_key_data_beside(self) -> "msprobe_format.KeyDataReader | None":
+        """An msprobe dump of many tensors: start reading its statistics files in a child process,
+        which `arrow("key_data")` then takes (while this process reads the other run's); the reader,
+        to close where the comparison fails first. None for other formats, once read, or for a dump
+        of fewer tensors than msprobe_format.CHILD_MIN_TENSORS (the child's start costs more)."""
+        if self.format != "msprobe" or "_msprobe_key_data" in self.__dict__ or self._beside is not None:
+            return None
+        if msprobe_format.tensors_estimate(self.path) < msprobe_format.CHILD_MIN_TENSORS:
+            return None
+        self._beside = msprobe_format.KeyDataReader(self.path)
+        return self._beside
+
     @cached_property
     def _msprobe_key_data(self) -> pa.Table:
-        return msprobe_format.key_data_table(self.path)
+        beside, self._beside = self._beside, None
+        return msprobe_format.key_data_table(self.path, beside)
 
     @cached_property
     def _msprobe_grad(self) -> pa.Table:  # read once: a summary CSV per rank and step

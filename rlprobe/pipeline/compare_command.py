@@ -47,18 +47,24 @@ def compare(
         # load numba while the runs' statistics are read and matched (not at all for statistics-only or
         # gradient-only dumps, nor a few small tensors, which numpy compares)
         start_warm_up()  # compare_dumps runs no kernel before it is done
+    rendered = None
+    if reports and workers > 1:  # key_data's files rendered by a thread once it is known (key_data_files.py)
+        from rlprobe.report.key_data_files import KeyDataFiles
+
+        rendered = KeyDataFiles(lang)
     tables, summary = compare_dumps(dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
                                     stats_rtol=stats_rtol, order=order, progress=progress, key_map=key_map,
-                                    config_ignore=config_ignore, config_ignore_defaults=config_ignore_defaults)
+                                    config_ignore=config_ignore, config_ignore_defaults=config_ignore_defaults,
+                                    key_data_ready=rendered and rendered.start)
     summary["elapsed_s"] = round(time.perf_counter() - started, 3)
     options = ReportOptions(lang=lang, per_key_dir=per_key_dir if per_key_files else None, plots=plots,
                             plot_every_param=plot_every_param, workers=workers)
 
     def write(folder: Path) -> None:
-        xlsx_extras = write_tables(folder, tables)
+        xlsx_extras = write_tables(folder, tables, key_data=not reports)  # else beside the workbook
         write_summary_json(folder, summary)
         if reports:
-            write_reports(folder, tables, summary, xlsx_extras, options)
+            write_reports(folder, tables, summary, xlsx_extras, options, key_data_parquet=True, rendered=rendered)
         if extra_files is not None:
             extra_files(folder)
 

@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from rlprobe.report.key_data_files import KeyDataFiles
 
 # columns the reports leave out: file paths and ordering helpers of the comparison
 KEY_DATA_PRIVATE = ("file_a", "file_b", "canonical_key", "flow_position")
@@ -43,11 +46,13 @@ class ReportOptions:
     workers: int = 1
 
 
-def write_tables(folder: Path, tables: dict[str, pa.Table]) -> dict[str, Any]:
-    """key_data.parquet and the module and gradient comparisons that ran: modules.parquet,
-    grads.parquet, grad_steps.parquet, grads/.../similarities.csv and params.parquet. Returns the keyword
-    arguments of write_report_xlsx that add their sheets."""
-    pq.write_table(tables["key_data"], folder / "key_data.parquet", compression="zstd")
+def write_tables(folder: Path, tables: dict[str, pa.Table], *, key_data: bool = True) -> dict[str, Any]:
+    """key_data.parquet (unless `key_data` is false: write_reports then writes it) and the module and
+    gradient comparisons that ran: modules.parquet, grads.parquet, grad_steps.parquet,
+    grads/.../similarities.csv and params.parquet. Returns the keyword arguments of write_report_xlsx
+    that add their sheets."""
+    if key_data:
+        write_key_data_parquet(folder, tables["key_data"])
     extra_sheets: dict[str, pa.Table] = {}
     if "modules" in tables:
         extra_sheets["Modules"] = _without(tables["modules"], MODULES_PRIVATE)
@@ -76,26 +81,49 @@ def write_tables(folder: Path, tables: dict[str, pa.Table]) -> dict[str, Any]:
             "grad_matrix": (tables["grads"], tables["grad_steps"]) if "grads" in tables else None}
 
 
+def write_key_data_parquet(folder: Path, key_data: pa.Table) -> None:
+    pq.write_table(key_data, folder / "key_data.parquet", compression="zstd")
+
+
+def key_data_parquet_bytes(key_data: pa.Table) -> pa.Buffer:
+    """What write_key_data_parquet writes, in memory (rendered before the output folder exists)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(key_data, sink, compression="zstd")
+    return sink.getvalue()
+
+
 def write_summary_json(folder: Path, summary: dict[str, Any]) -> None:
     (folder / "summary.json").write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n",
                                          encoding="utf-8")
 
 
 def write_reports(folder: Path, tables: dict[str, pa.Table], summary: dict[str, Any], xlsx_extras: dict[str, Any],
-                  options: ReportOptions) -> None:
-    """key_data.csv, report.xlsx, summary.md, the per-key workbooks and the plots, as `options` say."""
+                  options: ReportOptions, *, key_data_parquet: bool = False,
+                  rendered: "KeyDataFiles | None" = None) -> None:
+    """key_data.csv, report.xlsx, summary.md, the per-key workbooks and the plots, as `options` say;
+    with `key_data_parquet`, key_data.parquet too (write_tables(key_data=False) left it out), or, given
+    `rendered` (key_data_files.py), both key_data files as it rendered them. With `options.workers` > 1
+    and a workbook, key_data.parquet and key_data.csv are written by a thread beside it (Arrow's
+    Parquet writer, pyarrow.compute and zlib release the GIL)."""
     public = public_key_data(tables["key_data"])
-    csv_writer = None
-    if options.csv:
+    beside = []  # key_data.parquet, key_data.csv: (function, arguments, keywords)
+    if rendered is not None:
+        beside.append((rendered.write, (folder,), {}))
+    elif key_data_parquet:
+        beside.append((write_key_data_parquet, (folder, tables["key_data"]), {}))
+    if options.csv and rendered is None:
         from rlprobe.report.csv_report import write_key_data_csv
 
-        if options.workers > 1 and options.xlsx:
-            from concurrent.futures import ThreadPoolExecutor
+        beside.append((write_key_data_csv, (folder / "key_data.csv", public), {"lang": options.lang}))
+    side_writer = None
+    if options.workers > 1 and options.xlsx and beside:
+        from concurrent.futures import ThreadPoolExecutor
 
-            csv_writer = ThreadPoolExecutor(1, thread_name_prefix="rlprobe-csv")
-            csv_done = csv_writer.submit(write_key_data_csv, folder / "key_data.csv", public, lang=options.lang)
-        else:
-            write_key_data_csv(folder / "key_data.csv", public, lang=options.lang)
+        side_writer = ThreadPoolExecutor(1, thread_name_prefix="rlprobe-csv")
+        side_done = [side_writer.submit(write, *args, **kwargs) for write, args, kwargs in beside]
+    else:
+        for write, args, kwargs in beside:
+            write(*args, **kwargs)
     try:
         if options.xlsx:
             from rlprobe.report.xlsx import write_report_xlsx
@@ -103,10 +131,11 @@ def write_reports(folder: Path, tables: dict[str, pa.Table], summary: dict[str, 
             write_report_xlsx(folder / "report.xlsx", public, summary, lang=options.lang,
                               background=options.workers > 1, fillers=options.workers, **xlsx_extras)
     finally:
-        if csv_writer is not None:
-            csv_writer.shutdown()  # waits for the CSV
-    if csv_writer is not None:
-        csv_done.result()  # its error, if any
+        if side_writer is not None:
+            side_writer.shutdown()  # waits for the files beside the workbook
+    if side_writer is not None:
+        for done in side_done:
+            done.result()  # its error, if any
     if options.markdown:
         from rlprobe.report.markdown import render_summary_md
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,9 +28,24 @@ _TRIGGER = "^[" + "".join("\\-" if t == "-" else t for t in FORMULA_TRIGGERS) + 
 _NEEDS_QUOTES = '[,"\r\n]'  # what makes Python's csv (QUOTE_MINIMAL, "\r\n") quote a field
 
 
-def write_key_data_csv(path: str | Path, key_data: pa.Table, lang: str = "en") -> Path:
+def write_key_data_csv(path: str | Path, key_data: pa.Table, lang: str = "en", rendered: bytes | None = None) -> Path:
     """Write `key_data` as CSV, columns in table order. UTF-8 with a BOM for lang="zh", so Excel
-    shows the Chinese headers; plain UTF-8 otherwise."""
+    shows the Chinese headers; plain UTF-8 otherwise. `rendered`: what key_data_csv_bytes gave for
+    the same table and language (rendered before the output folder existed), written as it is."""
+    if rendered is not None:
+        return write_report_file(path, lambda f: f.write(rendered))
+    return write_report_file(path, key_data_csv_writer(key_data, lang))
+
+
+def key_data_csv_bytes(key_data: pa.Table, lang: str = "en") -> bytes:
+    """The bytes write_key_data_csv writes (rendered before the output folder exists)."""
+    out = io.BytesIO()
+    key_data_csv_writer(key_data, lang)(out)
+    return out.getvalue()
+
+
+def key_data_csv_writer(key_data: pa.Table, lang: str = "en") -> Callable[[BinaryIO], None]:
+    """What writes key_data.csv into a file object."""
     check_lang(lang)
     heads = [csv_text(header(c, lang)) for c in key_data.column_names]
 
@@ -47,7 +62,7 @@ def write_key_data_csv(path: str | Path, key_data: pa.Table, lang: str = "en") -
             if fields:
                 write_all(f, join(pc.binary_join_element_wise(*fields, literal(",")), "\r\n"))
 
-    return write_report_file(path, write)
+    return write
 
 
 def csv_fields(column: pa.Array) -> pa.Array:
