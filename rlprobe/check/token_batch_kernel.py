@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from rlprobe.check import npy_reads
-from rlprobe.check.token_figures import BLOCK_BITS, N_BINS
+from rlprobe.check.token_figures import BLOCK_BITS
 from rlprobe.check.token_kernel import reduce_rows
 
 import numba  # noqa: E402  (after token_kernel has set numba's cache dir)
