@@ -67,9 +67,10 @@ class PairIndex(NamedTuple):
         return {name: self.table[name][i].as_py() for name in _ROW}
 
 
-def pair_index(stats: pa.Table) -> PairIndex | None:
+def pair_index(stats: pa.Table, min_keys: int = 0) -> PairIndex | None:
     """The within-call pairs of `stats` (inputs.stats_table), as token_tables.pairs without samples or a
-    selection; None where the rule needs the rows one by one (see the module's docstring)."""
+    selection; None where the rule needs the rows one by one (see the module's docstring) or where they
+    make fewer than `min_keys` keys (token_tables then cuts each key between the threads)."""
     mask = pc.and_(pc.is_in(stats["canonical"], pa.array(_NAMES)), pc.is_valid(stats["tensor_file"]))
     table = stats.select(list(_ROW)).filter(pc.and_(mask, pc.invert(pc.fill_null(stats["absent"], False))))
     n = table.num_rows
@@ -118,6 +119,8 @@ def pair_index(stats: pa.Table) -> PairIndex | None:
     new = np.ones(len(b), bool)
     new[1:] = (kind[1:] != kind[:-1]) | (step[b][1:] != step[b][:-1]) | (rank[b][1:] != rank[b][:-1])
     starts = np.append(np.flatnonzero(new), len(b))
+    if len(starts) - 1 < max(min_keys, 1):
+        return None
     rows, width, header, headers, sizes = _layout(shapes, shape_id)
     name_at, paths, folder, folders = _files(table["tensor_file"])
     if name_at is None:

@@ -100,8 +100,8 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
     (token_selection.py: check_dump(only=...))."""
     samples = samples_table(dump) if samples is None else samples
     jobs = JOBS_PER_THREAD * max(1, workers)
-    index = pair_index(stats) if selection is None and not samples.num_rows else None
-    if index is not None and len(index.starts) - 1 >= jobs:  # the pairs from the index's columns (pair_index.py)
+    index = pair_index(stats, jobs) if selection is None and not samples.num_rows else None
+    if index is not None:  # the pairs from the index's columns (pair_index.py)
         return _index_tables(dump, index, eps, workers, jobs)
     work: dict[tuple[str, int, int], list[Part]] = {}
     for part in pairs(tensor_rows(stats), samples, selection):

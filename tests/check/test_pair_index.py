@@ -69,6 +69,7 @@ def test_the_columns_pair_as_the_rows_do(tmp_path):
            for k, key in enumerate(index.keys())]
     expected = python_pairs(stats)
     assert got == expected
+    assert pair_index(stats, min_keys=len(expected)) is not None and pair_index(stats, len(expected) + 1) is None
     kinds = {key[0] for key, _ in expected}
     assert kinds == {"rollout_vs_old", "rollout_vs_log_prob", "on_policy"}
     assert any(m is None for _, parts in expected for _, _, m in parts)
