@@ -59,7 +59,7 @@ def reduce_batch(folders, flags, paths, parts, headers, header_sizes, pre_a, pre
         sums[k, 4] = max(sums[k, 4], part_sums[p, 4])
         if p + 1 < parts.shape[0] and parts[p + 1, 0] == k:
             continue
-        _quantile_bins(hist, touched, qs, quantile_bins[k])
+        _quantile_bins(hist, touched, np.int64(sums[k, 0]), qs, quantile_bins[k])  # sums: the counted tokens
         for block in range(touched.size):  # the key's filled bins in bin order (Δ >= 0, then Δ < 0), zeroed
             if touched[block] == 0:
                 continue
@@ -77,20 +77,16 @@ def reduce_batch(folders, flags, paths, parts, headers, header_sizes, pre_a, pre
 
 
 @numba.njit(cache=True, nogil=True)
-def _quantile_bins(hist, touched, qs, found):  # pragma: no cover - compiled
+def _quantile_bins(hist, touched, total, qs, found):  # pragma: no cover - compiled
     """The |Δ| bin of each quantile: the first whose cumulative count reaches max(1, ⌈q · total⌉),
-    the |Δ| bins summed from the Δ >= 0 and Δ < 0 ones (as PairFigures.quantiles). Block by block of
+    the |Δ| bins summed from the Δ >= 0 and Δ < 0 ones (as PairFigures.quantiles); total: the histogram's
+    count (the key's counted tokens, each in one bin). Block by block of
     |Δ| (a Δ >= 0 block and its Δ < 0 twin), whole blocks added up, bin by bin only in the block that
     reaches a quantile, none after the last: a merge of the key's filled bins, ~1,500 a small pair,
     bin by bin with a compare per quantile, took ~6 % of `many`'s CPU."""
     width = 1 << BLOCK_BITS
     blocks = touched.size // 2  # block b holds the |Δ| of Δ >= 0 that block b + blocks holds for Δ < 0
     half = blocks * width
-    total = 0
-    for block in range(touched.size):
-        if touched[block] != 0:
-            for i in range(block * width, (block + 1) * width):
-                total += hist[i]
     need = np.empty(qs.size, np.int64)
     left = 0
     for q in range(qs.size):
