@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 import rlprobe
@@ -70,6 +71,9 @@ def test_the_columns_pair_as_the_rows_do(tmp_path):
     expected = python_pairs(stats)
     assert got == expected
     assert pair_index(stats, min_keys=len(expected)) is not None and pair_index(stats, len(expected) + 1) is None
+    chunked = pair_index(pa.concat_tables([stats.slice(0, 5), stats.slice(5, 3), stats.slice(8)]))  # as a lake reads
+    assert [x.tolist() for x in (chunked.a, chunked.b, chunked.mask, chunked.name_at)] == \
+        [x.tolist() for x in (index.a, index.b, index.mask, index.name_at)] and bytes(chunked.paths) == bytes(index.paths)
     kinds = {key[0] for key, _ in expected}
     assert kinds == {"rollout_vs_old", "rollout_vs_log_prob", "on_policy"}
     assert any(m is None for _, parts in expected for _, _, m in parts)
@@ -115,7 +119,7 @@ def test_the_tables_from_the_columns_equal_those_from_the_rows(tmp_path, monkeyp
     dump = every_case(tmp_path / "d")
     stats = stats_table(dump)
     columns = token_tables(dump, stats, 0.2, workers=workers)
-    monkeypatch.setattr(token_tables_module, "pair_index", lambda stats: None)
+    monkeypatch.setattr(token_tables_module, "pair_index", lambda *args: None)  # the rows paired in Python
     rows = token_tables(dump, stats, 0.2, workers=workers)
     assert columns["token_steps"].num_rows == len(python_pairs(stats)) >= 8  # the columns' path was taken
     for name, table in rows.items():
