@@ -64,11 +64,11 @@ def batch_tables(dump: Dump, batch: list[tuple[tuple[str, int, int], list[Part]]
 def index_tables(dump: Dump, index: PairIndex, first: int, last: int, eps: float, edges: Any
                  ) -> dict[str, pa.Table] | None:
     """batch_tables of keys first..last - 1 of a PairIndex (pair_index.py), the plan gathered from its
-    columns; None as batch_tables (the caller then builds those keys' Parts: index.part)."""
+    columns; None as batch_tables (the caller then reduces those keys' Parts one by one: index.part)."""
     lo, hi = int(index.starts[first]), int(index.starts[last])
     a, b, m = index.a[lo:hi], index.b[lo:hi], index.mask[lo:hi]
     rows, width = index.rows[a], index.width[a]
-    if not npy_layout.READS or (rows * width > SMALL).any():
+    if (rows * width > SMALL).any():
         return None
     key = np.repeat(np.arange(last - first), np.diff(index.starts[first:last + 1]))
     masked, m0 = m >= 0, np.maximum(m, 0)
@@ -76,6 +76,8 @@ def index_tables(dump: Dump, index: PairIndex, first: int, last: int, eps: float
     spec = np.stack([key, rows, width, np.cumsum(rows) - rows, none, index.name_at[a], index.name_at[b],
                      np.where(masked, index.name_at[m0], -1), index.header[a], np.where(masked, index.header[m0], -1),
                      index.folder[a], index.folder[b], np.where(masked, index.folder[m0], -1)], axis=1)
+    if not npy_layout.READS:
+        spec[:, 5:] = -1  # every part read by numpy (_preload), as _plan plans them there
     plan = _Plan(spec, index.paths, index.folders, index.headers, index.header_sizes, [None] * len(a),
                  index.micro_step[a])
     f = _reduce(dump, last - first, lambda i: index.part(lo + i), plan, eps, edges)

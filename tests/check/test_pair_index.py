@@ -131,3 +131,23 @@ def test_tuples_past_62_bits_are_not_numbered():
     big = np.array([0, 2 ** 40], np.int64)
     assert pair_index_module._numbered(big, big) is None
     assert pair_index_module._numbered(big, np.array([5, 5])).tolist() == [0, 1]
+
+
+def test_without_compiled_reads_numpy_reads_each_part_of_the_index(tmp_path, monkeypatch):
+    """Where the C library's reads do not run (not POSIX: npy_layout.READS), every part of a job planned
+    from the index is read by numpy (token_batch._preload) in the one compiled call, with the same tables."""
+    from rlprobe.check import npy_layout, token_batch
+
+    dump = every_case(tmp_path / "d")
+    stats = stats_table(dump)
+    expected = token_tables(dump, stats, 0.2, workers=1)
+    read = []
+    preload = token_batch._preload
+    monkeypatch.setattr(npy_layout, "READS", False)
+    monkeypatch.setattr(token_batch, "_preload", lambda *a: read.append(a[1]) or preload(*a))
+    got = token_tables(dump, stats, 0.2, workers=1)
+    parts = {(p.pair, p.a["tensor_file"], p.b["tensor_file"]) for p in read}
+    # every part read by numpy but those of the job of the float64 pair (not the batch call's: one by one)
+    assert len(read) >= 12 and parts <= {(key[0], a, b) for key, found in python_pairs(stats) for a, b, _ in found}
+    for name, table in expected.items():
+        pd.testing.assert_frame_equal(got[name].to_pandas(), table.to_pandas(), check_exact=True, obj=name)
