@@ -24,10 +24,11 @@ class Part(NamedTuple):
 
 def is_float(row: dict[str, Any]) -> bool:
     """A stats row whose dtype is a floating-point one (bf16 and half included)."""
-    return _float_dtype(row.get("dtype"))
+    return float_dtype(row.get("dtype"))
 
 
 @functools.lru_cache(maxsize=256)
-def _float_dtype(dtype: str | None) -> bool:
+def float_dtype(dtype: str | None) -> bool:
+    """A floating-point dtype name (None, a dump that saves no dtype: taken as one)."""
     dtype = (dtype or "float").lower()
     return "float" in dtype or "bf16" in dtype or "half" in dtype or "double" in dtype

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -19,6 +20,7 @@ import pyarrow as pa
 from rlprobe.check import npy_layout
 from rlprobe.check import token_rows as tt
 from rlprobe.check.compiled import batch_kernel
+from rlprobe.check.pair_index import PairIndex
 from rlprobe.check.pair_part import Part
 from rlprobe.check.token_batch_tables import BatchFigures, figures_tables
 from rlprobe.check.token_figures import (BLOCK_BITS, LOG_THRESHOLDS, N_BINS, N_POSITIONS, N_PROBABILITY,
@@ -51,11 +53,41 @@ def batch_tables(dump: Dump, batch: list[tuple[tuple[str, int, int], list[Part]]
     plan = _plan(batch)
     if plan is None:
         return None
-    f = _reduce(dump, batch, plan, eps, edges)
+    parts = [p for _, ps in batch for p in ps]
+    f = _reduce(dump, len(batch), parts.__getitem__, plan, eps, edges)
     if f is None:
         return None
     return figures_tables([key for key, _ in batch], metas, f, plan.parts[:, :4], plan.picks, plan.micro_steps,
                           eps, edges)
+
+
+def index_tables(dump: Dump, index: PairIndex, first: int, last: int, eps: float, edges: Any
+                 ) -> dict[str, pa.Table] | None:
+    """batch_tables of keys first..last - 1 of a PairIndex (pair_index.py), the plan gathered from its
+    columns; None as batch_tables (the caller then reduces those keys' Parts one by one: index.part)."""
+    lo, hi = int(index.starts[first]), int(index.starts[last])
+    a, b, m = index.a[lo:hi], index.b[lo:hi], index.mask[lo:hi]
+    rows, width = index.rows[a], index.width[a]
+    if (rows * width > SMALL).any():
+        return None
+    key = np.repeat(np.arange(last - first), np.diff(index.starts[first:last + 1]))
+    masked, m0 = m >= 0, np.maximum(m, 0)
+    none = np.full(len(a), -1, np.int64)
+    spec = np.stack([key, rows, width, np.cumsum(rows) - rows, none, index.name_at[a], index.name_at[b],
+                     np.where(masked, index.name_at[m0], -1), index.header[a], np.where(masked, index.header[m0], -1),
+                     index.folder[a], index.folder[b], np.where(masked, index.folder[m0], -1)], axis=1)
+    if not npy_layout.READS:
+        spec[:, 5:] = -1  # every part read by numpy (_preload), as _plan plans them there
+    plan = _Plan(spec, index.paths, index.folders, index.headers, index.header_sizes, [None] * len(a),
+                 index.micro_step[a])
+    f = _reduce(dump, last - first, lambda i: index.part(lo + i), plan, eps, edges)
+    if f is None:
+        return None
+    keys = index.keys()[first:last]
+    starts = index.starts[first:last].tolist()
+    metas = [{"dtype_a": index.dtypes[int(index.a[s])], "dtype_b": index.dtypes[int(index.b[s])], "masked": bool(k)}
+             for s, k in zip(starts, np.add.reduceat(masked, index.starts[first:last] - lo).tolist())]
+    return figures_tables(keys, metas, f, spec[:, :4], plan.picks, plan.micro_steps, eps, edges)
 
 
 def _rows_width(p: Part) -> tuple[int, int]:
@@ -128,11 +160,11 @@ def _preload(load: Any, p: Part, rows: int, width: int) -> tuple[np.ndarray, np.
     return a.reshape(-1), b.reshape(-1), m
 
 
-def _reduce(dump: Dump, batch: list[tuple[Any, list[Part]]], plan: _Plan, eps: float, edges: Any
+def _reduce(dump: Dump, keys: int, part: Callable[[int], Part], plan: _Plan, eps: float, edges: Any
             ) -> BatchFigures | None:
-    """The compiled call over every part; where it stops at a part it cannot read, numpy reads that
-    part (_preload) and the call goes on from there."""
-    spec, keys = plan.parts.copy(), len(batch)  # its column _READ changes as parts are preloaded
+    """The compiled call over every part (part(i): the plan's part i, for numpy to read); where it stops
+    at a part it cannot read, numpy reads that part (_preload) and the call goes on from there."""
+    spec = plan.parts.copy()  # its column _READ changes as parts are preloaded
     qs = np.array([q for _, q in tt.QUANTILES], np.float64)
     sequences = int(spec[:, 1].sum()) if len(spec) else 0
     bound = np.zeros(keys, np.int64)
@@ -143,13 +175,13 @@ def _reduce(dump: Dump, batch: list[tuple[Any, list[Part]]], plan: _Plan, eps: f
                        np.zeros((keys, N_PROBABILITY)), np.zeros(sequences), np.zeros(sequences, np.int64),
                        counts, hist_lo, hist_hi, np.zeros(keys, np.int64), np.full((keys, len(qs)), -1, np.int64))
     lo = math.log(1.0 - eps) if eps < 1 else -math.inf
-    parts, load = [p for _, ps in batch for p in ps], tt.loader(dump)
-    loaded: list = [None] * len(parts)
+    load, count = tt.loader(dump), len(spec)
+    loaded: list = [None] * count
     for i in np.flatnonzero(spec[:, 5] < 0).tolist():  # sample pairs' rows: read by numpy first
-        loaded[i] = _preload(load, parts[i], int(spec[i, 1]), int(spec[i, 2]))
+        loaded[i] = _preload(load, part(i), int(spec[i, 1]), int(spec[i, 2]))
         if loaded[i] is None:
             return None
-    part_sums = np.zeros((len(parts), 7))
+    part_sums = np.zeros((count, 7))
     reduce_batch = batch_kernel()
     folders = np.full(len(plan.folders), -1, np.int32)  # one that cannot be opened: its files are read by numpy
     try:
@@ -162,11 +194,11 @@ def _reduce(dump: Dump, batch: list[tuple[Any, list[Part]]], plan: _Plan, eps: f
                                         plan.header_sizes, *pre, start, used, lo, math.log(1.0 + eps), PROBABILITY_OF,
                                         LOG_THRESHOLDS, qs, npy_layout.FLOAT32, npy_layout.MASK_BYTES, part_sums, hist,
                                         touched, TABLE_BITS, edges.table_lo, edges.table_hi, *out)
-            if start == len(parts):  # the histogram is zero again: the thread's next job reuses it
+            if start == count:  # the histogram is zero again: the thread's next job reuses it
                 _SCRATCH.arrays = scratch
                 return out._replace(counts=counts[:used].copy(), hist_lo=hist_lo[:used].copy(),
                                     hist_hi=hist_hi[:used].copy())
-            loaded[start] = _preload(load, parts[start], int(spec[start, 1]), int(spec[start, 2]))
+            loaded[start] = _preload(load, part(start), int(spec[start, 1]), int(spec[start, 2]))
             if loaded[start] is None:
                 return None
     finally:

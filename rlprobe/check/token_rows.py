@@ -1,8 +1,9 @@
 """What token_tables.py and token_batch.py share: the token tables' schemas, the quantiles read,
-a part's token count and the tensor loader."""
+a part's token count, the tensor loader and the edges of the bins and buckets (table_edges)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -11,6 +12,8 @@ import pyarrow as pa
 
 from rlprobe.check.mapped_tensors import map_tensor
 from rlprobe.check.pair_part import Part
+from rlprobe.check.token_figures import (N_POSITIONS, N_PROBABILITY, TABLE_BITS, bin_lower_edges, bin_upper_edges,
+                                         position_bounds)
 from rlprobe.lake.reader import Dump
 
 QUANTILES = (("p50_abs", 0.5), ("p95_abs", 0.95), ("p99_abs", 0.99))
@@ -50,3 +53,24 @@ HIST = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64
 BUCKETS = pa.schema([("pair", pa.string()), ("step", pa.int64()), ("rank", pa.int64()), ("lo", pa.float64()),
                      ("hi", pa.float64()), ("tokens", pa.int64()), ("mean_abs", pa.float64()),
                      ("max_abs", pa.float64())])
+
+
+@functools.cache
+def table_edges() -> Edges:
+    return Edges()
+
+
+class Edges:
+    """The bins' and buckets' edges, computed once a process (~1 ms: their arrays are 256 KiB each)."""
+
+    def __init__(self) -> None:
+        self.lower, self.upper = bin_lower_edges(), bin_upper_edges()
+        self.pos_lo = np.array([position_bounds(p)[0] for p in range(N_POSITIONS)], np.float64)
+        self.pos_hi = np.array([position_bounds(p)[1] for p in range(N_POSITIONS)], np.float64)
+        self.pos_hi[-1] = np.inf
+        self.prob_lo = np.arange(N_PROBABILITY) / N_PROBABILITY
+        self.signed_lo = np.concatenate([self.lower, -self.upper])  # by histogram bin: Δ >= 0, then Δ < 0
+        self.signed_hi = np.concatenate([self.upper, -self.lower])
+        first, last = slice(None, None, 1 << TABLE_BITS), slice((1 << TABLE_BITS) - 1, None, 1 << TABLE_BITS)
+        self.table_lo = np.concatenate([self.lower[first], -self.upper[last]])  # token_hist's bins: 2^TABLE_BITS
+        self.table_hi = np.concatenate([self.upper[last], -self.lower[first]])  # of the kernel's merged

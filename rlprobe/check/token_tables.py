@@ -13,29 +13,32 @@ Pairs (a: the trainer's recomputation, b: the other side, Δ = b − a), masked 
 The pairs of one (pair, step, rank) add into one set of figures, a kernel call per part (no
 per-pair histogram or Python object per pair); pool jobs are runs of such keys, each job building
 its keys' table rows and Arrow tables, so that the main thread only concatenates them. A job of
-small pairs only is one compiled call with tables built a column at a time (token_batch.py).
+small pairs only is one compiled call with tables built a column at a time (token_batch.py). Pairs
+within a call are found on the tensor index's columns (pair_index.py) where the rows need not be
+read one by one (no sample identity, no `selection`, more keys than pool jobs).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from itertools import pairwise
+from collections.abc import Callable
+from itertools import accumulate, pairwise
 from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rlprobe.check.pair_index import PairIndex, pair_index
 from rlprobe.check.pair_part import Part, is_float
 from rlprobe.check.sample_pairs import sample_parts, samples_table
-from rlprobe.check.token_figures import (N_POSITIONS, N_PROBABILITY, HALF, TABLE_BITS, PairFigures, bin_lower_edges,
-                                         bin_upper_edges, position_bounds)
+from rlprobe.check.token_figures import N_PROBABILITY, HALF, TABLE_BITS, PairFigures
 from rlprobe.check.token_reduce import reduce_pair
 from rlprobe.check.token_selection import ROLLOUT_KINDS, PairSelection
-from rlprobe.check.token_rows import BUCKETS, HIST, QUANTILES, SEQUENCES, STEPS, loader, part_tokens
+from rlprobe.check.token_rows import (BUCKETS, HIST, QUANTILES, SEQUENCES, STEPS, Edges, loader, part_tokens,
+                                     table_edges)
 from rlprobe.lake.reader import Dump
 
 _WANTED = ("log_prob", "old_log_prob", "rollout_log_prob", "response_mask", "advantages", "group_ids")
@@ -95,17 +98,63 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
     """token_steps, token_hist, token_positions, token_probability and token_sequences
     (`samples`: samples_table(dump), when the caller has it already), of every pair or of `selection`'s
     (token_selection.py: check_dump(only=...))."""
+    samples = samples_table(dump) if samples is None else samples
+    jobs = JOBS_PER_THREAD * max(1, workers)
+    index = pair_index(stats, jobs) if selection is None and not samples.num_rows else None
+    if index is not None:  # the pairs from the index's columns (pair_index.py)
+        return _index_tables(dump, index, eps, workers, jobs)
     work: dict[tuple[str, int, int], list[Part]] = {}
-    for part in pairs(tensor_rows(stats), samples_table(dump) if samples is None else samples, selection):
+    for part in pairs(tensor_rows(stats), samples, selection):
         work.setdefault((part.pair, part.a["step"], part.a["rank"]), []).append(part)
     keys = sorted(work)
-    jobs = JOBS_PER_THREAD * max(1, workers)
     # few keys: each cut into row ranges (split_rows), so that the threads end together
     count = -(-jobs // len(keys)) if workers > 1 and 0 < len(keys) < jobs else 1
     cut = count > 1  # every key in pieces: their figures are added up before the rows are built
     pieces = [(key, piece) for key in keys for piece in split_rows(work[key], count)] if cut else \
         [(key, work[key]) for key in keys]
-    edges = _edges()
+    edges = table_edges()
+    job = _job(dump, eps, edges, cut)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        results = list(pool.map(job, batches(pieces, jobs)))
+    tables = [t for _, t in results]
+    if cut:
+        merged: dict[tuple[str, int, int], PairFigures] = {}
+        for (key, _), (figures, _) in zip(pieces, (piece for found, _ in results for piece in found)):
+            merged.setdefault(key, PairFigures()).add(figures)
+        tables.append(_step_tables([_key_rows(key, f, _meta(work[key]), eps, edges) for key, f in merged.items()]))
+    return _joined(tables)
+
+
+def _joined(tables: list[dict[str, pa.Table]]) -> dict[str, pa.Table]:
+    return {name: _concat([t[name] for t in tables if name in t], schema)
+            for name, schema in (("token_steps", STEPS), ("token_hist", HIST), ("token_positions", BUCKETS),
+                                 ("token_probability", BUCKETS), ("token_sequences", SEQUENCES))}
+
+
+def _index_tables(dump: Dump, index: PairIndex, eps: float, workers: int, jobs: int) -> dict[str, pa.Table]:
+    """token_tables from a PairIndex: each pool job a run of its keys in one compiled call
+    (token_batch.index_tables), else (a pair not small, not float32) their Parts one by one as below."""
+    from rlprobe.check.token_batch import index_tables
+
+    edges, keys = table_edges(), index.keys()
+    tokens = np.add.reduceat(index.rows[index.a] * index.width[index.a], index.starts[:-1])
+    job = _job(dump, eps, edges, False)
+
+    def run(first: int, last: int) -> dict[str, pa.Table]:
+        found = index_tables(dump, index, first, last, eps, edges)
+        if found is not None:
+            return found
+        return job([(keys[k], [index.part(i) for i in range(index.starts[k], index.starts[k + 1])])
+                    for k in range(first, last)], batched=False)[1]
+
+    ends = list(accumulate(len(r) for r in runs(tokens.tolist(), jobs)))
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return _joined(list(pool.map(run, [0, *ends[:-1]], ends)))
+
+
+def _job(dump: Dump, eps: float, edges: Edges, cut: bool) -> Callable[..., tuple[list, dict[str, pa.Table]]]:
+    """A pool job: a run of pieces (key, parts) and their tables (built in the job: both threads share that
+    work too); small pairs in one kernel call (token_batch.py), else a kernel call a part."""
     scratch = threading.local()  # a thread's figures, zeroed where filled after each key: no 256 KiB page-in a key
 
     def piece_job(key: tuple[str, int, int], parts: list[Part]) -> tuple[PairFigures | _KeyRows, list]:
@@ -115,18 +164,17 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
         figures = getattr(scratch, "figures", None) or PairFigures()
         scratch.figures = None  # a key that fails leaves it dirty: the next one starts afresh
         sequences = _reduce_parts(dump, parts, eps, figures)
-        rows = _key_rows(key, figures, _meta(work[key]), eps, edges)
+        rows = _key_rows(key, figures, _meta(parts), eps, edges)  # not cut: the parts are all the key's
         figures.clear(rows.filled)
         scratch.figures = figures
         return rows, sequences
 
-    def job(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> tuple[list, dict[str, pa.Table]]:
-        """A run of pieces, and their tables (built here: both threads share that work too); small
-        pairs in one kernel call (token_batch.py)."""
-        if not cut:
+    def job(batch: list[tuple[tuple[str, int, int], list[Part]]], batched: bool = True
+            ) -> tuple[list, dict[str, pa.Table]]:
+        if batched and not cut:
             from rlprobe.check.token_batch import batch_tables
 
-            tables = batch_tables(dump, batch, [_meta(work[key]) for key, _ in batch], eps, edges)
+            tables = batch_tables(dump, batch, [_meta(parts) for _, parts in batch], eps, edges)
             if tables is not None:
                 return [], tables
         found = [piece_job(key, parts) for key, parts in batch]
@@ -134,18 +182,7 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
         tables["token_sequences"] = _sequence_table([(key, s) for (key, _), (_, seqs) in zip(batch, found)
                                                      for s in seqs])
         return found, tables
-
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        results = list(pool.map(job, batches(pieces, jobs)))
-    tables = [t for _, t in results]
-    if cut:
-        merged: dict[tuple[str, int, int], PairFigures] = {}
-        for (key, _), (figures, _) in zip(pieces, (piece for found, _ in results for piece in found)):
-            merged.setdefault(key, PairFigures()).add(figures)
-        tables.append(_step_tables([_key_rows(key, f, _meta(work[key]), eps, edges) for key, f in merged.items()]))
-    return {name: _concat([t[name] for t in tables if name in t], schema)
-            for name, schema in (("token_steps", STEPS), ("token_hist", HIST), ("token_positions", BUCKETS),
-                                 ("token_probability", BUCKETS), ("token_sequences", SEQUENCES))}
+    return job
 
 
 def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
@@ -158,16 +195,22 @@ JOBS_PER_THREAD = 4  # batches a thread: enough to even out the threads' ends, f
 def batches(pieces: list[tuple[Any, list[Part]]], count: int) -> list[list[tuple[Any, list[Part]]]]:
     """The pieces in order as up to `count` runs of about equal tokens (one per pool job: a
     thousand small pairs are not a thousand jobs)."""
-    sizes = [sum(part_tokens(p) for p in parts) for _, parts in pieces]
+    found = runs([sum(part_tokens(p) for p in parts) for _, parts in pieces], count)
+    at = [0, *accumulate(len(r) for r in found)]
+    return [pieces[i:j] for i, j in pairwise(at)]
+
+
+def runs(sizes: list[int], count: int) -> list[list[int]]:
+    """batches() on the pieces' token counts: the runs as lists of the pieces' numbers."""
     target = sum(sizes) / max(1, count)
-    found: list[list] = [[]]
+    found: list[list[int]] = [[]]
     filled = 0.0
-    for piece, size in zip(pieces, sizes):
+    for i, size in enumerate(sizes):
         if found[-1] and filled + size / 2 > target * len(found):
             found.append([])
-        found[-1].append(piece)
+        found[-1].append(i)
         filled += size
-    return [b for b in found if b]
+    return [r for r in found if r]
 
 
 def _reduce_parts(dump: Dump, parts: list[Part], eps: float, figures: PairFigures) -> list:
@@ -219,27 +262,6 @@ def split_rows(parts: list[Part], count: int) -> list[list[Part]]:
     return [piece for piece in pieces if piece]
 
 
-@functools.cache
-def _edges() -> _Edges:
-    return _Edges()
-
-
-class _Edges:
-    """The bins' and buckets' edges, computed once a process (~1 ms: their arrays are 256 KiB each)."""
-
-    def __init__(self) -> None:
-        self.lower, self.upper = bin_lower_edges(), bin_upper_edges()
-        self.pos_lo = np.array([position_bounds(p)[0] for p in range(N_POSITIONS)], np.float64)
-        self.pos_hi = np.array([position_bounds(p)[1] for p in range(N_POSITIONS)], np.float64)
-        self.pos_hi[-1] = np.inf
-        self.prob_lo = np.arange(N_PROBABILITY) / N_PROBABILITY
-        self.signed_lo = np.concatenate([self.lower, -self.upper])  # by histogram bin: Δ >= 0, then Δ < 0
-        self.signed_hi = np.concatenate([self.upper, -self.lower])
-        first, last = slice(None, None, 1 << TABLE_BITS), slice((1 << TABLE_BITS) - 1, None, 1 << TABLE_BITS)
-        self.table_lo = np.concatenate([self.lower[first], -self.upper[last]])  # token_hist's bins: 2^TABLE_BITS
-        self.table_hi = np.concatenate([self.upper[last], -self.lower[first]])  # of the kernel's merged
-
-
 class _KeyRows(NamedTuple):
     """The rows of one (pair, step, rank) in each step table, and its filled histogram bins."""
 
@@ -251,7 +273,7 @@ class _KeyRows(NamedTuple):
     filled: np.ndarray
 
 
-def _key_rows(key: tuple[str, int, int], f: PairFigures, meta: dict[str, Any], eps: float, edges: _Edges
+def _key_rows(key: tuple[str, int, int], f: PairFigures, meta: dict[str, Any], eps: float, edges: Edges
               ) -> _KeyRows:
     pair, step, rank = key
     n = f.tokens
