@@ -373,9 +373,9 @@ def _tensor_row(item: TensorRow, values: np.ndarray | None, host: dict[str, Any]
     try:
         if isinstance(host, Exception):
             raise host
-        stats = dict(leaf.device_stats or {})
+        stats = leaf.device_stats or {}  # the device's statistics win over the host's (one merge, no copies)
         if host is not None:
-            stats.update({k: v for k, v in host.items() if k not in stats})
+            stats = {**host, **stats} if stats else host
         row: dict[str, Any] = {
             **item.keys, "dtype": leaf.dtype, "shape": list(leaf.shape), "numel": math.prod(leaf.shape), **stats,
             "hash": bitwise_hash(leaf.raw) if leaf.raw is not None else None, "tensor_file": None,

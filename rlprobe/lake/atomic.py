@@ -172,7 +172,7 @@ class AtomicFolder:
                 make_dirs(_parent(self._tmp))
                 os.mkdir(self._tmp)
             self._made = True
-        target = os.path.join(self._tmp, name)
+        target = f"{self._tmp}{os.sep}{name}"  # not os.path.join: ~1.5 us a file, a name is never absolute
         header = _npy_header(array)
         try:
             if header is None:
@@ -258,7 +258,10 @@ def atomic_write_parquet(path: Path, table: "Any") -> int:
         # one chunk per save call or part (the writer process's rows, a merge): Parquet writes each chunk
         # with its own set-up, ~0.2 ms each, where copying them into one costs a few microseconds a chunk
         table = table.combine_chunks()
-    return atomic_write(path, lambda f: pq.write_table(table, f, compression=compression))
+    # an uncompressed part is a commit's few hundred rows, merged away later: dictionary encoding
+    # (~30 % of its write time, ~0.4 ms a part of key data) only pays where zstd follows it
+    return atomic_write(path, lambda f: pq.write_table(table, f, compression=compression,
+                                                       use_dictionary=compression != "none"))
 
 
 def is_temporary(path: Path) -> bool:

@@ -198,42 +198,47 @@ class OccurrenceCounter:
         self.step: int | None = None
         self.seen: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
 
-    def occurrences(self, step: int, key: tuple[str, str], ids: np.ndarray) -> np.ndarray:
-        return self.occurrences_of_call(step, [key], ids)[0]
-
-    def occurrences_of_call(self, step: int, keys: Sequence[tuple[str, str]], ids: np.ndarray) -> np.ndarray:
-        """Occurrences of `ids` for each (key, index) of one call, one row per key. The keys of a
-        call share its ids, and keys saved in the same calls share their counts: the counts are
-        worked out once per distinct history, not once per key."""
-        if step != self.step:
-            self.step, self.seen = step, {}
-        order = np.argsort(ids, kind="stable")
-        ordered = ids[order]
-        starts = np.r_[True, ordered[1:] != ordered[:-1]][:len(ids)]
-        group_start = np.maximum.accumulate(np.where(starts, np.arange(len(ids)), 0))
-        within = np.empty(len(ids), np.int64)
-        within[order] = np.arange(len(ids)) - group_start
-        unique, counts = ordered[starts], np.diff(np.r_[np.flatnonzero(starts), len(ids)])
-        out = np.empty((len(keys), len(ids)), np.int64)
-        done: dict[int, tuple[Any, Any]] = {}  # id(history) -> (history, (row, next history))
-        for i, key in enumerate(keys):
-            history = self.seen.get(key)
-            if id(history) not in done:  # the history is kept in `done`: its id cannot be reused meanwhile
-                done[id(history)] = (history, self._advance(history, ids, within, unique, counts))
-            out[i], self.seen[key] = done[id(history)][1]
-        return out
-
-    @staticmethod
-    def _advance(history: tuple[np.ndarray, np.ndarray] | None, ids: np.ndarray, within: np.ndarray,
-                 unique: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
-        if history is None:  # first save of the key in the step
-            return within, (unique, counts.astype(np.int64))
-        seen_ids, seen_counts = history
-        at = np.minimum(np.searchsorted(seen_ids, ids), len(seen_ids) - 1)
-        base = np.where(seen_ids[at] == ids, seen_counts[at], 0)
-        keys_sorted, inverse = np.unique(np.concatenate([seen_ids, unique]), return_inverse=True)
-        merged = np.bincount(inverse, weights=np.concatenate([seen_counts, counts])).astype(np.int64)
-        return base + within, (keys_sorted, merged)
+    def occurrences_of_calls(self, calls: Sequence[tuple[int, Sequence[tuple[str, str]], np.ndarray]]
+                             ) -> list[np.ndarray]:
+        """Occurrences of each call's rows (step, its (key, index) pairs, its uint64 ids), counted
+        through the calls in their order (steps never decrease), one flat array per call (keys
+        major). One sort for all the calls, where one per call cost ~15 numpy calls each: rows
+        are ordered by (step, key, index, id), stably, with the counts kept from earlier calls of
+        the step entered before them as weighted rows; a row's occurrence is the weight before it
+        in its run."""
+        if not calls:
+            return []
+        codes: dict[tuple[int, str, str], int] = {}
+        group_parts, id_parts, sizes = [], [], []
+        for step, keys, ids in calls:
+            call_codes = [codes.setdefault((step, *key), len(codes)) for key in keys]
+            group_parts.append(np.repeat(np.array(call_codes, np.int64), len(ids)))
+            id_parts += [ids] * len(keys)  # concatenated once below: np.tile per call cost ~15 us
+            sizes.append(len(keys) * len(ids))
+        if calls[0][0] != self.step:
+            self.step, self.seen = calls[0][0], {}
+        history = [(codes[(self.step, *key)], seen) for key, seen in self.seen.items() if (self.step, *key) in codes]
+        groups = np.concatenate([np.repeat(code, len(seen[0])) for code, seen in history] + group_parts)
+        ids = np.concatenate([seen[0] for _, seen in history] + id_parts)  # uint64, as the history keeps them
+        weights = np.concatenate([seen[1] for _, seen in history] + [np.ones(sum(sizes), np.int64)])
+        order = np.lexsort((ids, groups))  # stable: earlier rows (and the history) first within a sample
+        g, i, w = groups[order], ids[order], weights[order]
+        starts = np.r_[True, (g[1:] != g[:-1]) | (i[1:] != i[:-1])]
+        before = np.cumsum(w) - w  # weight of the rows before each, in sorted order
+        occurrence = np.empty(len(order), np.int64)
+        occurrence[order] = before - np.maximum.accumulate(np.where(starts, before, 0))
+        last = calls[-1][0]
+        if last != self.step:
+            self.step, self.seen = last, {}
+        run_at = np.flatnonzero(starts)
+        run_g, run_ids = g[run_at], i[run_at]
+        run_w = np.add.reduceat(w, run_at)
+        for (step, key, index), code in codes.items():
+            if step == last:
+                lo, hi = np.searchsorted(run_g, [code, code + 1])
+                self.seen[(key, index)] = (run_ids[lo:hi], run_w[lo:hi])
+        bounds = np.cumsum([len(order) - sum(sizes), *sizes]).tolist()
+        return [occurrence[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def sample_table(identity: CallIdentity, leaves: Sequence[Any], step: int, counter: OccurrenceCounter) -> pa.Table:
@@ -250,10 +255,11 @@ def sample_tables_of_calls(calls: Sequence[tuple[CallIdentity, Sequence[Any], in
     counts (tensors of one layout are reduced together: numpy reduces each row of a stack
     exactly as the row alone)."""
     entries: list[tuple[Any, int]] = []  # (job, rows) per batch tensor, in call order
-    ids_parts, text_parts, group_parts, occurrence_parts, steps = [], [], [], [], []
+    ids_parts, text_parts, group_parts, steps = [], [], [], []
     call_rows = [0] * len(calls)
+    _resolve_together([identity for identity, _, _ in calls])
+    counted: list[tuple[int, list[tuple[str, str]], np.ndarray]] = []  # occurrences count through the calls in order
     for c, (identity, leaves, step) in enumerate(calls):
-        identity.resolve()
         n = identity.rows
         if n == 0:  # an empty batch has no rows
             continue
@@ -269,14 +275,13 @@ def sample_tables_of_calls(calls: Sequence[tuple[CallIdentity, Sequence[Any], in
         entries.extend((job, n) for job in batch)
         steps.extend([step] * k)
         call_rows[c] = k * n
-        # occurrences count through the calls in their order
-        occurrence_parts.append(counter.occurrences_of_call(step, [(job.key, job.index) for job in batch],
-                                                            ids).reshape(-1))
-        ids_parts.append(np.tile(ids.view(np.int64), k))
+        counted.append((step, [(job.key, job.index) for job in batch], ids))
+        ids_parts += [ids.view(np.int64)] * k
         text_parts.append(text * k if text is not None else [None] * (k * n))
         group_parts.append(identity.groups * k if identity.groups is not None else [None] * (k * n))
     if not entries:
         return [SAMPLE.empty_table()] * len(calls)
+    occurrence_parts = counter.occurrences_of_calls(counted)
     counts = np.array([n for _, n in entries], np.int64)
     offsets = np.cumsum(counts) - counts
     total = int(counts.sum())
@@ -316,6 +321,21 @@ def sample_tables_of_calls(calls: Sequence[tuple[CallIdentity, Sequence[Any], in
     table = pa.Table.from_arrays([pa.array(columns[f.name], f.type) for f in SAMPLE], schema=SAMPLE)
     starts = np.cumsum([0, *call_rows]).tolist()
     return [table.slice(start, rows) for start, rows in zip(starts, call_rows)]
+
+
+def _resolve_together(identities: Sequence[CallIdentity]) -> None:
+    """CallIdentity.resolve of each, the integer ids of all hashed by one row_hashes call (a row's
+    hash depends on its bytes alone, so the values are those of one call at a time)."""
+    pending = [identity for identity in identities if identity.int_ids is not None]
+    if len(pending) > 1:
+        hashes = row_hashes(np.concatenate([identity.int_ids for identity in pending]).reshape(-1, 1))
+        at = 0
+        for identity in pending:
+            n = len(identity.int_ids)  # type: ignore[arg-type]
+            identity.explicit_text = [str(v) for v in identity.int_ids.tolist()]  # type: ignore[union-attr]
+            identity.explicit, identity.int_ids, at = hashes[at:at + n], None, at + n
+    for identity in identities:
+        identity.resolve()
 
 
 SAMPLE = pa.schema([

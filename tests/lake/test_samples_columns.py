@@ -110,6 +110,34 @@ def test_explicit_ids_and_groups_and_keys_with_different_histories():
                                                 ["g0", "g0", "g1", "g1"]))
 
 
+def test_calls_worked_out_together_count_occurrences_through_steps_and_batches():
+    """The writer takes a commit's calls in one go (capture/save_calls.py): occurrences counted
+    in one pass over several calls and steps, and on from the previous batch when its last step
+    goes on, are those of the per-row definition, call after call."""
+    counter, seen, rows, expected = OccurrenceCounter(), {}, [], []
+    batches = [[(2, 0, [5, 6, 7]), (2, 1, [7, 8, 9]), (3, 0, [1, 2, 3])], [(3, 1, [3, 1, 4]), (3, 2, None)]]
+    for batch in batches:
+        calls = []
+        for step, micro, sample_ids in batch:
+            jobs = _call(np.random.default_rng(step + (micro > 1)), 3, micro)  # prompts repeat: derived ids repeat
+            if micro == 1:  # a key saved before in the step beside keys that were not
+                jobs = jobs[2:5]
+            identity = call_identity([(j.key, j.index, None if j.leaf is None else j.leaf.shape) for j in jobs],
+                                     None if sample_ids is None else np.array(sample_ids), None, "t")
+            ids = row_hashes(jobs[0].leaf.raw) if sample_ids is None else row_hashes(
+                np.array(sample_ids, np.int64).reshape(-1, 1))
+            if seen.get("step") != step:
+                seen.clear()
+                seen["step"] = step
+            expected += _expected_rows(jobs, ids, step, seen, None if sample_ids is None else
+                                       [str(i) for i in sample_ids])
+            calls.append((identity, jobs, step))
+        for table in sample_tables_of_calls(calls, counter):
+            rows += table.to_pylist()
+    _same(rows, expected)
+    assert max(r["occurrence"] for r in rows) >= 1
+
+
 def test_a_new_step_starts_the_occurrences_again_and_an_empty_batch_has_no_rows():
     rng = np.random.default_rng(5)
     counter = OccurrenceCounter()
