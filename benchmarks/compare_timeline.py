@@ -47,6 +47,7 @@ SPANS = (
     ("rlprobe.lake.sql_runner", "create_table"),
     ("rlprobe.lake.sql_runner", "store"),
     ("rlprobe.compare.executor", "run_pairs"),
+    ("rlprobe.compare.pairs_ahead", "PairsAhead.take"),  # a method: Class.name
     ("rlprobe.compare.pair_results", "pair_results_table"),
     ("rlprobe.compare.single_run", "single_run_findings"),
     ("rlprobe.compare.verdict", "explain"),
@@ -101,10 +102,13 @@ def child(a: str, b: str, out: str, workers: int) -> None:
     def patch(mod) -> None:
         """Wrap the wanted functions of `mod`, and every name in a loaded rlprobe module bound to one."""
         for name in wanted.get(mod.__name__, ()):
-            fn = getattr(mod, name, None)
+            owner, attr = mod, name
+            if "." in name:  # a method
+                owner, attr = getattr(mod, name.split(".")[0], None), name.split(".")[1]
+            fn = getattr(owner, attr, None)
             if fn is not None and not getattr(fn, "_timeline", False):
                 wrappers[id(fn)] = wrap(mod.__name__, name, fn)
-                setattr(mod, name, wrappers[id(fn)])
+                setattr(owner, attr, wrappers[id(fn)])
         for other in list(sys.modules.values()):
             if getattr(other, "__name__", "").startswith("rlprobe"):
                 for attr, value in list(vars(other).items()):
@@ -177,9 +181,13 @@ def phases(result: dict) -> dict[str, tuple[float, float, float]]:
     for s in result["spans"]:
         if s["thread"] == "MainThread":
             first.setdefault(s["label"], s)
-    if not {"run.compare_dumps", "executor.run_pairs", "output_folder.publish_output"} <= first.keys():
+    # with pairs compared ahead (rlprobe.compare.pairs_ahead), the pairs phase is the main thread's wait for
+    # them, and their CPU counts where their thread ran (before the pairs, mostly)
+    calls = [first[label] for label in ("executor.run_pairs", "pairs_ahead.PairsAhead.take") if label in first]
+    if not calls or not {"run.compare_dumps", "output_folder.publish_output"} <= first.keys():
         return {}  # no tensor pair compared (statistics only): no phases to tell apart
-    start, pairs, out = first["run.compare_dumps"], first["executor.run_pairs"], first["output_folder.publish_output"]
+    start, out = first["run.compare_dumps"], first["output_folder.publish_output"]
+    pairs = min(calls, key=lambda s: s["start"])
     bounds = [("before pairs", start["start"], start["cpu0"], pairs["start"], pairs["cpu0"]),
               ("pairs", pairs["start"], pairs["cpu0"], pairs["start"] + pairs["wall"], pairs["cpu1"]),
               ("after pairs", pairs["start"] + pairs["wall"], pairs["cpu1"], out["start"], out["cpu0"]),

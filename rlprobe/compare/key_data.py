@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from rlprobe.compare.key_aliases import key_order_table
 from rlprobe.compare.pair_results import pair_results_table
+from rlprobe.compare.pairs_ahead import AHEAD_MIN_PAIRS
 from rlprobe.compare.sample_alignment import layout, sample_key_data
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import KEY_DATA, with_rank
@@ -39,19 +40,19 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
                      steps: list[int] | None = None, ranks: list[int] | None = None, workers: int = 2,
                      stats_rtol: float = 0.0, order: list[str] | None = None, progress: Progress | None = None,
                      executor: Callable[..., dict] | None = None,
-                     key_map: dict[str, str] | None = None) -> KeyDataComparison:
+                     key_map: dict[str, str] | None = None,
+                     ahead: Callable[[list[Any]], None] | None = None) -> KeyDataComparison:
     """Compare the key data of `dump_a` and `dump_b` in `con`, which keeps the tables stats_a,
     stats_b, key_order and key_data (and the macros of pair_macros.sql) for the queries after it.
-    Runs with different layouts (micro-batches, ranks) are compared per sample (sample_alignment.py)."""
+    Runs with different layouts (micro-batches, ranks) are compared per sample (sample_alignment.py).
+    `ahead(tasks)`: starts comparing pairs (PairTask) that `executor` will then be asked for, while
+    the statistics are read (rlprobe.compare.pairs_ahead); called for two msprobe dumps of many tensor
+    files under the same paths, without a selection."""
     read_errors: list[str] = []
-    # with two workers, run B's msprobe statistics files are read by a child process while run A's are read here
-    beside = dump_b.read_key_data_beside() if workers > 1 else None
-    try:
-        load_stats(con, "stats_a", dump_a, read_errors, "A")
-        load_stats(con, "stats_b", dump_b, read_errors, "B")
-    finally:
-        if beside is not None:
-            beside.close()
+    if ahead is not None and keys is None and steps is None and ranks is None:
+        _start_ahead(ahead, dump_a, dump_b)
+    load_stats(con, "stats_a", dump_a, read_errors, "A")
+    load_stats(con, "stats_b", dump_b, read_errors, "B")
     con.register("key_order", key_order_table(order, key_map))
     run_layout = layout(con, dump_a, dump_b, read_errors)
     execute(con, "pair_macros.sql")
@@ -95,6 +96,26 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     key_data = _mark_first(key_data, first)
     con.register("key_data", key_data)
     return KeyDataComparison(key_data, first, read_errors, files.num_rows + gathered, run_layout)
+
+
+def _start_ahead(ahead: Callable[[list[Any]], None], dump_a: Dump, dump_b: Dump) -> None:
+    """`ahead` the pairs of the tensor files both msprobe dumps hold under the same path (listing their
+    folders, which their statistics are then read from), from AHEAD_MIN_PAIRS of them on. A folder that
+    cannot be listed starts nothing: reading the statistics reports it."""
+    if dump_a.format != "msprobe" or dump_b.format != "msprobe":
+        return
+    try:
+        files_a = dump_a.msprobe_tensor_files()
+        in_b = set(dump_b.msprobe_tensor_files())
+    except OSError:
+        return
+    files = [f for f in files_a if f in in_b]
+    if len(files) < AHEAD_MIN_PAIRS:
+        return
+    from rlprobe.compare.executor import PairTask
+
+    root_a, root_b = os.path.join(dump_a.path, ""), os.path.join(dump_b.path, "")
+    ahead([PairTask(i, root_a + f, root_b + f) for i, f in enumerate(files)])
 
 
 def load_stats(con: Any, name: str, dump: Dump, read_errors: list[str], side: str) -> None:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 
 from rlprobe._version import __version__
 from rlprobe.compare.key_data import compare_key_data
+from rlprobe.compare.pairs_ahead import PairsAhead
 from rlprobe.compare.single_run import single_run_findings
 from rlprobe.compare.verdict import explain, explain_beyond_key_data
 from rlprobe.lake.reader import Dump
@@ -48,12 +50,17 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     con = con or duckdb.connect()
     beside = _SingleRunBeside(con, dump_a, dump_b, executor, start=workers > 1)
     try:
+        # with more than one worker (and the local executor), pairs known from the runs' folders are compared
+        # while their statistics are read (pairs_ahead.py)
         compared = compare_key_data(con, dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
                                     stats_rtol=stats_rtol, order=order, progress=progress,
-                                    executor=beside.run_pairs, key_map=key_map)
+                                    executor=beside.run_pairs, key_map=key_map,
+                                    ahead=partial(beside.start_ahead, workers=workers)
+                                    if workers > 1 and executor is None else None)
     except BaseException:
         beside.wait(quiet=True)  # the comparison's own error is the one to report
         raise
+    beside.drop_ahead()  # pairs compared ahead that the comparison did not ask for (none, as a rule)
     first, read_errors = compared.first, compared.read_errors
     if key_data_ready is not None:
         key_data_ready(compared.table)
@@ -166,6 +173,39 @@ class _SingleRunBeside:
         self._start = start
         self._thread: threading.Thread | None = None
         self._outcome: tuple[Any, BaseException | None] = (None, None)
+        self._ahead: PairsAhead | None = None
+        self._importing: threading.Thread | None = None  # started with the pairs compared ahead
+
+    def start_ahead(self, tasks: list[Any], workers: int) -> None:
+        """Start comparing `tasks` (pairs_ahead.PairsAhead), once the kernels are loaded; run_pairs takes them."""
+        from rlprobe.compare.executor import run_pairs
+
+        self._ahead = PairsAhead(tasks, workers, _kernels_ready, run_pairs)
+        # while the pairs are compared ahead this thread reads statistics and runs SQL, importing nothing
+        self._importing = self._start_imports()
+
+    @staticmethod
+    def _start_imports() -> threading.Thread | None:
+        """The later modules imported by a thread (run_pairs joins it), only while compiled kernels compare
+        the pairs (start_warm_up ran): a few tiny tensors are compared by numpy at once, and the thread would
+        import what such a comparison may never use (start-up)."""
+        if not _warm_up_started.is_set():
+            return None
+        importing = threading.Thread(target=_import_later_modules, name="rlprobe-imports", daemon=True)
+        importing.start()
+        return importing
+
+    def _join_imports(self) -> None:
+        importing, self._importing = self._importing, None
+        if importing is not None:
+            importing.join()
+
+    def drop_ahead(self) -> None:
+        """Wait for pairs compared ahead that run_pairs never took (the comparison failed, or asked for none)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.wait()
+        self._join_imports()
 
     @property
     def started(self) -> bool:
@@ -179,19 +219,19 @@ class _SingleRunBeside:
             self._thread = threading.Thread(target=self._findings, args=(saved, _cursors(self._con)),
                                             name="rlprobe-single-run", daemon=True)
             self._thread.start()
-        # only while compiled kernels compare the pairs (start_warm_up ran): a few tiny tensors are compared
-        # by numpy at once, and the thread would import what such a comparison may never use (start-up)
-        importing = threading.Thread(target=_import_later_modules, name="rlprobe-imports", daemon=True)
-        if _warm_up_started.is_set():
-            importing.start()
+        importing, self._importing = self._importing or self._start_imports(), None
         try:
             if self._executor is None:
                 from rlprobe.compare.executor import run_pairs
 
+                ahead, self._ahead = self._ahead, None
+                if ahead is not None:
+                    return ahead.take(tasks, lambda rest, progress: run_pairs(rest, **{**kwargs, "progress": progress}),
+                                      kwargs.get("progress"))
                 return run_pairs(tasks, **kwargs)
             return self._executor(tasks, **kwargs)
         finally:
-            if importing.is_alive():
+            if importing is not None:
                 importing.join()  # before this thread imports anything itself: no two threads in one import cycle
 
     def _findings(self, saved: dict[str, set[str]], connections: dict[str, Any]) -> None:
@@ -202,6 +242,7 @@ class _SingleRunBeside:
 
     def wait(self, quiet: bool = False) -> Any:
         """The findings (once the thread is done); its error, if it failed, is raised here (unless `quiet`)."""
+        self.drop_ahead()
         if self._thread is None:
             return None
         self._thread.join()
@@ -222,11 +263,18 @@ _LATER_MODULES = ("pyarrow.compute", "rlprobe.check.run", "rlprobe.compare.modul
 def _import_later_modules() -> None:
     import importlib
 
+    _kernels_ready()  # not beside numba's own import (start_warm_up)
     for name in _LATER_MODULES:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001, S112 - the import where the module is used reports it
             continue
+
+
+def _kernels_ready() -> None:
+    """Returns once a numba warm-up still loading is done (start_warm_up)."""
+    with _numba_loading:
+        pass
 
 
 def _after_warm_up(executor: Callable[..., Any] | None) -> Callable[..., Any]:

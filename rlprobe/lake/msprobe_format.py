@@ -12,8 +12,6 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +34,14 @@ def is_msprobe_grad(root: Path) -> bool:
     return any(_RANK.match(d.name) and any(d.glob("grad_summary_*.csv")) for d in root.iterdir() if d.is_dir())
 
 
-def key_data_table(root: Path, beside: "KeyDataReader | None" = None) -> pa.Table:
+def key_data_table(root: Path, listing: msprobe_scan.TensorListing | None = None) -> pa.Table:
     """One row per .npy file of a SingleSave dump, in the rlprobe key_data schema (+ rank): the
     folders and statistics files as msprobe_scan.scan_key_data reads them (each file read and
-    parsed once), from `beside` (started earlier, read by a child process) where it has them."""
-    cols = beside.columns() if beside is not None else None
-    if cols is None:
-        try:
-            cols = msprobe_scan.scan_key_data(os.fspath(root))
-        except msprobe_scan.StatsFileError as e:
-            raise DumpReadError(str(e)) from None
+    parsed once), the folders from `listing` (msprobe_scan.list_tensors of `root`) where given."""
+    try:
+        cols = msprobe_scan.read_statistics(listing or msprobe_scan.list_tensors(os.fspath(root)))
+    except msprobe_scan.StatsFileError as e:
+        raise DumpReadError(str(e)) from None
     shapes = cols["shape"]
     for i, shape in enumerate(shapes):
         if shape is None:  # no statistics file (or no shape in it): the npy header still tells the shape
@@ -57,53 +53,6 @@ def key_data_table(root: Path, beside: "KeyDataReader | None" = None) -> pa.Tabl
     schema = with_rank(KEY_DATA)
     return pa.table([pa.array(values[f.name], f.type) if f.name in values else pa.nulls(n, f.type)
                      for f in schema], schema=schema)
-
-
-# a child reads a run's statistics beside this process from about this many tensors on: it costs
-# ~25 ms to start, reading costs ~30 us a tensor here (docs/compare.md, "sixth session")
-CHILD_MIN_TENSORS = 1000
-
-
-def tensors_estimate(root: Path) -> int:
-    """About how many tensors a SingleSave dump holds (msprobe_scan.tensors_estimate)."""
-    return msprobe_scan.tensors_estimate(os.fspath(root))
-
-
-class KeyDataReader:
-    """A child Python reading a SingleSave dump's folders and statistics files (msprobe_scan.py)
-    while this process does other work (the other run's): `columns()` waits for them, None where
-    the child failed (the caller then reads the dump itself, and reports any error as it does)."""
-
-    def __init__(self, root: Path) -> None:
-        self._proc: subprocess.Popen[bytes] | None = None
-        if not sys.executable:
-            return
-        try:
-            self._proc = subprocess.Popen([sys.executable, "-I", "-S", msprobe_scan.__file__, os.fspath(root)],
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.DEVNULL)
-        except OSError:
-            self._proc = None
-
-    def columns(self) -> dict[str, list[Any]] | None:
-        if self._proc is None:
-            return None
-        out, _ = self._proc.communicate()
-        self._proc = None
-        if not out:  # the child failed (exit 1, nothing written)
-            return None
-        try:
-            values = json.loads(out)
-        except ValueError:
-            return None
-        return dict(zip(msprobe_scan.COLUMNS, values))
-
-    def close(self) -> None:
-        """Stop the child if its columns were never taken (the comparison failed before)."""
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.communicate()
-            self._proc = None
 
 
 def _npy_shape(npy: str) -> list[int] | None:

@@ -1,11 +1,10 @@
 """The folders and statistics files of an msprobe SingleSave dump, read with the standard library
-only: rlprobe.lake.msprobe_format builds the key_data table from what `scan_key_data` returns, in
-this process or, for a second run read at once, in a child Python that runs this file
-(`python -I -S msprobe_scan.py ROOT`: no site-packages, nothing of rlprobe's imported).
+only: rlprobe.lake.msprobe_format builds the key_data table from what `scan_key_data` returns.
 
-Why a child: the reading is Python (a folder listing per micro-step, a JSON file per tensor) and
-holds the GIL, so two threads reading both runs take their sum; two processes take the longer one
-(docs/compare.md, "sixth session: two workers on small dumps").
+The reading is two steps, `list_tensors` (a folder listing per micro-step) and `read_statistics`
+(a JSON file per tensor), so that a comparison with more than one worker can start comparing the
+tensor pairs both runs list while this thread reads their statistics (rlprobe.compare.pairs_ahead;
+docs/compare.md, "seventh session: two workers on the msprobe small dump").
 """
 
 from __future__ import annotations
@@ -13,8 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^rank(\d+)$")
@@ -22,7 +20,7 @@ _MICRO = re.compile(r"^micro_step(\d+)$")
 _O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _READ_SIZE = 1 << 16
 _decode = json.JSONDecoder().decode
-# the columns scan_key_data returns, in this order (a child writes them as one JSON list)
+# the columns scan_key_data returns, in this order
 COLUMNS = ("key", "step", "rank", "micro_step", "index", "tensor_file", "npy", "shape", "min", "max", "mean", "norm")
 
 
@@ -41,14 +39,28 @@ def numbered(parent: str, pattern: re.Pattern[str]) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+class TensorListing(NamedTuple):
+    """What list_tensors found: the columns key to npy of COLUMNS (one entry per .npy file) and each
+    file's statistics file (absolute; None where there is none)."""
+
+    columns: dict[str, list[Any]]
+    metas: list[str | None]
+
+
 def scan_key_data(root: str) -> dict[str, list[Any]]:
     """One entry per .npy file of the dump under `root`, by key, step, rank, micro-step and name:
     where it is (`tensor_file` relative to the dump, `npy` absolute) and its statistics file's
     shape, min, max, mean and norm (None where the file or the value is missing: `shape` is then
     read from the .npy header by the caller). Raises StatsFileError for a statistics file that is
     not JSON, OSError where a folder or file cannot be read."""
-    cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
-    keys, steps, ranks, micros, indexes, tensor_files, npys = (cols[c] for c in COLUMNS[:7])
+    return read_statistics(list_tensors(root))
+
+
+def list_tensors(root: str) -> TensorListing:
+    """The .npy files of the dump under `root` (scan_key_data's first step: the folders only).
+    Raises OSError where a folder cannot be read."""
+    cols: dict[str, list[Any]] = {c: [] for c in COLUMNS[:7]}
+    keys, steps, ranks, micros, indexes, tensor_files, npys = cols.values()
     metas: list[str | None] = []
     sep = os.sep
     data = root + sep + "data"
@@ -76,31 +88,20 @@ def scan_key_data(root: str) -> dict[str, list[Any]]:
                         npys.append(base + name)
                         meta = stem + ".json"
                         metas.append(base + meta if meta in present else None)
+    return TensorListing(cols, metas)
+
+
+def read_statistics(listing: TensorListing) -> dict[str, list[Any]]:
+    """scan_key_data's columns from a listing (its second step: each statistics file read once).
+    Raises StatsFileError for a statistics file that is not JSON, OSError where one cannot be read."""
+    cols: dict[str, list[Any]] = {**listing.columns, **{c: [] for c in COLUMNS[7:]}}
     shapes, stats = cols["shape"], [cols[c] for c in ("min", "max", "mean", "norm")]
-    for meta_file in metas:
+    for meta_file in listing.metas:
         meta = _read_meta(meta_file) if meta_file is not None else {}
         shapes.append(meta.get("shape"))
         for column, name in zip(stats, ("min", "max", "mean", "norm")):
             column.append(as_float(meta.get(name)))
     return cols
-
-
-def tensors_estimate(root: str) -> int:
-    """About how many tensors the dump under `root` holds, from one listing a level: its keys x the
-    first key's steps x that step's ranks x that rank's micro-steps x the first micro-step's .npy
-    files (0 where a folder cannot be read)."""
-    try:
-        data = root + os.sep + "data"
-        with os.scandir(data) as entries:
-            keys = sorted(d.path for d in entries if d.is_dir())
-        count, folder = len(keys), keys[0] if keys else None
-        for pattern in (_STEP, _RANK, _MICRO):
-            found = numbered(folder, pattern) if folder is not None else []
-            count *= len(found)
-            folder = found[0][1] if found else None
-        return count * sum(1 for n in os.listdir(folder) if n.endswith(".npy")) if folder is not None else 0
-    except OSError:
-        return 0
 
 
 def _read_meta(meta_file: str) -> dict[str, Any]:
@@ -148,21 +149,3 @@ def as_float(value: Any) -> float | None:
         return None if value is None else float(value)
     except (TypeError, ValueError):
         return None
-
-
-def main(argv: list[str]) -> int:
-    """The child: scan_key_data(argv[1]) as one JSON list of the columns on stdout (floats as repr,
-    NaN and infinities as JSON's NaN/Infinity: they read back to the same values); exit 1 on any
-    error, for the parent to read the run itself and report the error as it does."""
-    try:
-        cols = scan_key_data(argv[1])
-        out = json.dumps([cols[c] for c in COLUMNS], separators=(",", ":")).encode()
-    except Exception:  # noqa: BLE001 - the parent reads the run again and raises the precise error
-        return 1
-    sys.stdout.buffer.write(out)
-    sys.stdout.buffer.flush()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -6,6 +6,7 @@ key_data rows (dtype and counts unknown), its configurations.json the configs ta
 
 from __future__ import annotations
 
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlprobe.errors import DumpReadError
-from rlprobe.lake import msprobe_format
+from rlprobe.lake import msprobe_format, msprobe_scan
 from rlprobe.lake.configs import configs_as_table, read_configs, read_json
 from rlprobe.lake.encoding import restore
 from rlprobe.lake.layout import RUN_MANIFEST, DumpLayout
@@ -62,7 +63,7 @@ class Dump:
         self.format = fmt
         self.include_uncommitted = include_uncommitted
         self.layout = DumpLayout(root)
-        self._beside: "msprobe_format.KeyDataReader | None" = None  # read_key_data_beside
+        self._listing: "msprobe_scan.TensorListing | None" = None  # msprobe_tensor_files
 
     def __repr__(self) -> str:
         extra = ", include_uncommitted=True" if self.include_uncommitted else ""
@@ -216,22 +217,23 @@ class Dump:
             return _empty(kind)
         return pa.concat_tables(tables, promote_options="default")
 
-    def read_key_data_beside(self) -> "msprobe_format.KeyDataReader | None":
-        """An msprobe dump of many tensors: start reading its statistics files in a child process,
-        which `arrow("key_data")` then takes (while this process reads the other run's); the reader,
-        to close where the comparison fails first. None for other formats, once read, or for a dump
-        of fewer tensors than msprobe_format.CHILD_MIN_TENSORS (the child's start costs more)."""
-        if self.format != "msprobe" or "_msprobe_key_data" in self.__dict__ or self._beside is not None:
-            return None
-        if msprobe_format.tensors_estimate(self.path) < msprobe_format.CHILD_MIN_TENSORS:
-            return None
-        self._beside = msprobe_format.KeyDataReader(self.path)
-        return self._beside
+    def msprobe_tensor_files(self) -> list[str]:
+        """An msprobe dump's tensor files, relative to it, in arrow("key_data")'s order: its folders
+        are listed once, and arrow("key_data") then reads the statistics files of that listing (a
+        comparison starts comparing pairs from it: rlprobe.compare.pairs_ahead). Raises OSError where
+        a folder cannot be read; other formats hold none here."""
+        if self.format != "msprobe":
+            return []
+        if "_msprobe_key_data" in self.__dict__:
+            return self._msprobe_key_data["tensor_file"].to_pylist()
+        if self._listing is None:
+            self._listing = msprobe_scan.list_tensors(os.fspath(self.path))
+        return self._listing.columns["tensor_file"]
 
     @cached_property
     def _msprobe_key_data(self) -> pa.Table:
-        beside, self._beside = self._beside, None
-        return msprobe_format.key_data_table(self.path, beside)
+        listing, self._listing = self._listing, None
+        return msprobe_format.key_data_table(self.path, listing)
 
     @cached_property
     def _msprobe_grad(self) -> pa.Table:  # read once: a summary CSV per rank and step

@@ -1,6 +1,6 @@
-"""rlprobe/lake/msprobe_scan.py: an msprobe dump's statistics read by a child Python (what
-`rlprobe compare --workers 2` does for run B) give the table this process reads, and every error
-is still the one this process reports."""
+"""rlprobe/lake/msprobe_scan.py: an msprobe dump's folders listed first (what a comparison with two
+workers starts comparing pairs from: rlprobe/compare/pairs_ahead.py), its statistics read from that
+listing, give the table a reading in one go gives, and every error is still the one it reports."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 import pytest
 
 from rlprobe.errors import DumpReadError
-from rlprobe.lake import msprobe_format
-from rlprobe.lake.msprobe_format import KeyDataReader, key_data_table, tensors_estimate
+from rlprobe.lake import msprobe_scan
+from rlprobe.lake.msprobe_format import key_data_table
 
 
 def _item(run: Path, key: str, step: int, micro: int, stem: str, array: np.ndarray, meta: str | None) -> Path:
@@ -41,37 +42,48 @@ def _odd_dump(run: Path) -> Path:
     return run
 
 
-def test_a_child_reads_the_table_this_process_reads(tmp_path: Path):
+def test_the_statistics_read_from_a_listing_are_the_table_read_in_one_go(tmp_path: Path):
     run = _odd_dump(tmp_path / "run")
-    reader = KeyDataReader(run)
-    columns = reader.columns()
-    assert columns is not None  # the child read it (else the comparison below would compare a table with itself)
-    assert columns["key"] == ["adv", "adv", "adv", "log_prob", "log_prob", "清"]
-    assert columns["step"] == [2, 10, 10, 0, 0, 1]
+    listing = msprobe_scan.list_tensors(os.fspath(run))
+    assert listing.columns["key"] == ["adv", "adv", "adv", "log_prob", "log_prob", "清"]
+    assert listing.columns["step"] == [2, 10, 10, 0, 0, 1]
+    assert listing.metas[2] is None  # adv.critic: no statistics file
     here = key_data_table(run)
-    reader = KeyDataReader(run)
-    beside = key_data_table(run, reader)
-    assert repr(beside.to_pylist()) == repr(here.to_pylist())  # NaN and -0.0 as they are
+    listed = key_data_table(run, listing)
+    assert repr(listed.to_pylist()) == repr(here.to_pylist())  # NaN and -0.0 as they are
     rows = here.to_pylist()
     assert [r["index"] for r in rows] == ["", "0", "critic", "", "", ""]
     assert rows[4]["max"] != rows[4]["max"] and rows[4]["min"] == float("-inf")
     assert rows[2]["shape"] == [1, 2] and rows[2]["max"] is None  # no statistics file: the npy header's shape
     assert rows[5]["max"] == 0.30000000000000004
+    assert rows[1]["min"] == 0.5 and rows[0]["norm"] == 1.0  # text and true read as numbers, as before
 
 
-def test_the_estimate_of_tensors_decides_the_child(tmp_path: Path):
+def test_a_dump_lists_its_folders_once_and_reads_its_statistics_from_that_listing(tmp_path: Path):
     run = _odd_dump(tmp_path / "run")
-    assert tensors_estimate(run) == 3 * 2 * 1 * 1 * 1  # keys x adv's steps (2, 10) x ranks x micro-steps x tensors
-    assert tensors_estimate(tmp_path / "missing") == 0
-    assert rlprobe_open(run).read_key_data_beside() is None  # 6 < CHILD_MIN_TENSORS: read here
-    for step in range(CHILDLESS := msprobe_format.CHILD_MIN_TENSORS // 2):
-        _item(tmp_path / "big", "k", step, 0, "k", np.zeros(1, np.float32), None)
-        _item(tmp_path / "big", "l", step, 0, "l", np.zeros(1, np.float32), None)
-    assert tensors_estimate(tmp_path / "big") == 2 * CHILDLESS
-    dump = rlprobe_open(tmp_path / "big")
-    reader = dump.read_key_data_beside()
-    assert reader is not None and dump.read_key_data_beside() is None  # one child a dump
-    assert dump.arrow("key_data").num_rows == 2 * CHILDLESS
+    dump = rlprobe_open(run)
+    files = dump.msprobe_tensor_files()
+    assert files == ["data/adv/step2/rank0/micro_step0/adv.npy", "data/adv/step10/rank0/micro_step0/adv.0.npy",
+                     "data/adv/step10/rank0/micro_step0/adv.critic.npy",
+                     "data/log_prob/step0/rank0/micro_step0/log_prob.npy",
+                     "data/log_prob/step0/rank0/micro_step1/log_prob.npy", "data/清/step1/rank0/micro_step0/清.npy"]
+    # a tensor written after the listing is not in the table: the statistics are read from the listing
+    _item(run, "late", 0, 0, "late", np.zeros(1, np.float32), None)
+    table = dump.arrow("key_data")
+    assert table["tensor_file"].to_pylist() == files
+    now = key_data_table(run)
+    assert repr(table.to_pylist()) == repr(now.filter(pc.not_equal(now["key"], "late")).to_pylist())
+    assert dump.msprobe_tensor_files() == files  # from the table now
+    assert rlprobe_open(tmp_path / "run").msprobe_tensor_files()[3] == "data/late/step0/rank0/micro_step0/late.npy"
+
+
+def test_a_folder_that_cannot_be_listed_is_the_reading_s_error(tmp_path: Path):
+    dump = rlprobe_open(_odd_dump(tmp_path / "run"))
+    (tmp_path / "run" / "data").rename(tmp_path / "moved")
+    with pytest.raises(OSError):
+        dump.msprobe_tensor_files()
+    with pytest.raises(OSError):
+        dump.arrow("key_data")
 
 
 def rlprobe_open(path: Path):
@@ -80,46 +92,35 @@ def rlprobe_open(path: Path):
     return open_dump(path)
 
 
-def test_a_corrupt_statistics_file_of_run_b_is_named_with_two_workers(tmp_path: Path, monkeypatch):
+def test_a_corrupt_statistics_file_of_run_b_is_named_with_two_workers(tmp_path: Path):
+    """Pairs are compared ahead from the listings while the statistics are read (two workers, 16 pairs or
+    more): the statistics file that is not JSON is the error, and no thread of the comparison is left."""
+    import threading
+
     from rlprobe.pipeline.compare_command import compare
 
-    monkeypatch.setattr(msprobe_format, "CHILD_MIN_TENSORS", 1)  # a child for these few tensors too
-
-    run_a = _odd_dump(tmp_path / "a")
-    run_b = _odd_dump(tmp_path / "b")
-    bad = run_b / "data" / "adv" / "step2" / "rank0" / "micro_step0" / "adv.json"
+    runs = {}
+    for name in ("a", "b"):
+        runs[name] = _odd_dump(tmp_path / name)
+        for step in range(20):
+            _item(runs[name], "many", step, 0, "many", np.full(3, step, np.float32), None)
+    bad = runs["b"] / "data" / "adv" / "step2" / "rank0" / "micro_step0" / "adv.json"
     bad.write_text("{not json")
-    assert KeyDataReader(run_b).columns() is None  # the child fails: this process reads run B and says why
     with pytest.raises(DumpReadError) as info:
-        compare(run_a, run_b, tmp_path / "out", workers=2)
+        compare(runs["a"], runs["b"], tmp_path / "out", workers=2)
     assert str(bad) in str(info.value) and "not valid JSON" in str(info.value)
     assert not (tmp_path / "out").exists()
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("rlprobe-")]
 
 
-def test_run_a_failing_first_stops_run_b_s_child(tmp_path: Path, monkeypatch):
+def test_run_a_failing_first_is_the_error_with_two_workers(tmp_path: Path):
     from rlprobe.pipeline.compare_command import compare
-
-    monkeypatch.setattr(msprobe_format, "CHILD_MIN_TENSORS", 1)  # a child for these few tensors too
 
     run_a = _odd_dump(tmp_path / "a")
     run_b = _odd_dump(tmp_path / "b")
     bad = run_a / "data" / "log_prob" / "step0" / "rank0" / "micro_step1" / "log_prob.json"
     bad.write_bytes(b'{"data": {"max": "\xff"}}')
-    before = _children()
+    (run_b / "data" / "adv" / "step2" / "rank0" / "micro_step0" / "adv.json").write_text("{not json")
     with pytest.raises(DumpReadError) as info:
         compare(run_a, run_b, tmp_path / "out", workers=2)
     assert str(bad) in str(info.value)
-    assert _children() == before  # run B's reader was stopped and reaped
-
-
-def _children() -> set[int]:
-    """This process's child processes (Linux: /proc), zombies included."""
-    task = Path(f"/proc/{os.getpid()}/task")
-    if not task.is_dir():
-        pytest.skip("needs /proc")
-    found: set[int] = set()
-    for t in task.iterdir():
-        children = t / "children"
-        if children.is_file():
-            found.update(int(p) for p in children.read_text().split())
-    return found
