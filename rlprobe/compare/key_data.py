@@ -46,8 +46,8 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     stats_b, key_order and key_data (and the macros of pair_macros.sql) for the queries after it.
     Runs with different layouts (micro-batches, ranks) are compared per sample (sample_alignment.py).
     `ahead(tasks)`: starts comparing pairs (PairTask) that `executor` will then be asked for, while
-    the statistics are read (rlprobe.compare.pairs_ahead); called for two msprobe dumps of many tensor
-    files under the same paths, without a selection."""
+    the statistics are read (rlprobe.compare.pairs_ahead); called for two msprobe dumps (run A of many
+    tensor files) without a selection."""
     read_errors: list[str] = []
     if ahead is not None and keys is None and steps is None and ranks is None:
         _start_ahead(ahead, dump_a, dump_b)
@@ -99,17 +99,16 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
 
 
 def _start_ahead(ahead: Callable[[list[Any]], None], dump_a: Dump, dump_b: Dump) -> None:
-    """`ahead` the pairs of the tensor files both msprobe dumps hold under the same path (listing their
-    folders, which their statistics are then read from), from AHEAD_MIN_PAIRS of them on. A folder that
-    cannot be listed starts nothing: reading the statistics reports it."""
+    """`ahead` the pairs of the tensor files msprobe dump A lists (its folders, which its statistics are then
+    read from) with the file under the same path in dump B, from AHEAD_MIN_PAIRS of them on: B's folders
+    are listed while they are compared (a pair whose B file is missing fails at once, and the SQL never
+    picks it). A folder that cannot be listed starts nothing: reading the statistics reports it."""
     if dump_a.format != "msprobe" or dump_b.format != "msprobe":
         return
     try:
-        files_a = dump_a.msprobe_tensor_files()
-        in_b = set(dump_b.msprobe_tensor_files())
+        files = dump_a.msprobe_tensor_files()
     except OSError:
         return
-    files = [f for f in files_a if f in in_b]
     if len(files) < AHEAD_MIN_PAIRS:
         return
     from rlprobe.compare.executor import PairTask

@@ -1,16 +1,16 @@
 """Tensor pairs compared ahead, while this thread still reads both runs' statistics.
 
 With more than one worker, a comparison of two msprobe dumps knows the pairs it will compare, in the
-usual case, as soon as both runs' folders are listed: the tensor files both runs hold under the same
-path. Their statistics files (a JSON file per tensor, read by Python, holding the GIL) and the layout
-and pairing SQL take longer than the pairs themselves on a dump of many small tensors, so the pairs
-start on the workers (compiled, GIL-free: rlprobe.compare.small_pairs) beside that reading
-(docs/compare.md, "seventh session: two workers on the msprobe small dump").
+usual case, as soon as run A's folders are listed: each tensor file of run A with the file under the same
+path in run B. The statistics files (a JSON file per tensor, read by Python, holding the GIL), run B's
+listing and the layout and pairing SQL take longer than the pairs themselves on a dump of many small
+tensors, so the pairs start on the workers (compiled, GIL-free: rlprobe.compare.small_pairs) beside that
+reading (docs/compare.md, "seventh session: two workers on the msprobe small dump").
 
 The SQL still decides which pairs are compared (tensor_pairs.sql): `take` gives each of its pairs
 the result computed ahead where there is one - the same kernel on the same files, so the same bits -
 and compares the others (another key name in run B, say) the usual way. A pair compared ahead that
-the SQL does not pick (shapes that differ) is dropped. Where the comparing ahead failed, every pair
+the SQL does not pick (shapes that differ, a file run B lacks) is dropped. Where the comparing ahead failed, every pair
 is compared the usual way, which names the problem as it always did.
 """
 

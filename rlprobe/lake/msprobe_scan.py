@@ -95,13 +95,41 @@ def read_statistics(listing: TensorListing) -> dict[str, list[Any]]:
     """scan_key_data's columns from a listing (its second step: each statistics file read once).
     Raises StatsFileError for a statistics file that is not JSON, OSError where one cannot be read."""
     cols: dict[str, list[Any]] = {**listing.columns, **{c: [] for c in COLUMNS[7:]}}
-    shapes, stats = cols["shape"], [cols[c] for c in ("min", "max", "mean", "norm")]
-    for meta_file in listing.metas:
-        meta = _read_meta(meta_file) if meta_file is not None else {}
-        shapes.append(meta.get("shape"))
-        for column, name in zip(stats, ("min", "max", "mean", "norm")):
-            column.append(as_float(meta.get(name)))
+    shapes, mins, maxes, means, norms = (cols[c] for c in ("shape", "min", "max", "mean", "norm"))
+    read_head, decode, empty = _read_head, _decode, {}
+    for meta_file in listing.metas:  # a loop of few calls: it runs once a tensor, holding the GIL
+        data = empty
+        if meta_file is not None:
+            head = read_head(meta_file)
+            try:
+                meta = decode(head.decode()) if len(head) < _READ_SIZE else None
+            except ValueError:  # not UTF-8 or not JSON: _read_meta names the file and the problem
+                meta = None
+            if meta is None:
+                data = _read_meta(meta_file)
+            elif type(meta) is dict:
+                data = meta.get("data", empty)
+                if type(data) is not dict:
+                    data = empty
+        shapes.append(data.get("shape"))
+        value = data.get("min")
+        mins.append(value if type(value) is float else as_float(value))
+        value = data.get("max")
+        maxes.append(value if type(value) is float else as_float(value))
+        value = data.get("mean")
+        means.append(value if type(value) is float else as_float(value))
+        value = data.get("norm")
+        norms.append(value if type(value) is float else as_float(value))
     return cols
+
+
+def _read_head(path: str) -> bytes:
+    """Up to _READ_SIZE bytes of the file (a statistics file is a few hundred: all of it)."""
+    fd = os.open(path, _O_READ)
+    try:
+        return os.read(fd, _READ_SIZE)
+    finally:
+        os.close(fd)
 
 
 def _read_meta(meta_file: str) -> dict[str, Any]:

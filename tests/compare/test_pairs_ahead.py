@@ -18,6 +18,9 @@ from rlprobe.compare.pairs_ahead import AHEAD_MIN_PAIRS, PairsAhead
 from rlprobe.lake.reader import open_dump
 from rlprobe.pipeline.compare_command import compare
 
+# the threads a comparison starts (other tests of this process may leave threads of their own)
+COMPARISON_THREADS = ("rlprobe-pairs-ahead", "rlprobe-compare", "rlprobe-imports", "rlprobe-single-run")
+
 
 def _save(run: Path, key: str, step: int, micro: int, array: np.ndarray, stem: str | None = None) -> None:
     """One tensor as msprobe's SingleSave writes it: its .npy and its statistics file."""
@@ -45,21 +48,32 @@ def _runs(root: Path) -> tuple[Path, Path]:
     return a, b
 
 
-def test_the_pairs_started_ahead_are_those_both_runs_list_under_one_path(tmp_path: Path):
+def test_the_pairs_started_ahead_are_run_a_s_files_with_run_b_s_under_the_same_path(tmp_path: Path):
     a, b = _runs(tmp_path)
     started: list[list[PairTask]] = []
-    _start_ahead(started.append, open_dump(a), open_dump(b))
+    dump_a = open_dump(a)
+    _start_ahead(started.append, dump_a, open_dump(b))
     (tasks,) = started
     files = [t.path_a[len(str(a)) + 1:] for t in tasks]
-    assert len(files) == 2 * 4 * 3 - 1 and "data/advantages/step3/rank0/micro_step2/advantages.npy" not in files
+    assert files == dump_a.arrow("key_data")["tensor_file"].to_pylist() and len(files) == 2 * 4 * 3
     assert all(t.path_b == str(b) + t.path_a[len(str(a)):] for t in tasks)
     assert [t.task_id for t in tasks] == list(range(len(tasks)))
     few = tmp_path / "few"
-    _save(few / "a", "k", 0, 0, np.zeros(2, np.float32))
-    _save(few / "b", "k", 0, 0, np.zeros(2, np.float32))
+    for step in range(AHEAD_MIN_PAIRS - 1):
+        _save(few / "a", "k", step, 0, np.zeros(2, np.float32))
+        _save(few / "b", "k", step, 0, np.zeros(2, np.float32))
     _start_ahead(started.append, open_dump(few / "a"), open_dump(few / "b"))
     assert len(started) == 1  # fewer than AHEAD_MIN_PAIRS: compared where the SQL picks them
-    assert AHEAD_MIN_PAIRS > 1
+    _save(few / "a", "k", AHEAD_MIN_PAIRS, 0, np.zeros(2, np.float32))
+    _start_ahead(started.append, open_dump(few / "a"), open_dump(few / "b"))
+    assert len(started[1]) == AHEAD_MIN_PAIRS
+    rlprobe_dump = tmp_path / "rl"
+    import rlprobe
+
+    with rlprobe.Probe(rlprobe_dump) as probe:
+        probe.save({"k": np.zeros(2, np.float32)})
+    _start_ahead(started.append, open_dump(few / "a"), open_dump(rlprobe_dump))
+    assert len(started) == 2  # msprobe dumps only
 
 
 def test_taking_pairs_compared_ahead_gives_run_pairs_results(tmp_path: Path):
@@ -119,7 +133,7 @@ def test_two_workers_comparing_ahead_write_every_output_of_one_worker(tmp_path: 
     one, two = tmp_path / "one", tmp_path / "two"
     compare(a, b, one, workers=1)
     compare(a, b, two, workers=2)
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("rlprobe-")]
+    assert not [t.name for t in threading.enumerate() if t.name.startswith(COMPARISON_THREADS)]
     assert (one / "key_data.csv").read_bytes() == (two / "key_data.csv").read_bytes()
     key_data = pq.read_table(one / "key_data.parquet")
     assert key_data.equals(pq.read_table(two / "key_data.parquet"))

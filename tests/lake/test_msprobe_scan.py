@@ -98,6 +98,7 @@ def test_a_corrupt_statistics_file_of_run_b_is_named_with_two_workers(tmp_path: 
     import threading
 
     from rlprobe.pipeline.compare_command import compare
+    from tests.compare.test_pairs_ahead import COMPARISON_THREADS
 
     runs = {}
     for name in ("a", "b"):
@@ -110,7 +111,7 @@ def test_a_corrupt_statistics_file_of_run_b_is_named_with_two_workers(tmp_path: 
         compare(runs["a"], runs["b"], tmp_path / "out", workers=2)
     assert str(bad) in str(info.value) and "not valid JSON" in str(info.value)
     assert not (tmp_path / "out").exists()
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("rlprobe-")]
+    assert not [t.name for t in threading.enumerate() if t.name.startswith(COMPARISON_THREADS)]
 
 
 def test_run_a_failing_first_is_the_error_with_two_workers(tmp_path: Path):
