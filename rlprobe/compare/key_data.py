@@ -41,18 +41,21 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
                      stats_rtol: float = 0.0, order: list[str] | None = None, progress: Progress | None = None,
                      executor: Callable[..., dict] | None = None,
                      key_map: dict[str, str] | None = None,
-                     ahead: Callable[[list[Any]], None] | None = None) -> KeyDataComparison:
+                     ahead: Callable[[list[Any]], None] | None = None,
+                     stats_read: Callable[[], None] | None = None) -> KeyDataComparison:
     """Compare the key data of `dump_a` and `dump_b` in `con`, which keeps the tables stats_a,
     stats_b, key_order and key_data (and the macros of pair_macros.sql) for the queries after it.
     Runs with different layouts (micro-batches, ranks) are compared per sample (sample_alignment.py).
     `ahead(tasks)`: starts comparing pairs (PairTask) that `executor` will then be asked for, while
     the statistics are read (rlprobe.compare.pairs_ahead); called for two msprobe dumps (run A of many
-    tensor files) without a selection."""
+    tensor files) without a selection. `stats_read()` is called once both runs' statistics are loaded."""
     read_errors: list[str] = []
     if ahead is not None and keys is None and steps is None and ranks is None:
         _start_ahead(ahead, dump_a, dump_b)
     load_stats(con, "stats_a", dump_a, read_errors, "A")
     load_stats(con, "stats_b", dump_b, read_errors, "B")
+    if stats_read is not None:
+        stats_read()
     con.register("key_order", key_order_table(order, key_map))
     run_layout = layout(con, dump_a, dump_b, read_errors)
     execute(con, "pair_macros.sql")
