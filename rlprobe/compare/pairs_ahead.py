@@ -84,7 +84,8 @@ class PairsAhead:
         results = PairResults([t.task_id for t in tasks])
         if here:
             taken = np.asarray(there, np.int64)
-            results.put_rows(np.asarray(here, np.int64), {name: column[taken] for name, column in ahead.columns.items()})
+            columns = {name: column[taken] for name, column in ahead.columns.items()}
+            results.put_rows(np.asarray(here, np.int64), columns)
             if ahead.errors:
                 row_of = dict(zip(there, here))
                 for found, message in ahead.errors.items():

@@ -174,7 +174,7 @@ class _SingleRunBeside:
         self._thread: threading.Thread | None = None
         self._outcome: tuple[Any, BaseException | None] = (None, None)
         self._ahead: PairsAhead | None = None
-        self._importing: threading.Thread | None = None  # started with the pairs compared ahead
+        self._importing: threading.Thread | None = None  # started by stats_read (pairs compared ahead)
 
     def start_ahead(self, tasks: list[Any], workers: int) -> None:
         """Start comparing `tasks` (pairs_ahead.PairsAhead), once the kernels are loaded; run_pairs takes them."""
@@ -186,7 +186,7 @@ class _SingleRunBeside:
         """Both runs' statistics are loaded: with pairs compared ahead, start the later imports now, beside the
         SQL up to the pairs (DuckDB's, which imports nothing and leaves the GIL while a query runs). Not
         earlier: a thread importing (all Python) beside this thread's reading of statistics files (a system
-        call a file, each a switch of the GIL) took that reading's CPU from 0.1 to 0.3 s of wall."""
+        call a file, each a switch of the GIL) took that reading from 0.1 to 0.3 s of wall."""
         if self._ahead is not None:
             self._importing = self._start_imports()
 
