@@ -16,8 +16,6 @@ is compared the usual way, which names the problem as it always did.
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 from typing import Any, Callable, Sequence
 
@@ -30,8 +28,6 @@ __all__ = ["AHEAD_MIN_PAIRS", "PairsAhead"]
 Progress = Callable[[int, int], None]
 # fewer pairs are compared where the SQL picks them: a one-step comparison (the start-up) starts no thread
 AHEAD_MIN_PAIRS = 16
-# the comparing ahead runs this much nicer than the thread reading the statistics (Linux: per thread)
-AHEAD_NICENESS = 5
 
 
 class PairsAhead:
@@ -53,7 +49,6 @@ class PairsAhead:
 
         try:
             ready()
-            _yield_core()
             results = run_pairs(self._tasks, workers=workers, progress=seen)
         except BaseException:  # noqa: BLE001 - `take` compares every pair the usual way, which reports it
             return
@@ -100,17 +95,3 @@ class PairsAhead:
         elif progress is not None:
             progress(done, total)
         return results
-
-
-def _yield_core() -> None:
-    """Make this thread, and the executor's threads it starts (they inherit it), AHEAD_NICENESS nicer: with
-    as many workers as cores, the thread reading the statistics - what the comparison waits for - keeps
-    a core, and the pairs take what it leaves (on two cores: one). Linux only, where a thread has its own
-    nice value; elsewhere the priority is the process's, so nothing is changed."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + AHEAD_NICENESS)
-    except OSError:  # not allowed here (a sandbox): the threads share the cores as they would
-        pass

@@ -161,30 +161,3 @@ def test_a_selection_compares_no_pair_ahead_and_the_same_pairs(tmp_path: Path, s
     compare(a, b, one, workers=1, **selection)
     compare(a, b, two, workers=2, **selection)
     assert pq.read_table(one / "key_data.parquet").equals(pq.read_table(two / "key_data.parquet"))
-
-
-@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="a nice value per thread: Linux")
-def test_the_pairs_compared_ahead_leave_the_core_to_the_statistics_reading(tmp_path: Path):
-    """The thread comparing ahead and the executor's threads it starts run AHEAD_NICENESS nicer than the
-    comparison's thread (on two cores the reading keeps one); this thread's own priority is left as it was."""
-    import os
-
-    from rlprobe.compare.pairs_ahead import AHEAD_NICENESS
-
-    a, b = _runs(tmp_path)
-    started: list[list[PairTask]] = []
-    _start_ahead(started.append, open_dump(a), open_dump(b))
-    niceness: list[int] = []
-
-    def run_pairs_noting(tasks, workers, progress):
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(1) as pool:  # a thread started by the ahead thread, as run_pairs' are
-            niceness.append(pool.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result())
-        return run_pairs(tasks, workers=workers, progress=progress)
-
-    here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    taken = PairsAhead(started[0], 2, lambda: None, run_pairs_noting).take(started[0], lambda rest, p: {})
-    assert niceness == [min(19, here + AHEAD_NICENESS)]
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == here
-    assert taken.table().equals(run_pairs(started[0], workers=1).table())
