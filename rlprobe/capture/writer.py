@@ -34,6 +34,7 @@ from rlprobe.lake.encoding import narrow_integers, widen
 from rlprobe.lake.atomic import AtomicFolder
 from rlprobe.lake.rank_writer import RankWriter
 from rlprobe.lake.samples import OccurrenceCounter
+from rlprobe.lake.tensor_pack import TensorPack
 
 if TYPE_CHECKING:
     from rlprobe.capture.save_calls import SaveCall
@@ -253,7 +254,7 @@ class TensorRow:
     where: str  # for messages: "key 'x' step 3 micro_step 0"
     tensor_path: Path | str | None  # a str is relative to the dump root; None: statistics only
     file_name: str | None = None  # with a folder: the file's name in it (tensor_path is where it ends up)
-    folder: AtomicFolder | None = None  # the folder it is written into (else write_tensor_rows' folder)
+    folder: AtomicFolder | TensorPack | None = None  # where it is written (else write_tensor_rows' folder)
 
 
 def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow],
@@ -294,9 +295,10 @@ def tensor_rows_of(writer: BackgroundWriter, items: list[TensorRow], kind: str, 
     return out
 
 
-def folder_lost(folder: AtomicFolder, rows: list[dict[str, Any]], kind: str, sink: RankWriter, errors: list[str],
+def folder_lost(folder: AtomicFolder | TensorPack, rows: list[dict[str, Any]], kind: str, sink: RankWriter, errors: list[str],
                  e: OSError) -> None:
-    """The call's folder could not be renamed into place: its rows keep their statistics, without files."""
+    """The call's folder (or packed file) could not be renamed into place: its rows keep their statistics,
+    without files."""
     for row in rows:
         if row.get("tensor_file") is None:
             continue
@@ -307,6 +309,8 @@ def folder_lost(folder: AtomicFolder, rows: list[dict[str, Any]], kind: str, sin
                                 "index": row["index"], "what": "tensor"})
         errors.append(msg)
         row["tensor_file"] = None
+        row.pop("tensor_offset", None)
+        row.pop("tensor_length", None)
 
 
 def _chunks(items: list[TensorRow]) -> list[list[TensorRow]]:
@@ -368,7 +372,8 @@ def _lose(item: TensorRow, kind: str, sink: RankWriter, errors: list[str], e: Ba
 
 
 def _tensor_row(item: TensorRow, values: np.ndarray | None, host: dict[str, Any] | Exception | None, kind: str,
-                sink: RankWriter, errors: list[str], folder: AtomicFolder | None) -> dict[str, Any] | None:
+                sink: RankWriter, errors: list[str], folder: AtomicFolder | TensorPack | None
+                ) -> dict[str, Any] | None:
     leaf = item.leaf
     try:
         if isinstance(host, Exception):
@@ -387,8 +392,10 @@ def _tensor_row(item: TensorRow, values: np.ndarray | None, host: dict[str, Any]
         try:
             stored = narrow_integers(values, stats.get("min"), stats.get("max"))
             if folder is not None and item.file_name is not None:
-                sink.write_into(folder, item.file_name, stored)
+                placed = sink.write_into(folder, item.file_name, stored)
                 row["tensor_file"] = item.tensor_path
+                if isinstance(placed, tuple):  # a record of a packed file (lake/tensor_pack.py)
+                    row["tensor_offset"], row["tensor_length"] = placed
             else:
                 row["tensor_file"] = sink.write_tensor(item.tensor_path, stored)
         except OSError as e:

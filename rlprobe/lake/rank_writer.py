@@ -29,6 +29,7 @@ from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout
 from rlprobe.lake.parts import PartStore
 from rlprobe.lake.rank_lock import RankLock
 from rlprobe.lake.schema import schema_for, step_column
+from rlprobe.lake.tensor_pack import TensorPack
 
 
 class RankWriter:
@@ -80,12 +81,13 @@ class RankWriter:
         self.count_tensor(size)
         return relative
 
-    def write_into(self, folder: AtomicFolder, name: str, array: np.ndarray) -> None:
-        """Write one .npy into a save call's folder (counted when the folder is committed)."""
-        folder.save_npy(name, array)
+    def write_into(self, folder: AtomicFolder | TensorPack, name: str, array: np.ndarray) -> int | tuple[int, int]:
+        """Write one .npy into a save call's folder, or one record into its packed file (then its
+        offset and length are returned); counted when the folder or file is committed."""
+        return folder.save_npy(name, array)
 
-    def commit_folder(self, folder: AtomicFolder) -> None:
-        """Rename a save call's folder into place and count its files."""
+    def commit_folder(self, folder: AtomicFolder | TensorPack) -> None:
+        """Rename a save call's folder (or packed file) into place and count its files."""
         folder.commit()
         self.count_tensor(folder.nbytes, folder.files)
 

@@ -20,6 +20,7 @@ from rlprobe.lake.configs import configs_as_table, read_configs, read_json
 from rlprobe.lake.encoding import restore
 from rlprobe.lake.layout import RUN_MANIFEST, DumpLayout
 from rlprobe.lake.schema import schema_for, step_column, with_rank
+from rlprobe.lake.tensor_pack import load_record, record_of
 
 if TYPE_CHECKING:
     import duckdb
@@ -280,7 +281,8 @@ class Dump:
         import pyarrow.compute as pc
 
         table = self.arrow("key_data")
-        wanted = ("key", "step", "rank", "micro_step", "index", "tensor_file", "dtype", "absent")
+        wanted = ("key", "step", "rank", "micro_step", "index", "tensor_file", "tensor_offset", "tensor_length",
+                  "dtype", "absent")
         table = table.select([c for c in wanted if c in table.column_names])
         mask = pc.and_(pc.and_(pc.equal(table["key"], key), pc.equal(table["step"], step)),
                        pc.and_(pc.and_(pc.equal(table["rank"], rank), pc.equal(table["micro_step"], micro_step)),
@@ -298,15 +300,29 @@ class Dump:
             raise DumpReadError(f"{self.path}: {what} was saved as None (absent): there is no tensor")
         if tensor_file is None:
             raise DumpReadError(f"{self.path}: {what} was saved as statistics only (no tensor file)")
-        return self.load_tensor(tensor_file, dtype)
+        place = {c: rows[c][-1].as_py() for c in ("tensor_offset", "tensor_length") if c in rows.column_names}
+        return self.load_tensor(tensor_file, dtype, offset=place.get("tensor_offset"),
+                                length=place.get("tensor_length"), what=what)
 
-    def load_tensor(self, tensor_file: str, dtype: str | None, mmap: bool = False) -> np.ndarray:
+    def load_tensor(self, tensor_file: str, dtype: str | None, mmap: bool = False, offset: int | None = None,
+                    length: int | None = None, what: str = "") -> np.ndarray:
+        """The tensor of a key-data row: `tensor_file`, and its record's `offset` and `length` in a
+        packed file (None: the file is one .npy); `what` names the row in errors."""
         path = self.path / tensor_file
         try:
-            stored = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+            if offset is None:
+                stored = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+            else:
+                stored = load_record(str(path), record_of(offset, length), mmap, what)
         except (OSError, ValueError, EOFError) as e:
-            raise DumpReadError(f"{path}: cannot read tensor ({e})") from None
+            raise DumpReadError(f"{path}: cannot read tensor{f' of {what}' if what else ''} ({e})") from None
         return restore(stored, dtype)
+
+    def load_row_tensor(self, row: dict[str, Any], mmap: bool = False) -> np.ndarray:
+        """load_tensor of a key-data row (a dict with tensor_file, dtype and, when packed, tensor_offset
+        and tensor_length)."""
+        return self.load_tensor(row["tensor_file"], row.get("dtype"), mmap, row.get("tensor_offset"),
+                                row.get("tensor_length"), describe_row(row))
 
     # -- SQL -----------------------------------------------------------------------------
     def connect(self, con: "duckdb.DuckDBPyConnection | None" = None, schema: str | None = None,
@@ -385,6 +401,12 @@ def _union_of_ranks(kind: str, ranks: list[tuple[int, "duckdb.DuckDBPyRelation"]
         rel = part if rel is None else rel.union(part)
     assert rel is not None
     return rel
+
+
+def describe_row(row: dict[str, Any]) -> str:
+    """A key-data row in errors: its key, step, rank and micro-step, where known."""
+    return " ".join(f"{c} {row[c]!r}" for c in ("key", "canonical", "step", "rank", "micro_step", "index")
+                    if row.get(c) not in (None, ""))
 
 
 def _empty(kind: str) -> pa.Table:

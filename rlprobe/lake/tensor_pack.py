@@ -1,0 +1,189 @@
+"""Packed key-data tensor files: one file per save call holding each of its tensors as a complete
+`.npy` record (numpy's header, then the data) at a byte offset, so that a step creates a file per
+save call instead of one per tensor (file creation was the unsteady part of the capture's cost,
+docs/trl.md "Overhead"). Records start at multiples of 64 bytes and numpy pads its header to 64, so
+every record's data is 64-byte aligned. A key-data row names its record by `tensor_file`,
+`tensor_offset` (bytes into the file) and `tensor_length` (the record's bytes, header and data);
+a null offset means the file is one whole `.npy` (dumps written before packing, module tensors,
+imported msprobe dumps). docs/dump-format.md, "Files".
+
+Writing: `TensorPack` writes the records into a hidden temporary file beside the pack and renames
+it into place once, complete (as lake/atomic.py's folders were). Reading: `record_layout` and
+`load_record` are the one way every reader turns (file, offset, length) into a header or an array.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+from rlprobe.lake.atomic import _NEW_FILE, _forget_dirs, _npy_header, _parent, _tmp_name, _write_all, make_dirs
+from rlprobe.lake.npy_header import plain_header
+
+__all__ = ["PACK_SUFFIX", "RECORD_ALIGN", "Record", "TensorPack", "TensorRecordError", "load_record",
+           "record_layout"]
+
+PACK_SUFFIX = ".npys"
+RECORD_ALIGN = 64
+_ZEROS = bytes(RECORD_ALIGN)
+
+
+class TensorPack:
+    """The records of one save call, written in order into a temporary file that `commit()` renames
+    to `path`. The same interface as lake/atomic.py's AtomicFolder (save_npy, commit, discard,
+    files, nbytes), plus where each record went (`save_npy` returns its offset and length)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        at = path.rfind(os.sep) + 1
+        self._tmp = path[:at] + _tmp_name(path[at:])
+        self._fd = -1
+        self._at = 0  # where the next record starts (a multiple of RECORD_ALIGN)
+        self.files = 0  # pack files written: 1 once a record is
+        self.records = 0
+        self.nbytes = 0
+        self.error: OSError | None = None  # set when commit() failed: the rows of every call in it lose their files
+
+    def save_npy(self, name: str, array: np.ndarray) -> tuple[int, int]:
+        """Append `array` as one .npy record; returns (offset, length). `name` is unused (the row
+        names its record); it keeps AtomicFolder's signature."""
+        array = np.asarray(array, order="C")
+        if self._fd < 0:
+            self._open()
+        header = _npy_header(array)
+        if header is None:  # an object dtype or a header too long for format 1.0: numpy's own bytes
+            out = io.BytesIO()
+            np.lib.format.write_array(out, array, allow_pickle=False)
+            header, data = out.getvalue(), np.empty(0, np.uint8)
+        else:
+            data = array.reshape(-1).view(np.uint8)
+        length = len(header) + data.nbytes
+        pad = -length % RECORD_ALIGN
+        try:
+            _write_all(self._fd, header, data)
+            if pad:
+                os.write(self._fd, _ZEROS[:pad])
+        except BaseException:
+            self.discard()
+            raise
+        offset = self._at
+        self._at += length + pad
+        self.records += 1
+        self.nbytes += length + pad
+        return offset, length
+
+    def _open(self) -> None:
+        directory = _parent(self._tmp)
+        make_dirs(directory)
+        try:
+            self._fd = os.open(self._tmp, _NEW_FILE, 0o666)
+        except FileNotFoundError:  # a remembered folder was removed meanwhile
+            _forget_dirs(directory)
+            make_dirs(directory)
+            self._fd = os.open(self._tmp, _NEW_FILE, 0o666)
+        self.files = 1
+
+    def commit(self) -> None:
+        """Close the file and rename it into place (nothing to do when no record was written); on
+        failure the temporary file is removed and the error raised (and kept in `error`)."""
+        if self._fd < 0:
+            return
+        try:
+            os.close(self._fd)
+            self._fd = -1
+            os.rename(self._tmp, self.path)
+        except OSError as e:
+            self.error = e
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        """Remove the temporary file and what was written into it."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        try:
+            os.unlink(self._tmp)
+        except OSError:
+            pass
+
+
+class TensorRecordError(ValueError):
+    """A record that is not where its row says, or not a .npy record; the message names the file,
+    the offset and what was found."""
+
+
+class Record(NamedTuple):
+    """Where a tensor's .npy bytes lie: `offset` into the file (0 for a whole file) and `length`
+    (header and data; None: to the end of the file)."""
+
+    offset: int
+    length: int | None
+
+
+class Layout(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran: bool
+    data_offset: int  # bytes into the file
+
+
+def record_of(offset: int | None, length: int | None) -> Record:
+    """The record of a row's `tensor_offset` and `tensor_length` (both null: the whole file)."""
+    return Record(0, None) if offset is None else Record(int(offset), None if length is None else int(length))
+
+
+def _where(path: str, record: Record, what: str) -> str:
+    at = f" at offset {record.offset}" if record.length is not None else ""
+    return f"{path}{at}" + (f" ({what})" if what else "")
+
+
+def record_layout(path: str, record: Record, what: str = "", size: int | None = None) -> Layout:
+    """The shape, dtype, order and data offset of the .npy record at `record` in `path`; raises
+    TensorRecordError naming the file, the offset and `what` (the row: its key and step) for an
+    offset beyond the file, bytes that are not a .npy header or a record cut short."""
+    if size is None:
+        size = os.stat(path).st_size
+    where = _where(path, record, what)
+    end = size if record.length is None else record.offset + record.length
+    if record.offset < 0 or record.offset >= size or end > size:
+        raise TensorRecordError(f"{where}: the record ({record.length} bytes) lies beyond the file's end "
+                                f"({size} bytes): a truncated or replaced tensor file")
+    with open(path, "rb") as f:
+        f.seek(record.offset)
+        head = f.read(min(4096, end - record.offset))
+        found = plain_header(head)
+        if found is not None:
+            shape, dtype, data = found
+            fortran = False
+        else:
+            f.seek(record.offset)
+            try:
+                version = np.lib.format.read_magic(f)
+                shape, fortran, dtype = np.lib.format._read_array_header(f, version, max_header_size=1 << 20)
+            except (ValueError, EOFError, SyntaxError) as e:
+                raise TensorRecordError(f"{where}: not a .npy record ({e})") from None
+            data = f.tell() - record.offset
+    if dtype.hasobject:
+        raise TensorRecordError(f"{where}: an object array, which rlprobe never writes")
+    need = data + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if record.offset + need > end:
+        raise TensorRecordError(f"{where}: truncated .npy record: its header describes {need} bytes, "
+                                f"{end - record.offset} are there")
+    return Layout(tuple(shape), dtype, bool(fortran), record.offset + data)
+
+
+def load_record(path: str, record: Record, mmap: bool = False, what: str = "") -> np.ndarray:
+    """The array of the record (read, or memory-mapped read-only with `mmap`)."""
+    layout = record_layout(path, record, what)
+    count = int(np.prod(layout.shape, dtype=np.int64))
+    order = "F" if layout.fortran else "C"
+    if mmap and count:
+        return np.memmap(path, layout.dtype, "r", layout.data_offset, layout.shape, order)
+    with open(path, "rb") as f:
+        f.seek(layout.data_offset)
+        data = np.fromfile(f, layout.dtype, count)
+    return data.reshape(layout.shape, order=order)
