@@ -21,12 +21,12 @@ from typing import NamedTuple
 import numpy as np
 
 from rlprobe.lake.atomic import _NEW_FILE, _forget_dirs, _npy_header, _parent, _tmp_name, _write_all, make_dirs
+from rlprobe.lake.layout import PACK_SUFFIX
 from rlprobe.lake.npy_header import plain_header
 
 __all__ = ["PACK_SUFFIX", "RECORD_ALIGN", "Record", "TensorPack", "TensorRecordError", "load_record",
-           "record_layout"]
+           "pack_records", "record_layout", "record_of", "split_address"]
 
-PACK_SUFFIX = ".npys"
 RECORD_ALIGN = 64
 _ZEROS = bytes(RECORD_ALIGN)
 
@@ -136,6 +136,17 @@ def record_of(offset: int | None, length: int | None) -> Record:
     return Record(0, None) if offset is None else Record(int(offset), None if length is None else int(length))
 
 
+def split_address(address: str) -> tuple[str, Record | None]:
+    """(tensor_file, record) of a tensor's address as sql/pair_macros.sql's tensor_address writes it:
+    `<file>#<offset>+<length>` for a record of a packed file (record None: the whole file)."""
+    file, mark, place = address.rpartition("#")
+    if mark and file.endswith(PACK_SUFFIX):
+        offset, plus, length = place.partition("+")
+        if plus and offset.isdigit() and length.isdigit():
+            return file, Record(int(offset), int(length))
+    return address, None
+
+
 def _where(path: str, record: Record, what: str) -> str:
     at = f" at offset {record.offset}" if record.length is not None else ""
     return f"{path}{at}" + (f" ({what})" if what else "")
@@ -187,3 +198,17 @@ def load_record(path: str, record: Record, mmap: bool = False, what: str = "") -
         f.seek(layout.data_offset)
         data = np.fromfile(f, layout.dtype, count)
     return data.reshape(layout.shape, order=order)
+
+
+def pack_records(path: str) -> list[tuple[Record, Layout]]:
+    """Every record of a packed file, in order, read from its headers (rows are not needed): for tools
+    that look at files without the stats (`rlprobe compare`'s choice of kernels, tests)."""
+    size = os.stat(path).st_size
+    out: list[tuple[Record, Layout]] = []
+    at = 0
+    while at < size:
+        layout = record_layout(path, Record(at, size - at), size=size)
+        length = layout.data_offset - at + int(np.prod(layout.shape, dtype=np.int64)) * layout.dtype.itemsize
+        out.append((Record(at, length), layout))
+        at += length + (-length % RECORD_ALIGN)
+    return out
