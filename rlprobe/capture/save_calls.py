@@ -1,4 +1,4 @@
-"""The writer's work for save() calls: sample rows, statistics, hashes and .npy files of key data.
+"""The writer's work for save() calls: sample rows, statistics, hashes and packed tensor files of key data.
 
 The writer thread takes the calls of several steps at once (capture/writer.py, `defer`): their
 sample rows are one table and their small tensors' statistics one pass, sliced per call, so a
@@ -76,8 +76,8 @@ def write_samples_and_key_data(writer: BackgroundWriter, layout: DumpLayout | No
 def write_key_data(writer: BackgroundWriter, layout: DumpLayout | None, step: int, jobs: list[LeafJob],
                    save_tensors: bool, call: int = 0) -> None:
     """Writer-thread job for one save call (the step's `call`-th). A None value becomes a row marked
-    absent: its key, step, micro_step and index, and nothing else. The call's tensor files go into
-    one folder, renamed into place when all are written (docs/dump-format.md, "Files")."""
+    absent: its key, step, micro_step and index, and nothing else. The call's tensors go into one
+    packed file, renamed into place when all are written (docs/dump-format.md, "Files")."""
     write_save_calls(writer, [SaveCall(layout, step, jobs, save_tensors, None, call)])  # type: ignore[arg-type]
 
 
