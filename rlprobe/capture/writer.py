@@ -31,10 +31,9 @@ import numpy as np
 
 from rlprobe.frameworks.base import StagedLeaf
 from rlprobe.lake.encoding import narrow_integers, widen
-from rlprobe.lake.atomic import AtomicFolder
+from rlprobe.lake.atomic import AtomicFolder, TensorPack
 from rlprobe.lake.rank_writer import RankWriter
 from rlprobe.lake.samples import OccurrenceCounter
-from rlprobe.lake.tensor_pack import TensorPack
 
 if TYPE_CHECKING:
     from rlprobe.capture.save_calls import SaveCall
@@ -264,9 +263,8 @@ def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow
     Small tensors are taken a few at a time (STACK_BYTES in all), so that their statistics are
     one numpy call per statistic for the lot (lake/statistics.py). A tensor whose statistics
     cannot be computed is recorded as lost; one whose file cannot be written keeps its
-    statistics row (tensor_file null). Host copies are released as soon as their chunk is done,
-    so staging memory returns to the ring in order. With `folder`, items with a `file_name` are
-    written into it, and it is renamed into place before their rows are added."""
+    statistics row (tensor_file null). Host copies are released as soon as their chunk is done, so staging
+    memory returns to the ring in order. With `folder`, items with a `file_name` go into it, renamed into place first."""
     sink = writer.sink
     errors: list[str] = []
     rows = [row for _, row in tensor_rows_of(writer, items, kind, errors, folder)]
@@ -295,10 +293,9 @@ def tensor_rows_of(writer: BackgroundWriter, items: list[TensorRow], kind: str, 
     return out
 
 
-def folder_lost(folder: AtomicFolder | TensorPack, rows: list[dict[str, Any]], kind: str, sink: RankWriter, errors: list[str],
-                 e: OSError) -> None:
-    """The call's folder (or packed file) could not be renamed into place: its rows keep their statistics,
-    without files."""
+def folder_lost(folder: AtomicFolder | TensorPack, rows: list[dict[str, Any]], kind: str, sink: RankWriter,
+                errors: list[str], e: OSError) -> None:
+    """The call's folder or packed file could not be renamed into place: its rows keep statistics, no files."""
     for row in rows:
         if row.get("tensor_file") is None:
             continue
@@ -308,9 +305,7 @@ def folder_lost(folder: AtomicFolder | TensorPack, rows: list[dict[str, Any]], k
         sink.record_error(msg, {"kind": kind, "key": row["key"], "step": row["step"], "micro_step": row["micro_step"],
                                 "index": row["index"], "what": "tensor"})
         errors.append(msg)
-        row["tensor_file"] = None
-        row.pop("tensor_offset", None)
-        row.pop("tensor_length", None)
+        row["tensor_file"] = row["tensor_offset"] = row["tensor_length"] = None
 
 
 def _chunks(items: list[TensorRow]) -> list[list[TensorRow]]:
@@ -372,8 +367,7 @@ def _lose(item: TensorRow, kind: str, sink: RankWriter, errors: list[str], e: Ba
 
 
 def _tensor_row(item: TensorRow, values: np.ndarray | None, host: dict[str, Any] | Exception | None, kind: str,
-                sink: RankWriter, errors: list[str], folder: AtomicFolder | TensorPack | None
-                ) -> dict[str, Any] | None:
+                sink: RankWriter, errors: list[str], folder: Any) -> dict[str, Any] | None:
     leaf = item.leaf
     try:
         if isinstance(host, Exception):
@@ -392,10 +386,9 @@ def _tensor_row(item: TensorRow, values: np.ndarray | None, host: dict[str, Any]
         try:
             stored = narrow_integers(values, stats.get("min"), stats.get("max"))
             if folder is not None and item.file_name is not None:
-                placed = sink.write_into(folder, item.file_name, stored)
+                placed = sink.write_into(folder, item.file_name, stored)  # a packed file's: (offset, length)
                 row["tensor_file"] = item.tensor_path
-                if isinstance(placed, tuple):  # a record of a packed file (lake/tensor_pack.py)
-                    row["tensor_offset"], row["tensor_length"] = placed
+                row["tensor_offset"], row["tensor_length"] = placed if isinstance(placed, tuple) else (None, None)
             else:
                 row["tensor_file"] = sink.write_tensor(item.tensor_path, stored)
         except OSError as e:

@@ -24,12 +24,11 @@ import pyarrow as pa
 
 from rlprobe._version import __version__
 from rlprobe.errors import DumpReadError
-from rlprobe.lake.atomic import AtomicFolder, atomic_save_npy, atomic_write_json
+from rlprobe.lake.atomic import AtomicFolder, TensorPack, atomic_save_npy, atomic_write_json
 from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout
 from rlprobe.lake.parts import PartStore
 from rlprobe.lake.rank_lock import RankLock
 from rlprobe.lake.schema import schema_for, step_column
-from rlprobe.lake.tensor_pack import TensorPack
 
 
 class RankWriter:

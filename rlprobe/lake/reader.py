@@ -20,7 +20,7 @@ from rlprobe.lake.configs import configs_as_table, read_configs, read_json
 from rlprobe.lake.encoding import restore
 from rlprobe.lake.layout import RUN_MANIFEST, DumpLayout
 from rlprobe.lake.schema import schema_for, step_column, with_rank
-from rlprobe.lake.tensor_pack import load_record, record_of
+from rlprobe.lake.tensor_pack import read_tensor_file
 
 if TYPE_CHECKING:
     import duckdb
@@ -281,9 +281,6 @@ class Dump:
         import pyarrow.compute as pc
 
         table = self.arrow("key_data")
-        wanted = ("key", "step", "rank", "micro_step", "index", "tensor_file", "tensor_offset", "tensor_length",
-                  "dtype", "absent")
-        table = table.select([c for c in wanted if c in table.column_names])
         mask = pc.and_(pc.and_(pc.equal(table["key"], key), pc.equal(table["step"], step)),
                        pc.and_(pc.and_(pc.equal(table["rank"], rank), pc.equal(table["micro_step"], micro_step)),
                                pc.equal(table["index"], index)))
@@ -295,34 +292,23 @@ class Dump:
                                     "(a killed run's last steps); rlprobe.open(path, include_uncommitted=True) "
                                     "shows what was written of it")
             raise DumpReadError(f"{self.path}: no tensor {what}")
-        tensor_file, dtype = rows["tensor_file"][-1].as_py(), rows["dtype"][-1].as_py()
-        if "absent" in rows.column_names and rows["absent"][-1].as_py():
+        row = rows.slice(rows.num_rows - 1).to_pylist()[0]
+        if row.get("absent"):
             raise DumpReadError(f"{self.path}: {what} was saved as None (absent): there is no tensor")
-        if tensor_file is None:
+        if row["tensor_file"] is None:
             raise DumpReadError(f"{self.path}: {what} was saved as statistics only (no tensor file)")
-        place = {c: rows[c][-1].as_py() for c in ("tensor_offset", "tensor_length") if c in rows.column_names}
-        return self.load_tensor(tensor_file, dtype, offset=place.get("tensor_offset"),
-                                length=place.get("tensor_length"), what=what)
+        return self.load_row_tensor(row)
 
-    def load_tensor(self, tensor_file: str, dtype: str | None, mmap: bool = False, offset: int | None = None,
-                    length: int | None = None, what: str = "") -> np.ndarray:
-        """The tensor of a key-data row: `tensor_file`, and its record's `offset` and `length` in a
-        packed file (None: the file is one .npy); `what` names the row in errors."""
-        path = self.path / tensor_file
+    def load_tensor(self, tensor_file: str, dtype: str | None, mmap: bool = False, row: dict | None = None) -> np.ndarray:
+        path = self.path / tensor_file  # `row`: its key-data row, where a packed file's record is (tensor_pack.py)
         try:
-            if offset is None:
-                stored = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-            else:
-                stored = load_record(str(path), record_of(offset, length), mmap, what)
+            stored = read_tensor_file(str(path), row, mmap)
         except (OSError, ValueError, EOFError) as e:
-            raise DumpReadError(f"{path}: cannot read tensor{f' of {what}' if what else ''} ({e})") from None
+            raise DumpReadError(f"{path}: cannot read tensor ({e})") from None
         return restore(stored, dtype)
 
-    def load_row_tensor(self, row: dict[str, Any], mmap: bool = False) -> np.ndarray:
-        """load_tensor of a key-data row (a dict with tensor_file, dtype and, when packed, tensor_offset
-        and tensor_length)."""
-        return self.load_tensor(row["tensor_file"], row.get("dtype"), mmap, row.get("tensor_offset"),
-                                row.get("tensor_length"), describe_row(row))
+    def load_row_tensor(self, row: dict[str, Any], mmap: bool = False) -> np.ndarray:  # a key-data row's tensor
+        return self.load_tensor(row["tensor_file"], row.get("dtype"), mmap, row)
 
     # -- SQL -----------------------------------------------------------------------------
     def connect(self, con: "duckdb.DuckDBPyConnection | None" = None, schema: str | None = None,
@@ -401,12 +387,6 @@ def _union_of_ranks(kind: str, ranks: list[tuple[int, "duckdb.DuckDBPyRelation"]
         rel = part if rel is None else rel.union(part)
     assert rel is not None
     return rel
-
-
-def describe_row(row: dict[str, Any]) -> str:
-    """A key-data row in errors: its key, step, rank and micro-step, where known."""
-    return " ".join(f"{c} {row[c]!r}" for c in ("key", "canonical", "step", "rank", "micro_step", "index")
-                    if row.get(c) not in (None, ""))
 
 
 def _empty(kind: str) -> pa.Table:

@@ -7,108 +7,25 @@ every record's data is 64-byte aligned. A key-data row names its record by `tens
 a null offset means the file is one whole `.npy` (dumps written before packing, module tensors,
 imported msprobe dumps). docs/dump-format.md, "Files".
 
-Writing: `TensorPack` writes the records into a hidden temporary file beside the pack and renames
-it into place once, complete (as lake/atomic.py's folders were). Reading: `record_layout` and
-`load_record` are the one way every reader turns (file, offset, length) into a header or an array.
+Writing: lake/atomic.py's `TensorPack` writes the records into a hidden temporary file beside the pack
+and renames it into place once, complete. Reading (here): `record_layout`, `load_record` and
+`read_tensor_file` are the one way every reader turns (file, offset, length) into a header or an array.
 """
 
 from __future__ import annotations
 
-import io
 import os
 from typing import NamedTuple
 
 import numpy as np
 
-from rlprobe.lake.atomic import _NEW_FILE, _forget_dirs, _npy_header, _parent, _tmp_name, _write_all, make_dirs
+from rlprobe.lake.atomic import RECORD_ALIGN, TensorPack
 from rlprobe.lake.layout import PACK_SUFFIX
 from rlprobe.lake.npy_header import plain_header
 
 __all__ = ["PACK_SUFFIX", "RECORD_ALIGN", "Record", "TensorPack", "TensorRecordError", "load_record",
-           "pack_records", "record_layout", "record_of", "split_address"]
+           "describe_row", "pack_records", "read_tensor_file", "record_layout", "record_of", "split_address"]
 
-RECORD_ALIGN = 64
-_ZEROS = bytes(RECORD_ALIGN)
-
-
-class TensorPack:
-    """The records of one save call, written in order into a temporary file that `commit()` renames
-    to `path`. The same interface as lake/atomic.py's AtomicFolder (save_npy, commit, discard,
-    files, nbytes), plus where each record went (`save_npy` returns its offset and length)."""
-
-    def __init__(self, path: str):
-        self.path = path
-        at = path.rfind(os.sep) + 1
-        self._tmp = path[:at] + _tmp_name(path[at:])
-        self._fd = -1
-        self._at = 0  # where the next record starts (a multiple of RECORD_ALIGN)
-        self.files = 0  # pack files written: 1 once a record is
-        self.records = 0
-        self.nbytes = 0
-        self.error: OSError | None = None  # set when commit() failed: the rows of every call in it lose their files
-
-    def save_npy(self, name: str, array: np.ndarray) -> tuple[int, int]:
-        """Append `array` as one .npy record; returns (offset, length). `name` is unused (the row
-        names its record); it keeps AtomicFolder's signature."""
-        array = np.asarray(array, order="C")
-        if self._fd < 0:
-            self._open()
-        header = _npy_header(array)
-        if header is None:  # an object dtype or a header too long for format 1.0: numpy's own bytes
-            out = io.BytesIO()
-            np.lib.format.write_array(out, array, allow_pickle=False)
-            header, data = out.getvalue(), np.empty(0, np.uint8)
-        else:
-            data = array.reshape(-1).view(np.uint8)
-        length = len(header) + data.nbytes
-        pad = -length % RECORD_ALIGN
-        try:
-            _write_all(self._fd, header, data)
-            if pad:
-                os.write(self._fd, _ZEROS[:pad])
-        except BaseException:
-            self.discard()
-            raise
-        offset = self._at
-        self._at += length + pad
-        self.records += 1
-        self.nbytes += length + pad
-        return offset, length
-
-    def _open(self) -> None:
-        directory = _parent(self._tmp)
-        make_dirs(directory)
-        try:
-            self._fd = os.open(self._tmp, _NEW_FILE, 0o666)
-        except FileNotFoundError:  # a remembered folder was removed meanwhile
-            _forget_dirs(directory)
-            make_dirs(directory)
-            self._fd = os.open(self._tmp, _NEW_FILE, 0o666)
-        self.files = 1
-
-    def commit(self) -> None:
-        """Close the file and rename it into place (nothing to do when no record was written); on
-        failure the temporary file is removed and the error raised (and kept in `error`)."""
-        if self._fd < 0:
-            return
-        try:
-            os.close(self._fd)
-            self._fd = -1
-            os.rename(self._tmp, self.path)
-        except OSError as e:
-            self.error = e
-            self.discard()
-            raise
-
-    def discard(self) -> None:
-        """Remove the temporary file and what was written into it."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        try:
-            os.unlink(self._tmp)
-        except OSError:
-            pass
 
 
 class TensorRecordError(ValueError):
@@ -174,7 +91,8 @@ def record_layout(path: str, record: Record, what: str = "", size: int | None = 
             f.seek(record.offset)
             try:
                 version = np.lib.format.read_magic(f)
-                shape, fortran, dtype = np.lib.format._read_array_header(f, version, max_header_size=1 << 20)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read(f)
             except (ValueError, EOFError, SyntaxError) as e:
                 raise TensorRecordError(f"{where}: not a .npy record ({e})") from None
             data = f.tell() - record.offset
@@ -212,3 +130,22 @@ def pack_records(path: str) -> list[tuple[Record, Layout]]:
         out.append((Record(at, length), layout))
         at += length + (-length % RECORD_ALIGN)
     return out
+
+
+def read_tensor_file(path: str, row: dict | None = None, mmap: bool = False) -> np.ndarray:
+    """The stored array of a key-data row's tensor_file (`path`): a whole .npy where its tensor_offset is null
+    (or without a row), else the record at tensor_offset, tensor_length bytes. A packed file without an offset
+    is refused: read whole, it would give its first record (pass the row: Dump.load_row_tensor)."""
+    offset = None if row is None else row.get("tensor_offset")
+    if offset is not None:
+        return load_record(path, record_of(offset, row.get("tensor_length")), mmap, describe_row(row))
+    if path.endswith(PACK_SUFFIX):
+        raise TensorRecordError(f"{path}: a packed file of several tensors, read without its row's tensor_offset"
+                                " (Dump.load_row_tensor reads a key-data row's record)")
+    return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+
+
+def describe_row(row: dict) -> str:
+    """A key-data row in errors: its key, step, rank, micro-step and index, where known."""
+    return " ".join(f"{c} {row[c]!r}" for c in ("key", "canonical", "step", "rank", "micro_step", "index")
+                    if row.get(c) not in (None, ""))

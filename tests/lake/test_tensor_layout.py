@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 import rlprobe
 from rlprobe.compare.kernel_use import may_run_compiled_kernels
 from rlprobe.lake.dump_info import dump_info
-from rlprobe.lake.layout import key_data_file_name, safe_component
-from rlprobe.lake.tensor_pack import load_record, pack_records, record_of
+from rlprobe.lake.layout import safe_component
+from rlprobe.lake.tensor_pack import pack_records
+
+from tests.lake.layouts import unpack
 
 
 def _write(path: Path, steps: int = 3, **kw) -> None:
@@ -41,38 +40,9 @@ def _old_file(row: dict) -> str:
             f"micro_step={row['micro_step']}/{stem}.npy")
 
 
-def _call_folder_file(row: dict) -> str:
-    """Where the format put a key-data tensor from issue 15 to the seventh session: a folder per save call
-    (the call is the micro step in _write's dumps)."""
-    return (f"tensors/key_data/step={row['step']}/rank=0/call={row['micro_step']}/"
-            f"{key_data_file_name(row['key'], row['index'])}")
-
-
-def _unpack(path: Path, where: Callable[[dict], str]) -> None:
-    """Rewrite a packed dump as an earlier format wrote it: each record a .npy file at where(row), the rows'
-    tensor_file rewritten and their tensor_offset and tensor_length columns dropped (parts had none)."""
-    (part,) = (path / "stats" / "key_data" / "rank=0").glob("part-*.parquet")
-    table = pq.read_table(part, partitioning=None)
-    files = []
-    for row in table.to_pylist():
-        if row["tensor_file"] is None:
-            files.append(None)
-            continue
-        old = where(row)
-        (path / old).parent.mkdir(parents=True, exist_ok=True)
-        stored = load_record(str(path / row["tensor_file"]), record_of(row["tensor_offset"], row["tensor_length"]))
-        np.save(path / old, stored)
-        files.append(old)
-    for pack in {r for r in table["tensor_file"].to_pylist() if r}:
-        (path / pack).unlink()
-    at = table.schema.get_field_index("tensor_file")
-    table = table.set_column(at, "tensor_file", pa.array(files, pa.string()))
-    pq.write_table(table.drop_columns(["tensor_offset", "tensor_length"]), part)
-
-
 def _to_old_layout(path: Path) -> None:
     """Rewrite a dump as the format wrote it before issue 15: files moved, tensor_file rewritten."""
-    _unpack(path, _old_file)
+    unpack(path, _old_file)
     for step in (path / "tensors" / "key_data").glob("step=*"):
         shutil.rmtree(step)
 
@@ -148,7 +118,7 @@ def test_a_dump_with_a_folder_per_save_call_reads_as_before(tmp_path):
     new, old = tmp_path / "new", tmp_path / "old"
     _write(new)
     _write(old)
-    _unpack(old, _call_folder_file)
+    unpack(old)
     assert sorted(p.name for p in (old / "tensors/key_data/step=1/rank=0").iterdir()) == ["call=0", "call=1"]
     a, b = rlprobe.open(new), rlprobe.open(old)
     rows_b = b.key_data().collect().to_dicts()

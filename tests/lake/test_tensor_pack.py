@@ -19,7 +19,7 @@ from rlprobe.compare.run import compare_dumps
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.tensor_pack import Record, TensorPack, TensorRecordError, load_record, pack_records, record_layout
 
-from tests.lake.test_tensor_layout import _call_folder_file, _unpack
+from tests.lake.layouts import unpack
 
 MICRO = 20  # more pairs than compare's batch (16) and check's compiled path take
 
@@ -50,7 +50,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         _write(out[name], shift)
         out[f"{name}_folders"] = root / f"{name}_folders"
         _write(out[f"{name}_folders"], shift)
-        _unpack(out[f"{name}_folders"], _call_folder_file)
+        unpack(out[f"{name}_folders"])
     return out
 
 
@@ -93,7 +93,7 @@ def test_check_reads_records_as_whole_files(tmp_path, monkeypatch):
     packed, folders = tmp_path / "packed", tmp_path / "folders"
     _write_steps(packed)
     _write_steps(folders)
-    _unpack(folders, _call_folder_file)
+    unpack(folders)
     compiled = []  # the compiled reads of files took every part (a part they cannot read is read by numpy)
     reduce = token_batch._reduce
     monkeypatch.setattr(token_batch, "_reduce", lambda *a, **k: compiled.append(reduce(*a, **k)) or compiled[-1])
