@@ -124,30 +124,14 @@ def test_a_dump_with_a_folder_per_save_call_reads_as_before(tmp_path):
     rows_b = b.key_data().collect().to_dicts()
     assert all(r.get("tensor_offset") is None for r in rows_b)  # parts without the column: whole files
     assert any(r["tensor_file"] == "tensors/key_data/step=2/rank=0/call=0/pair@1.npy" for r in rows_b)
-    for r in rows_b:
-        if r["tensor_file"] is not None:
-            got = b.tensor(r["key"], r["step"], micro_step=r["micro_step"], index=r["index"])
-            want = a.tensor(r["key"], r["step"], micro_step=r["micro_step"], index=r["index"])
-            assert got.dtype == want.dtype and np.array_equal(got, want), r
-    info_a, info_b = dump_info(a), dump_info(b)
-    assert info_a["problems"] == info_b["problems"] == []
-    bytes_a = {k["key"]: k["bytes"] for k in info_a["keys"]}
-    bytes_b = {k["key"]: k["bytes"] for k in info_b["keys"]}
-    # a record counts its own bytes (header and data), the file of the layout before it the same bytes
-    assert bytes_a == bytes_b
-    assert bytes_a["log_prob"] == sum(r["tensor_length"] for r in a.key_data().collect().to_dicts()
-                                      if r["key"] == "log_prob") == 3 * (128 + 24) + 3 * (128 + 16)
+    _same_tensors_and_bytes(a, b, rows_b)
+    log_prob = sum(r["tensor_length"] for r in a.key_data().collect().to_dicts() if r["key"] == "log_prob")
+    assert log_prob == 3 * (128 + 24) + 3 * (128 + 16)  # records of header and data, no padding
 
 
-def test_a_dump_in_the_layout_before_issue_15_reads_as_before(tmp_path):
-    new, old = tmp_path / "new", tmp_path / "old"
-    _write(new)
-    _write(old)
-    _to_old_layout(old)
-    assert not list((old / "tensors" / "key_data").glob("step=*"))
-    a, b = rlprobe.open(new), rlprobe.open(old)
-    rows_b = b.key_data().collect().to_dicts()
-    assert any("/micro_step=1/_.npy" in (r["tensor_file"] or "") for r in rows_b)
+def _same_tensors_and_bytes(a, b, rows_b: list[dict]) -> None:
+    """Every tensor of dump b reads as dump a's, and `info` counts the same bytes a key: a record its own
+    (header and data), a whole file its size."""
     for r in rows_b:
         if r["tensor_file"] is not None:
             got = b.tensor(r["key"], r["step"], micro_step=r["micro_step"], index=r["index"])
@@ -159,6 +143,18 @@ def test_a_dump_in_the_layout_before_issue_15_reads_as_before(tmp_path):
     assert bytes_a == {k["key"]: k["bytes"] for k in info_b["keys"]}
     assert bytes_a["log_prob"] == sum(r["tensor_length"] for r in a.key_data().collect().to_dicts()
                                       if r["key"] == "log_prob")
+
+
+def test_a_dump_in_the_layout_before_issue_15_reads_as_before(tmp_path):
+    new, old = tmp_path / "new", tmp_path / "old"
+    _write(new)
+    _write(old)
+    _to_old_layout(old)
+    assert not list((old / "tensors" / "key_data").glob("step=*"))
+    a, b = rlprobe.open(new), rlprobe.open(old)
+    rows_b = b.key_data().collect().to_dicts()
+    assert any("/micro_step=1/_.npy" in (r["tensor_file"] or "") for r in rows_b)
+    _same_tensors_and_bytes(a, b, rows_b)
 
 
 def test_appending_to_an_old_layout_dump_removes_its_uncommitted_step(tmp_path):
