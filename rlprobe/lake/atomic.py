@@ -228,10 +228,13 @@ class TensorPack:
         self.files = 0  # pack files written: 1 once a record is
         self.records = 0
         self.nbytes = 0
+        self._failed: OSError | None = None  # a record that failed half-way: the file (and its offsets) is gone
 
     def save_npy(self, name: str, array: np.ndarray) -> tuple[int, int]:
         """Append `array` as one .npy record; returns (offset, length). `name` is unused (the row
         names its record); it keeps AtomicFolder's signature."""
+        if self._failed is not None:  # the records before it went with the file: none can be written after it
+            raise OSError(f"{self.path}: an earlier record could not be written ({self._failed})")
         array = np.asarray(array, order="C")
         if self._fd < 0:
             self._open()
@@ -248,8 +251,9 @@ class TensorPack:
             _write_all(self._fd, header, data)
             if pad:
                 os.write(self._fd, _ZEROS[:pad])
-        except BaseException:
+        except BaseException as e:
             self.discard()
+            self._failed = e if isinstance(e, OSError) else OSError(repr(e))
             raise
         offset = self._at
         self._at += length + pad
@@ -270,7 +274,10 @@ class TensorPack:
 
     def commit(self) -> None:
         """Close the file and rename it into place (nothing to do when no record was written); on
-        failure the temporary file is removed and the error raised."""
+        failure the temporary file is removed and the error raised; a pack whose record failed raises too
+        (its other records went with the temporary file)."""
+        if self._failed is not None:
+            raise OSError(f"{self.path}: a record could not be written ({self._failed}); the file is not written")
         if self._fd < 0:
             return
         try:

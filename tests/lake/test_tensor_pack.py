@@ -214,3 +214,27 @@ def test_the_executor_reads_a_record_and_names_a_bad_one(tmp_path):
     assert "not a .npy record" in results[2]["error"]
     with pytest.raises(TensorRecordError):
         load_record(path, Record(places[2][0] + 16, places[2][1]))
+
+
+def test_a_record_that_fails_half_way_takes_the_pack_with_it(tmp_path):
+    """A file-size limit (a full disk, in effect) stops the second record: the pack is never renamed into
+    place, later records are refused, and no temporary is left, so no row can name a record that is gone."""
+    import resource
+    import signal
+
+    pack = TensorPack(str(tmp_path / "call=0.npys"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of a signal
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+        assert pack.save_npy("a", np.zeros(8, np.float32)) == (0, 160)
+        with pytest.raises(OSError):
+            pack.save_npy("b", np.zeros(4096, np.float32))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    with pytest.raises(OSError, match="an earlier record could not be written"):
+        pack.save_npy("c", np.zeros(2, np.float32))
+    with pytest.raises(OSError, match=r"call=0\.npys: a record could not be written"):
+        pack.commit()
+    assert list(tmp_path.iterdir()) == []
