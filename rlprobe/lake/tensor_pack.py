@@ -23,9 +23,8 @@ from rlprobe.lake.atomic import RECORD_ALIGN, TensorPack
 from rlprobe.lake.layout import PACK_SUFFIX
 from rlprobe.lake.npy_header import plain_header
 
-__all__ = ["PACK_SUFFIX", "RECORD_ALIGN", "Record", "TensorPack", "TensorRecordError", "load_record",
-           "describe_row", "pack_records", "read_tensor_file", "record_layout", "record_of", "split_address"]
-
+__all__ = ["PACK_SUFFIX", "RECORD_ALIGN", "Record", "TensorPack", "TensorRecordError", "describe_row", "load_record",
+           "pack_records", "read_tensor_file", "record_layout", "record_of", "split_address"]
 
 
 class TensorRecordError(ValueError):
@@ -42,6 +41,8 @@ class Record(NamedTuple):
 
 
 class Layout(NamedTuple):
+    """A record's array as its header describes it."""
+
     shape: tuple[int, ...]
     dtype: np.dtype
     fortran: bool
