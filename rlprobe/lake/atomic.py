@@ -237,7 +237,8 @@ class TensorPack:
             raise OSError(f"{self.path}: an earlier record could not be written ({self._failed})")
         array = np.asarray(array, order="C")
         if self._fd < 0:
-            self._open()
+            self._fd = _open_new_fd(self._tmp)
+            self.files = 1
         header = _npy_header(array)
         if header is None:  # an object dtype or a header too long for format 1.0: numpy's own bytes
             out = io.BytesIO()
@@ -260,17 +261,6 @@ class TensorPack:
         self.records += 1
         self.nbytes += length + pad
         return offset, length
-
-    def _open(self) -> None:
-        directory = _parent(self._tmp)
-        make_dirs(directory)
-        try:
-            self._fd = os.open(self._tmp, _NEW_FILE, 0o666)
-        except FileNotFoundError:  # a remembered folder was removed meanwhile
-            _forget_dirs(directory)
-            make_dirs(directory)
-            self._fd = os.open(self._tmp, _NEW_FILE, 0o666)
-        self.files = 1
 
     def commit(self) -> None:
         """Close the file and rename it into place (nothing to do when no record was written); on
