@@ -10,7 +10,8 @@ and two micro-batch calls of 5 keys ([4, 8] tensors and a 0-d loss) with sample_
 `step()`; 22 tensors a step, ~300 bytes each. The training thread sleeps 10 ms a step so the
 writer runs beside it as it does beside a training step. Reported per step: the background
 writer thread's CPU (user = Python and numpy holding the GIL; sys = the kernel's file work:
-folders, temporary files, renames), the writer process's CPU (user + sys; where the work goes
+the packed file of each save call since the seventh session, a folder and a file a tensor before;
+temporary files, renames), the writer process's CPU (user + sys; where the work goes
 since issue 15's second pass, off the training process's GIL), the training thread's CPU, and
 the wall time inside save(). With --train-ops N the training thread runs N tiny torch ops a step
 instead of sleeping (each releases and re-takes the GIL, as a CPU training step's ops do); a

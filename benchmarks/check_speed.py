@@ -215,8 +215,9 @@ def kernel_speed(path: Path, repeat: int | str) -> dict[str, float]:
     from rlprobe.lake.reader import open_dump
 
     dump = open_dump(path)
-    tensors = {(name, step): np.array(dump.load_tensor(row["tensor_file"], row["dtype"]))
-               for (name, step, _, _, _), row in tensor_rows(stats_table(dump)).items()}
+    load = getattr(dump, "load_row_tensor", None) or (  # a --baseline checkout from before packed files
+        lambda row: dump.load_tensor(row["tensor_file"], row["dtype"]))
+    tensors = {(name, step): np.array(load(row)) for (name, step, _, _, _), row in tensor_rows(stats_table(dump)).items()}
     steps = sorted({step for _, step in tensors})
     triples = [(tensors[("old_log_prob", s)], tensors[("rollout_log_prob", s)], tensors[("response_mask", s)])
                for s in steps]

@@ -172,12 +172,14 @@ AOT_FAMILIES: dict[str, tuple[tuple[str, str, str, str], ...]] = {
         ("pair_f8", "rlprobe.compare.pair_kernels", "_float_kernel", _pair_signature("float64")),
         ("pair_i8", "rlprobe.compare.pair_kernels", "_int_kernel", _pair_signature("int64")),
         ("read_files", "rlprobe.compare.batch_kernels", "read_files",
-         f"({_array('uint8', readonly=True)}, {_array('int64')}, int64, {_array('int64', 2)}, {_array('int64')})"),
+         f"({_array('uint8', readonly=True)}, {_array('int64')}, {_array('int64')}, {_array('int64')}, int64, "
+         f"{_array('int64', 2)}, {_array('int64')})"),
         ("compare_batch", "rlprobe.compare.batch_kernels", "compare_batch",
          f"({_array('uint8')}, {_array('int64', 2)}, {_array('int64')}, {_array('int64')}, {_array('int64', 2)}, "
          f"{_array('float64', 2)})"),
         ("compare_mapped", "rlprobe.compare.mapped_kernels", "compare_mapped",
-         f"({_array('uint8', readonly=True)}, {_array('int64')}, int64, int64, {_array('int64', 2)}, "
+         f"({_array('uint8', readonly=True)}, {_array('int64')}, {_array('int64')}, {_array('int64')}, int64, "
+         f"int64, {_array('int64', 2)}, "
          f"{_array('int64')}, {_array('int64', 2)}, {_array('float64', 2)})"),
     ),
     # a family per package: compare's commands do not wait for check's build, nor the other way round

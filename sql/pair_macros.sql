@@ -6,6 +6,11 @@
 -- A new comparison metric is one more parameter and field of compared_metrics, one more argument
 -- where key_data.sql and modules.sql call it (and its column header).
 
+-- where a key-data tensor lies, as one text (the pairs' file_a, file_b): its tensor_file, with
+-- '#<offset>+<length>' for a record of a packed file (lake/tensor_pack.py: split_address)
+CREATE OR REPLACE TEMP MACRO tensor_address(file, "offset", length) AS
+    CASE WHEN "offset" IS NULL THEN file ELSE file || '#' || "offset" || '+' || length END;
+
 -- both runs' statistics of one pair, as columns <name>_a, <name>_b
 CREATE OR REPLACE TEMP MACRO stat_sides(a, b) AS {
     'shape_a': a.shape, 'shape_b': b.shape,

@@ -1,14 +1,16 @@
 -- Runs with different layouts: every (key, index, step, sample, occurrence) seen in EITHER run,
--- with where the sample's row sits on each side and the tensor file holding it.
+-- with where the sample's row sits on each side and the tensor holding it (tensor_address).
 -- Tables: samples_a/b (the `sample` stats kind), stats_a/b (key data). Parameters: $keys,
 -- $steps, $ranks (lists, NULL = all; a sample is selected when its row sits on a selected rank in either run:
 -- with other rank counts, a rank only one run has still selects its samples, paired wherever the other run holds them).
 WITH a AS (
-    SELECT s.*, k.tensor_file, k.shape FROM samples_a AS s
+    SELECT s.*, tensor_address(k.tensor_file, k.tensor_offset, k.tensor_length) AS tensor_file, k.shape
+    FROM samples_a AS s
     LEFT JOIN stats_a AS k USING (key, "index", step, rank, micro_step)
 ),
 b AS (
-    SELECT s.*, k.tensor_file, k.shape FROM samples_b AS s
+    SELECT s.*, tensor_address(k.tensor_file, k.tensor_offset, k.tensor_length) AS tensor_file, k.shape
+    FROM samples_b AS s
     LEFT JOIN stats_b AS k USING (key, "index", step, rank, micro_step)
 )
 SELECT

@@ -157,3 +157,21 @@ def test_compare_timeline_script_prints_each_run_s_phases(tmp_path):
     spans = json.loads((tmp_path / "t.json").read_text())
     assert [r["workers"] for r in spans] == [1, 2]
     assert {"key_data.load_stats", "executor.run_pairs", "xlsx.write_report_xlsx"} <= {s["label"] for s in spans[0]["spans"]}
+
+
+def test_tensor_files_script_runs(tmp_path, monkeypatch, capsys):
+    """benchmarks/tensor_files.py: both writers write every step's files, and the figures come out."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import tensor_files
+
+    out = tmp_path / "r.json"
+    assert tensor_files.main(["--reps", "2", "--steps", "3", "--dir", str(tmp_path), "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())["summary"]
+    assert set(summary) >= {"packed", "folders", "paired_cpu_ratio"} and summary["paired_cpu_ratio"] >= 0
+    assert list(tmp_path.iterdir()) == [out]  # its folders removed
+    assert "paired CPU ratio packed / folders" in capsys.readouterr().out
+    for packed, files in ((True, 3 * 2), (False, 22 * 2)):  # what a run writes: a file a call, or a tensor
+        root = tmp_path / str(packed)
+        tensor_files.one_run(str(root), packed, 2)
+        assert sum(1 for p in root.rglob("*") if p.is_file()) == files
+    sys.modules.pop("tensor_files", None)

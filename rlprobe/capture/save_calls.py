@@ -1,4 +1,4 @@
-"""The writer's work for save() calls: sample rows, statistics, hashes and .npy files of key data.
+"""The writer's work for save() calls: sample rows, statistics, hashes and packed tensor files of key data.
 
 The writer thread takes the calls of several steps at once (capture/writer.py, `defer`): their
 sample rows are one table and their small tensors' statistics one pass, sliced per call, so a
@@ -16,8 +16,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from rlprobe.capture.writer import TensorRow, folder_lost, tensor_rows_of
-from rlprobe.lake.atomic import AtomicFolder
-from rlprobe.lake.layout import DumpLayout, key_data_call_dir, key_data_file_name
+from rlprobe.lake.atomic import TensorPack
+from rlprobe.lake.layout import DumpLayout, key_data_file_name, key_data_pack
 from rlprobe.lake.samples import CallIdentity, sample_tables_of_calls
 
 if TYPE_CHECKING:
@@ -76,20 +76,20 @@ def write_samples_and_key_data(writer: BackgroundWriter, layout: DumpLayout | No
 def write_key_data(writer: BackgroundWriter, layout: DumpLayout | None, step: int, jobs: list[LeafJob],
                    save_tensors: bool, call: int = 0) -> None:
     """Writer-thread job for one save call (the step's `call`-th). A None value becomes a row marked
-    absent: its key, step, micro_step and index, and nothing else. The call's tensor files go into
-    one folder, renamed into place when all are written (docs/dump-format.md, "Files")."""
+    absent: its key, step, micro_step and index, and nothing else. The call's tensors go into one
+    packed file, renamed into place when all are written (docs/dump-format.md, "Files")."""
     write_save_calls(writer, [SaveCall(layout, step, jobs, save_tensors, None, call)])  # type: ignore[arg-type]
 
 
 def _key_data_of_calls(writer: BackgroundWriter, calls: list[SaveCall]
-                       ) -> list[tuple[AtomicFolder | None, list[dict[str, Any]], list[dict[str, Any]], list[str]]]:
-    """Per call: its folder (files written into it), its absent rows, its tensor rows and errors.
+                       ) -> list[tuple[TensorPack | None, list[dict[str, Any]], list[dict[str, Any]], list[str]]]:
+    """Per call: its packed file (records written into it), its absent rows, its tensor rows and errors.
     The small tensors of all calls are reduced together (capture/writer.py, tensor_rows_of)."""
     sink = writer.sink
-    planned: list[tuple[AtomicFolder | None, list[dict[str, Any]], list[TensorRow]]] = []
+    planned: list[tuple[TensorPack | None, list[dict[str, Any]], list[TensorRow]]] = []
     for c in calls:
-        folder_path = key_data_call_dir(c.step, sink.rank, c.call) if c.save_tensors else None
-        folder = AtomicFolder(os.path.join(os.fspath(sink.layout.root), folder_path)) if folder_path else None
+        pack_path = key_data_pack(c.step, sink.rank, c.call) if c.save_tensors else None
+        folder = TensorPack(os.path.join(os.fspath(sink.layout.root), pack_path)) if pack_path else None
         absent, items = [], []
         for job in c.jobs:
             keys = {"key": job.key, "step": c.step, "micro_step": job.micro_step, "index": job.index,
@@ -97,12 +97,12 @@ def _key_data_of_calls(writer: BackgroundWriter, calls: list[SaveCall]
             if job.leaf is None:
                 absent.append({**keys, "absent": True})
                 continue
-            name = key_data_file_name(job.key, job.index) if folder_path else None
+            name = key_data_file_name(job.key, job.index) if pack_path else None
             items.append(TensorRow(
                 job.leaf, {**keys, "absent": False},
                 f"key {job.key!r} step {c.step} micro_step {job.micro_step}"
                 + (f" index {job.index!r}" if job.index else ""),
-                f"{folder_path}/{name}" if folder_path else None, name, folder))
+                pack_path, name, folder))
         planned.append((folder, absent, items))
     errors: list[str] = []
     done = dict(tensor_rows_of(writer, [item for _, _, items in planned for item in items], "key_data", errors))
@@ -111,10 +111,10 @@ def _key_data_of_calls(writer: BackgroundWriter, calls: list[SaveCall]
             for folder, absent, items in planned]
 
 
-def _publish(writer: BackgroundWriter, samples: pa.Table | None, folder: AtomicFolder | None,
+def _publish(writer: BackgroundWriter, samples: pa.Table | None, folder: TensorPack | None,
              absent: list[dict[str, Any]], rows: list[dict[str, Any]], errors: list[str]) -> None:
     """One call's rows into the rank's buffers (sample rows, then key data: absent rows first), its
-    folder renamed into place first (rows keep their statistics, without files, if it cannot be)."""
+    packed file renamed into place first (rows keep their statistics, without files, if it cannot be)."""
     sink = writer.sink
     if samples is not None:
         sink.add_row("sample", samples)

@@ -31,7 +31,7 @@ import numpy as np
 
 from rlprobe.frameworks.base import StagedLeaf
 from rlprobe.lake.encoding import narrow_integers, widen
-from rlprobe.lake.atomic import AtomicFolder
+from rlprobe.lake.atomic import AtomicFolder, TensorPack
 from rlprobe.lake.rank_writer import RankWriter
 from rlprobe.lake.samples import OccurrenceCounter
 
@@ -253,7 +253,7 @@ class TensorRow:
     where: str  # for messages: "key 'x' step 3 micro_step 0"
     tensor_path: Path | str | None  # a str is relative to the dump root; None: statistics only
     file_name: str | None = None  # with a folder: the file's name in it (tensor_path is where it ends up)
-    folder: AtomicFolder | None = None  # the folder it is written into (else write_tensor_rows' folder)
+    folder: AtomicFolder | TensorPack | None = None  # where it is written (else write_tensor_rows' folder)
 
 
 def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow],
@@ -263,9 +263,8 @@ def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow
     Small tensors are taken a few at a time (STACK_BYTES in all), so that their statistics are
     one numpy call per statistic for the lot (lake/statistics.py). A tensor whose statistics
     cannot be computed is recorded as lost; one whose file cannot be written keeps its
-    statistics row (tensor_file null). Host copies are released as soon as their chunk is done,
-    so staging memory returns to the ring in order. With `folder`, items with a `file_name` are
-    written into it, and it is renamed into place before their rows are added."""
+    statistics row (tensor_file null). Host copies are released as soon as their chunk is done, so staging
+    memory returns to the ring in order. With `folder`, items with a `file_name` go into it, renamed into place first."""
     sink = writer.sink
     errors: list[str] = []
     rows = [row for _, row in tensor_rows_of(writer, items, kind, errors, folder)]
@@ -294,9 +293,9 @@ def tensor_rows_of(writer: BackgroundWriter, items: list[TensorRow], kind: str, 
     return out
 
 
-def folder_lost(folder: AtomicFolder, rows: list[dict[str, Any]], kind: str, sink: RankWriter, errors: list[str],
-                 e: OSError) -> None:
-    """The call's folder could not be renamed into place: its rows keep their statistics, without files."""
+def folder_lost(folder: AtomicFolder | TensorPack, rows: list[dict[str, Any]], kind: str, sink: RankWriter,
+                errors: list[str], e: OSError) -> None:
+    """The call's folder or packed file could not be renamed into place: its rows keep statistics, no files."""
     for row in rows:
         if row.get("tensor_file") is None:
             continue
@@ -306,7 +305,7 @@ def folder_lost(folder: AtomicFolder, rows: list[dict[str, Any]], kind: str, sin
         sink.record_error(msg, {"kind": kind, "key": row["key"], "step": row["step"], "micro_step": row["micro_step"],
                                 "index": row["index"], "what": "tensor"})
         errors.append(msg)
-        row["tensor_file"] = None
+        row["tensor_file"] = row["tensor_offset"] = row["tensor_length"] = None
 
 
 def _chunks(items: list[TensorRow]) -> list[list[TensorRow]]:
@@ -368,7 +367,7 @@ def _lose(item: TensorRow, kind: str, sink: RankWriter, errors: list[str], e: Ba
 
 
 def _tensor_row(item: TensorRow, values: np.ndarray | None, host: dict[str, Any] | Exception | None, kind: str,
-                sink: RankWriter, errors: list[str], folder: AtomicFolder | None) -> dict[str, Any] | None:
+                sink: RankWriter, errors: list[str], folder: Any) -> dict[str, Any] | None:
     leaf = item.leaf
     try:
         if isinstance(host, Exception):
@@ -387,8 +386,9 @@ def _tensor_row(item: TensorRow, values: np.ndarray | None, host: dict[str, Any]
         try:
             stored = narrow_integers(values, stats.get("min"), stats.get("max"))
             if folder is not None and item.file_name is not None:
-                sink.write_into(folder, item.file_name, stored)
+                placed = sink.write_into(folder, item.file_name, stored)  # a packed file's: (offset, length)
                 row["tensor_file"] = item.tensor_path
+                row["tensor_offset"], row["tensor_length"] = placed if isinstance(placed, tuple) else (None, None)
             else:
                 row["tensor_file"] = sink.write_tensor(item.tensor_path, stored)
         except OSError as e:

@@ -38,9 +38,9 @@ class _RecordingSink:
         self.ops.append(("tensor", atomic_save_npy(os.path.join(self._root, path), array), 1))
         return path
 
-    def write_into(self, folder: Any, name: str, array: np.ndarray) -> None:
+    def write_into(self, folder: Any, name: str, array: np.ndarray) -> Any:
         self._check_parent()
-        folder.save_npy(name, array)
+        return folder.save_npy(name, array)  # a packed file's record: (offset, length)
 
     def commit_folder(self, folder: Any) -> None:
         self._check_parent()

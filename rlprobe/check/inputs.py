@@ -17,7 +17,7 @@ from rlprobe.lake.configs import config_leaves
 from rlprobe.lake.reader import Dump
 
 STATS_COLUMNS = ("key", "step", "rank", "micro_step", "index", "dtype", "shape", "numel", "min", "max", "mean",
-                 "norm", "nan_count", "inf_count", "hash", "tensor_file", "absent")
+                 "norm", "nan_count", "inf_count", "hash", "tensor_file", "tensor_offset", "tensor_length", "absent")
 GRAD_STEPS = pa.schema([("monitor", pa.string()), ("step", pa.int64()), ("rank", pa.int64()),
                         ("params", pa.int64()), ("norm", pa.float64()), ("nonfinite_params", pa.int64()),
                         ("sign_agreement", pa.float64())])

@@ -18,6 +18,7 @@ from rlprobe.errors import DumpReadError
 from rlprobe.lake.encoding import restore
 from rlprobe.lake.npy_header import plain_header
 from rlprobe.lake.reader import Dump
+from rlprobe.lake.tensor_pack import record_of
 
 _FORMAT = np.lib.format
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux; elsewhere a plain map
@@ -31,34 +32,41 @@ def map_tensor(dump: Dump, row: dict, rows: slice | None = None) -> np.ndarray:
     `rows`: x[rows] only (a mapped file maps the pages of those rows only: a pair cut between threads
     does not map every page once per piece)."""
     path = os.path.join(dump.path, row["tensor_file"])
+    record = record_of(row.get("tensor_offset"), row.get("tensor_length"))  # a packed file's record, or the file
+    start = record.offset
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
-            length = os.fstat(fd).st_size
-            head = os.pread(fd, length if length <= READ_BELOW else _HEAD, 0)
+            file_length = os.fstat(fd).st_size
+            length = file_length - start if record.length is None else record.length
+            head = os.pread(fd, length if length <= READ_BELOW else _HEAD, start)
             header = plain_header(head)
-            if header is None:
+            if start + length > file_length or not head.startswith(b"\x93NUMPY"):
+                shape, fortran_order, stored, offset = (), True, None, 0  # load_record names the problem
+            elif header is None:
                 with open(fd, "rb", closefd=False) as f:
+                    f.seek(start)
                     version = _FORMAT.read_magic(f)
                     read = _FORMAT.read_array_header_1_0 if version == (1, 0) else _FORMAT.read_array_header_2_0
                     shape, fortran_order, stored = read(f)
-                    offset = f.tell()
+                    offset = f.tell() - start
             else:
                 (shape, stored, offset), fortran_order = header, False
-            size = math.prod(shape) * stored.itemsize
+            size = math.prod(shape) * stored.itemsize if stored is not None else 0
             if fortran_order or stored.hasobject or size == 0 or length < offset + size:
                 data = None  # not what rlprobe writes, empty or truncated: numpy reads it (or says why not)
             elif length <= READ_BELOW:
                 data = head
             else:
-                start, stop = _row_range(rows, shape)
-                if stop > start:  # those rows' pages only, from a page boundary
-                    first = offset + start * (size // shape[0])
+                first_row, stop = _row_range(rows, shape)
+                if stop > first_row:  # those rows' pages only, from a page boundary
+                    first = start + offset + first_row * (size // shape[0])
                     base = first - first % mmap.ALLOCATIONGRANULARITY
-                    shape, size, offset, rows = (stop - start, *shape[1:]), (stop - start) * (size // shape[0]), \
-                        first - base, None
-                else:
-                    base = 0
+                    shape, size, offset, rows = (stop - first_row, *shape[1:]), \
+                        (stop - first_row) * (size // shape[0]), first - base, None
+                else:  # the record from the page holding its start
+                    base = start - start % mmap.ALLOCATIONGRANULARITY
+                    offset += start - base
                 data = mmap.mmap(fd, offset + size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ,
                                  offset=base)
         finally:
@@ -66,7 +74,7 @@ def map_tensor(dump: Dump, row: dict, rows: slice | None = None) -> np.ndarray:
     except (OSError, ValueError, EOFError) as e:
         raise DumpReadError(f"{path}: cannot read tensor ({e})") from None
     if data is None:
-        x = dump.load_tensor(row["tensor_file"], row["dtype"], mmap=True)
+        x = dump.load_row_tensor(row, mmap=True)
     else:
         x = restore(np.frombuffer(data, stored, count=size // stored.itemsize, offset=offset).reshape(shape),
                     row["dtype"])

@@ -59,16 +59,17 @@ def _address(typingctx, array, at):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def read_npy(directory, flags, paths, at, header, descrs, buffer, nbytes):  # pragma: no cover - compiled
-    """The file whose NUL-terminated path (relative to the open `directory`) starts at paths[at]
-    into buffer[:header.size + nbytes]; True where it holds that many bytes and starts with `header`
+def read_npy(directory, flags, paths, at, offset, header, descrs, buffer, nbytes):  # pragma: no cover - compiled
+    """The file whose NUL-terminated path (relative to the open `directory`) starts at paths[at], from byte
+    `offset` on (a record of a packed file, lake/tensor_pack.py; 0: a whole .npy), into
+    buffer[:header.size + nbytes]; True where it holds that many bytes and starts with `header`
     save for the dtype, which is one of `descrs` ([k, 3] bytes); False (or the file cannot be opened):
     the caller has numpy read it, which reads it or says why not."""
     fd = _openat(np.int32(directory), _address(paths, at), np.int32(flags))
     if fd < 0:
         return False
     want = header.size + nbytes
-    got = _pread(fd, _address(buffer, 0), want, 0)
+    got = _pread(fd, _address(buffer, 0), want, offset)
     _close(fd)
     if got != want:
         return False

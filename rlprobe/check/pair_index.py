@@ -22,7 +22,8 @@ KINDS = ("on_policy", "rollout_vs_log_prob", "rollout_vs_old")
 ON_POLICY, ROLLOUT_VS_LOG_PROB, ROLLOUT_VS_OLD = range(3)
 _NAMES = ("log_prob", "old_log_prob", "rollout_log_prob", "response_mask")
 _LOG_PROB, _OLD, _ROLLOUT, _MASK = range(4)
-_ROW = ("canonical", "step", "rank", "micro_step", "index", "dtype", "shape", "tensor_file")
+_ROW = ("canonical", "step", "rank", "micro_step", "index", "dtype", "shape", "tensor_file", "tensor_offset",
+        "tensor_length")
 # a tensor file's folder (opened once a job) and its name, the last 4 parts (token_batch._split)
 _SPLIT = r"^(?:(?P<folder>.*?)/)??(?P<name>(?:[^/]*/){0,3}[^/]*)$"
 
@@ -51,6 +52,7 @@ class PairIndex(NamedTuple):
     folder: np.ndarray
     folders: list[str]
     dtypes: list[str | None]
+    offset: np.ndarray  # where each row's .npy record starts in its file (a packed file's; else 0)
 
     def keys(self) -> list[tuple[str, int, int]]:
         first = self.starts[:-1]
@@ -126,7 +128,8 @@ def pair_index(stats: pa.Table, min_keys: int = 0) -> PairIndex | None:
     if name_at is None:
         return None
     return PairIndex(table, kind, step[b], rank[b], a, b, m, starts, micro, rows, width, header, headers, sizes,
-                     name_at, paths, folder, folders, table["dtype"].to_pylist())
+                     name_at, paths, folder, folders, table["dtype"].to_pylist(),
+                     pc.fill_null(table["tensor_offset"], 0).to_numpy().astype(np.int64))
 
 
 def _numbered(*columns: np.ndarray) -> np.ndarray | None:

@@ -75,9 +75,10 @@ def index_tables(dump: Dump, index: PairIndex, first: int, last: int, eps: float
     none = np.full(len(a), -1, np.int64)
     spec = np.stack([key, rows, width, np.cumsum(rows) - rows, none, index.name_at[a], index.name_at[b],
                      np.where(masked, index.name_at[m0], -1), index.header[a], np.where(masked, index.header[m0], -1),
-                     index.folder[a], index.folder[b], np.where(masked, index.folder[m0], -1)], axis=1)
+                     index.folder[a], index.folder[b], np.where(masked, index.folder[m0], -1),
+                     index.offset[a], index.offset[b], np.where(masked, index.offset[m0], 0)], axis=1)
     if not npy_layout.READS:
-        spec[:, 5:] = -1  # every part read by numpy (_preload), as _plan plans them there
+        spec[:, 5:13] = -1  # every part read by numpy (_preload), as _plan plans them there
     plan = _Plan(spec, index.paths, index.folders, index.headers, index.header_sizes, [None] * len(a),
                  index.micro_step[a])
     f = _reduce(dump, last - first, lambda i: index.part(lo + i), plan, eps, edges)
@@ -123,9 +124,10 @@ def _plan(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> _Plan | None:
                 return None
             if p.a_rows is None and p.b_rows is None and p.mask_rows is None and npy_layout.READS:
                 (a, a_in), (b, b_in), (m, m_in) = path(p.a), path(p.b), (-1, -1) if p.mask is None else path(p.mask)
-                files = (a, b, m, header(p.a), -1 if p.mask is None else header(p.mask), a_in, b_in, m_in)
+                files = (a, b, m, header(p.a), -1 if p.mask is None else header(p.mask), a_in, b_in, m_in,
+                         _offset(p.a), _offset(p.b), 0 if p.mask is None else _offset(p.mask))
             else:  # a sample pair's rows: numpy reads and gathers them (_preload)
-                files = (-1,) * 8
+                files = (-1,) * 8 + (0,) * 3
             spec.append((k, rows, width, first, -1, *files))
             picks.append(p.a_rows if isinstance(p.a_rows, np.ndarray) else None)
             micro_steps.append(p.a["micro_step"])
@@ -135,8 +137,13 @@ def _plan(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> _Plan | None:
     table = np.zeros((len(texts), int(sizes.max()) if texts else 0), np.uint8)
     for i, t in enumerate(texts):
         table[i, :len(t)] = np.frombuffer(t, np.uint8)
-    return _Plan(np.array(spec, np.int64).reshape(-1, 13), np.frombuffer(b"".join(paths) or b"\0", np.uint8),
+    return _Plan(np.array(spec, np.int64).reshape(-1, 16), np.frombuffer(b"".join(paths) or b"\0", np.uint8),
                  list(folders), table, sizes, picks, micro_steps)
+
+
+def _offset(row: dict) -> int:
+    """Where the row's .npy record starts in its file (a packed file's record, lake/tensor_pack.py; else 0)."""
+    return row.get("tensor_offset") or 0
 
 
 def _split(tensor_file: str) -> tuple[str, str]:

@@ -37,16 +37,17 @@ def reduce_batch(folders, flags, paths, parts, headers, header_sizes, pre_a, pre
         else:
             size = header_sizes[parts[p, 8]]
             header = headers[parts[p, 8], :size]
-            if not (npy_reads.read_npy(folders[parts[p, 10]], flags, paths, parts[p, 5], header, float32, buf_a, 4 * n)
-                    and npy_reads.read_npy(folders[parts[p, 11]], flags, paths, parts[p, 6], header, float32, buf_b,
-                                           4 * n)):
+            if not (npy_reads.read_npy(folders[parts[p, 10]], flags, paths, parts[p, 5], parts[p, 13], header, float32,
+                                       buf_a, 4 * n)
+                    and npy_reads.read_npy(folders[parts[p, 11]], flags, paths, parts[p, 6], parts[p, 14], header,
+                                           float32, buf_b, 4 * n)):
                 return p, used
             m = buf_m[:n]
             if parts[p, 7] < 0:
                 m[:] = 1
             else:
                 mask_size = header_sizes[parts[p, 9]]
-                if not npy_reads.read_npy(folders[parts[p, 12]], flags, paths, parts[p, 7],
+                if not npy_reads.read_npy(folders[parts[p, 12]], flags, paths, parts[p, 7], parts[p, 15],
                                           headers[parts[p, 9], :mask_size], mask_bytes, buf_m, n):
                     return p, used
                 m = buf_m[mask_size:mask_size + n]

@@ -28,14 +28,15 @@ def part_tokens(part: Part) -> int:
 
 def loader(dump: Dump) -> Callable[[dict, np.ndarray | slice | None], np.ndarray]:
     """load(tensor index row, rows picked): each file mapped (or read) once."""
-    loaded: dict[str, np.ndarray] = {}
+    loaded: dict[tuple[str, int | None], np.ndarray] = {}  # by file and record (a packed file holds several)
 
     def load(row: dict, picks: np.ndarray | slice | None) -> np.ndarray:
         if isinstance(picks, slice):  # a row range of a pair cut between threads: those rows' pages only
             return map_tensor(dump, row, picks)
-        if row["tensor_file"] not in loaded:
-            loaded[row["tensor_file"]] = map_tensor(dump, row)
-        x = loaded[row["tensor_file"]]
+        where = (row["tensor_file"], row.get("tensor_offset"))
+        if where not in loaded:
+            loaded[where] = map_tensor(dump, row)
+        x = loaded[where]
         return x if picks is None else np.asarray(x)[picks]
     return load
 

@@ -54,11 +54,13 @@ def tensor_rows(stats: pa.Table, names: tuple[str, ...] = _WANTED
     table = stats.filter(mask)
     columns = [table[c].to_pylist() for c in _ROW]
     return {(c, step, rank, micro, index): {"canonical": c, "step": step, "rank": rank, "micro_step": micro,
-                                            "index": index, "dtype": dtype, "shape": shape, "tensor_file": file}
-            for c, step, rank, micro, index, dtype, shape, file in zip(*columns)}
+                                            "index": index, "dtype": dtype, "shape": shape, "tensor_file": file,
+                                            "tensor_offset": offset, "tensor_length": length}
+            for c, step, rank, micro, index, dtype, shape, file, offset, length in zip(*columns)}
 
 
-_ROW = ("canonical", "step", "rank", "micro_step", "index", "dtype", "shape", "tensor_file")
+_ROW = ("canonical", "step", "rank", "micro_step", "index", "dtype", "shape", "tensor_file", "tensor_offset",
+        "tensor_length")
 
 
 def pairs(rows: dict[tuple, dict[str, Any]], samples: pa.Table | None = None,
@@ -349,12 +351,12 @@ def group_advantages(dump: Dump, stats: pa.Table, group_size: int | None, sample
     for (name, step, rank, micro, index), row in sorted(rows.items(), key=lambda kv: kv[0][1:]):
         if name != "advantages":
             continue
-        adv = dump.load_tensor(row["tensor_file"], row["dtype"]).astype(np.float64)
+        adv = dump.load_row_tensor(row).astype(np.float64)
         per_seq = adv.reshape(adv.shape[0], -1).mean(axis=1) if adv.ndim > 1 else adv.ravel()
         ids, source = saved_groups.get((step, rank, micro, index)), "save(group_ids=...)"
         ids_row = rows.get(("group_ids", step, rank, micro, index)) or rows.get(("group_ids", step, rank, micro, ""))
         if (ids is None or ids.size != per_seq.size) and ids_row is not None:
-            ids, source = dump.load_tensor(ids_row["tensor_file"], ids_row["dtype"]).ravel(), "saved group_ids"
+            ids, source = dump.load_row_tensor(ids_row).ravel(), "saved group_ids"
         if ids is None or ids.size != per_seq.size:
             if not group_size:
                 continue

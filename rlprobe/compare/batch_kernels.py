@@ -128,10 +128,11 @@ def parse_header(buf, start, size, out):  # pragma: no cover - runs compiled
 
 
 @numba.njit(nogil=True, cache=True)
-def read_files(paths, path_starts, limit, info, sizes):  # pragma: no cover - runs compiled
-    """Read file i (NUL-terminated path at paths[path_starts[i]:]) whole into the returned buffer,
-    at a multiple of ALIGN, when it has at most `limit` bytes (else status BIG), and parse its
-    header into info[i]; sizes[i] is its size (-1: it could not be opened or sized)."""
+def read_files(paths, path_starts, offsets, lengths, limit, info, sizes):  # pragma: no cover - runs compiled
+    """Read file i (NUL-terminated path at paths[path_starts[i]:]) whole into the returned buffer, or
+    the `lengths[i]` bytes at `offsets[i]` where lengths[i] >= 0 (a record of a packed file, lake/
+    tensor_pack.py), at a multiple of ALIGN, when it has at most `limit` bytes (else status BIG), and
+    parse its header into info[i]; sizes[i] is its size (-1: it could not be opened or sized)."""
     buf = np.empty(1 << 16, np.uint8)
     pos = 0
     for i in range(path_starts.size):
@@ -140,11 +141,12 @@ def read_files(paths, path_starts, limit, info, sizes):  # pragma: no cover - ru
         fd = _OPEN(paths[path_starts[i]:].ctypes.data, _O_FLAGS)
         if fd < 0:
             continue
-        size = _LSEEK(fd, 0, _SEEK_END)
+        size = _LSEEK(fd, 0, _SEEK_END) if lengths[i] < 0 else lengths[i]
         if size < 0:
             _CLOSE(fd)
             continue
         sizes[i] = size
+        at = offsets[i]
         if size > limit:
             info[i, 0] = BIG
             _CLOSE(fd)
@@ -155,7 +157,7 @@ def read_files(paths, path_starts, limit, info, sizes):  # pragma: no cover - ru
             buf = grown
         got = np.int64(0)
         while got < size:
-            n = _PREAD(fd, buf[pos + got:].ctypes.data, size - got, got)
+            n = _PREAD(fd, buf[pos + got:].ctypes.data, size - got, at + got)
             if n <= 0:
                 break
             got += n

@@ -31,6 +31,7 @@ import numpy as np
 from rlprobe.compare.flat_sources import chunk_bounds
 from rlprobe.compare.mapped_pairs import job_groups, run_mapped
 from rlprobe.compare.npy_files import NpyFile, PairError
+from rlprobe.lake.tensor_pack import Record
 from rlprobe.compare.pair_metrics import DEFAULT_CHUNK, Partial, chunk_partial, combine, common_dtype, ranges
 from rlprobe.compare.pair_results import PairResults
 from rlprobe.compare.small_pairs import plan_jobs, run_batch
@@ -41,11 +42,14 @@ DEFAULT_SPLIT_ELEMENTS = 8 * 1024 * 1024
 
 
 class PairTask(NamedTuple):
-    """One pair to compare: two absolute paths of ``.npy`` files."""
+    """One pair to compare: two absolute paths of ``.npy`` files, or of packed files with the records
+    to compare in them (lake/tensor_pack.py; None: the whole file)."""
 
     task_id: Hashable
     path_a: str
     path_b: str
+    record_a: Record | None = None
+    record_b: Record | None = None
 
 
 _READ_BYTES = 1 << 20  # read at least this much per call, in whole chunks (larger gave no gain)
@@ -99,8 +103,8 @@ def _open_pair(task: PairTask, io: str, chunk: int, split_elements: int, workers
     """Job: open a pair; compare it whole, or hand back a split plan for a big one."""
     fa = fb = None
     try:
-        fa = NpyFile(os.fspath(task.path_a), 0, io)
-        fb = NpyFile(os.fspath(task.path_b), 1, io)
+        fa = NpyFile(os.fspath(task.path_a), 0, io, task.record_a)
+        fb = NpyFile(os.fspath(task.path_b), 1, io, task.record_b)
         if fa.size != fb.size:
             raise PairError(f"shape mismatch: {_shape_text(fa)}, {_shape_text(fb)}")
         try:
@@ -137,10 +141,16 @@ def _run_part(split: _Split, start: int, stop: int, chunk: int):
 def _open_one(task: PairTask, io: str, chunk: int, split_elements: int) -> tuple[dict[str, Any], int]:
     """A pair a batch could not take, compared the per-pair way (one worker: never split), and its bytes."""
     _, (_, metrics) = _open_pair(task, io, chunk, split_elements, 1)
-    return metrics, _file_size(task.path_a) + _file_size(task.path_b)
+    return metrics, _pair_bytes(task)
 
 
-def _file_size(path: Any) -> int:
+def _pair_bytes(task: PairTask) -> int:
+    return _file_size(task.path_a, task.record_a) + _file_size(task.path_b, task.record_b)
+
+
+def _file_size(path: Any, record: Record | None = None) -> int:
+    if record is not None and record.length is not None:
+        return record.length
     try:
         return os.stat(path).st_size
     except (OSError, TypeError, ValueError):
@@ -201,7 +211,7 @@ def run_pairs(
     jobs = plan_jobs(tasks, workers)
     # bytes of each pair's files (by row): up front for pairs compared one by one; a batch sizes its
     # own files (GIL-free), so with batches the total grows as they report
-    pair_bytes = {row: _file_size(t.path_a) + _file_size(t.path_b) for row, t in jobs if isinstance(t, PairTask)}
+    pair_bytes = {row: _pair_bytes(t) for row, t in jobs if isinstance(t, PairTask)}
     total = sum(pair_bytes.values())
     done_bytes = 0
     max_inflight = max(2, 2 * workers)  # bounds open files and queued work

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from rlprobe.compare.numpy_kernels import SEQUENTIAL_BELOW
 from rlprobe.compare.small_pairs import BATCH_MIN
+from rlprobe.lake.layout import PACK_SUFFIX
 
 if TYPE_CHECKING:
     from rlprobe.lake.reader import Dump
@@ -55,9 +56,33 @@ def may_run_compiled_kernels(dump_a: "Dump") -> bool:
                         files += 1
                         if files >= BATCH_MIN or not _few_elements(entry):
                             return True
+                    elif entry.name.endswith(PACK_SUFFIX):  # a save call's records (lake/tensor_pack.py)
+                        sizes = _record_sizes(entry)
+                        files += len(sizes)
+                        if files >= BATCH_MIN or not sizes or max(sizes) >= SEQUENTIAL_BELOW:
+                            return True
                 except OSError:
                     continue
     return False
+
+
+def _record_sizes(entry: os.DirEntry) -> list[int]:
+    """The element counts of a small packed file's records ([] for a large or unreadable one)."""
+    from rlprobe.lake.tensor_pack import pack_records
+
+    if entry.stat().st_size > BATCH_MIN * _SMALL_NPY_BYTES:
+        return []
+    try:
+        return [_count(layout.shape) for _, layout in pack_records(entry.path)]
+    except (OSError, ValueError):
+        return []
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _few_elements(entry: os.DirEntry) -> bool:

@@ -16,6 +16,7 @@ from rlprobe.compare.sample_alignment import layout, sample_key_data
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import KEY_DATA, with_rank
 from rlprobe.lake.sql_runner import create_table, execute, records, run, store
+from rlprobe.lake.tensor_pack import split_address
 
 Progress = Callable[[int, int], None]
 # columns of key_data that the reports leave out (file paths, ordering)
@@ -75,7 +76,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
 
         root_a, root_b = os.path.join(dump_a.path, ""), os.path.join(dump_b.path, "")  # no pathlib per pair
         pairs = zip(files["file_a"].to_pylist(), files["file_b"].to_pylist())  # columns, not a dict per row
-        tasks = [PairTask(i, root_a + file_a, root_b + file_b) for i, (file_a, file_b) in enumerate(pairs)]
+        tasks = [_pair_task(i, root_a, file_a, root_b, file_b) for i, (file_a, file_b) in enumerate(pairs)]
         results = (executor or run_pairs)(tasks, workers=workers, progress=progress)
     elif progress is not None:
         progress(0, 0)
@@ -118,6 +119,17 @@ def _start_ahead(ahead: Callable[[list[Any]], None], dump_a: Dump, dump_b: Dump)
 
     root_a, root_b = os.path.join(dump_a.path, ""), os.path.join(dump_b.path, "")
     ahead([PairTask(i, root_a + f, root_b + f) for i, f in enumerate(files)])
+
+
+def _pair_task(i: int, root_a: str, address_a: str, root_b: str, address_b: str) -> Any:
+    """The executor's task of a pair of tensor addresses (a file, or a record of a packed file)."""
+    from rlprobe.compare.executor import PairTask
+
+    if "#" not in address_a and "#" not in address_b:  # whole files (no parsing per pair)
+        return PairTask(i, root_a + address_a, root_b + address_b)
+    file_a, record_a = split_address(address_a)
+    file_b, record_b = split_address(address_b)
+    return PairTask(i, root_a + file_a, root_b + file_b, record_a, record_b)
 
 
 def load_stats(con: Any, name: str, dump: Dump, read_errors: list[str], side: str) -> None:

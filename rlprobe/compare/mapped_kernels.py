@@ -52,16 +52,22 @@ def _pointer(typingctx, address):  # pragma: no cover - compiled
 
 
 @numba.njit(nogil=True, cache=True)
-def _open_header(paths, start, head, out):  # pragma: no cover - runs compiled
-    """Open the file whose NUL-terminated path starts at paths[start], parse its header into out = (status,
-    dtype code, numel, data offset) as batch_kernels does; returns (fd, size), fd -1 where it cannot be
-    opened or sized (status SLOW)."""
+def _open_header(paths, start, at, length, head, out):  # pragma: no cover - runs compiled
+    """Open the file whose NUL-terminated path starts at paths[start], parse the header of its .npy (the
+    whole file, or with length >= 0 the record of `length` bytes at `at`, lake/tensor_pack.py) into out =
+    (status, dtype code, numel, data offset in the record) as batch_kernels does; returns (fd, size of the
+    record), fd -1 where it cannot be opened or sized or the record lies beyond the file (status SLOW)."""
     out[0] = SLOW
     fd = _OPEN(paths[start:].ctypes.data, _O_FLAGS)
     if fd < 0:
         return -1, 0
     size = _LSEEK(fd, 0, _SEEK_END)
-    got = _PREAD(fd, head.ctypes.data, min(size, head.size), 0) if size > 0 else 0
+    if length >= 0:
+        if size < at + length:  # never map past the end (a truncated file: the per-pair path names it)
+            _CLOSE(fd)
+            return -1, 0
+        size = length
+    got = _PREAD(fd, head.ctypes.data, min(size, head.size), at) if size > 0 else 0
     if size < 0 or got < 12:
         _CLOSE(fd)
         return -1, 0
@@ -118,8 +124,9 @@ def _compare_pair(xa, xb, code, n, chunk, whole, ints, floats, row):  # pragma: 
 
 
 @numba.njit(nogil=True, cache=True)
-def compare_mapped(paths, path_starts, limit, chunk, info, first_row, ints, floats):  # pragma: no cover
-    """Pair p: files path_starts[p] (a) and path_starts[n + p] (b), its partials in rows first_row[p] ..
+def compare_mapped(paths, path_starts, offsets, lengths, limit, chunk, info, first_row, ints, floats):  # pragma: no cover
+    """Pair p: files path_starts[p] (a) and path_starts[n + p] (b) (records of `lengths` bytes at `offsets`
+    where lengths >= 0, else whole files), its partials in rows first_row[p] ..
     first_row[p + 1] - 1 of ints (n, equal, first mismatch, within 1e-3, within 1e-2, NaN mismatches) and
     floats (max abs, max rel, dot, sum of squares a, b); info[p] = (status, dtype code, numel, chunks)."""
     n = first_row.size - 1
@@ -127,10 +134,13 @@ def compare_mapped(paths, path_starts, limit, chunk, info, first_row, ints, floa
     side = np.zeros(4, np.int64)
     for p in range(n):
         info[p, 0] = SLOW
-        fa, size_a = _open_header(paths, path_starts[p], head, info[p])
-        fb, size_b = _open_header(paths, path_starts[n + p], head, side)
+        fa, size_a = _open_header(paths, path_starts[p], offsets[p], lengths[p], head, info[p])
+        fb, size_b = _open_header(paths, path_starts[n + p], offsets[n + p], lengths[n + p], head, side)
         code, numel = info[p, 1], info[p, 2]
-        data_a, data_b = info[p, 3], side[3]
+        # a record is mapped from the page holding its start: its data lies `skip` bytes further in the map
+        skip_a, skip_b = offsets[p] % _PAGE, offsets[n + p] % _PAGE
+        data_a, data_b = info[p, 3] + skip_a, side[3] + skip_b
+        size_a, size_b = size_a + skip_a, size_b + skip_b
         if info[p, 0] == OK and side[0] == OK and side[1] == code and side[2] == numel and numel > 0 \
                 and (code == F4 or code == F8 or code == I8):
             item = 4 if code == F4 else 8
@@ -140,8 +150,8 @@ def compare_mapped(paths, path_starts, limit, chunk, info, first_row, ints, floa
             elif chunks > first_row[p + 1] - first_row[p]:
                 info[p, 0] = SLOW
             else:
-                ma = _MMAP(0, size_a, _PROT_READ, _MAP_SHARED, fa, 0)
-                mb = _MMAP(0, size_b, _PROT_READ, _MAP_SHARED, fb, 0)
+                ma = _MMAP(0, size_a, _PROT_READ, _MAP_SHARED, fa, offsets[p] - skip_a)
+                mb = _MMAP(0, size_b, _PROT_READ, _MAP_SHARED, fb, offsets[n + p] - skip_b)
                 if ma != -1 and mb != -1:
                     va = numba.carray(_pointer(ma), size_a)[data_a:data_a + numel * item]
                     vb = numba.carray(_pointer(mb), size_b)[data_b:data_b + numel * item]

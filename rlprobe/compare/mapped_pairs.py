@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from rlprobe.compare.partials import Partial, combine
-from rlprobe.compare.small_pairs import Batch, metric_columns, path_bytes
+from rlprobe.compare.small_pairs import Batch, metric_columns, path_bytes, record_arrays
 
 __all__ = ["MAPPED_JOB_BYTES", "compare_mapped_pairs", "job_groups", "run_mapped"]
 
@@ -61,7 +61,8 @@ def compare_mapped_pairs(tasks: Sequence[Any], nbytes: Sequence[int], chunk: int
     floats = np.zeros((int(first_row[-1]), 5), np.float64)
     info = np.zeros((n, 4), np.int64)
     mapped = mapped_function()
-    mapped.compare_mapped(paths, path_starts, limit, chunk, info, first_row, ints, floats)
+    offsets, lengths = record_arrays(tasks)
+    mapped.compare_mapped(paths, path_starts, offsets, lengths, limit, chunk, info, first_row, ints, floats)
     done = info[:, 0] == mapped.OK
     whole = np.flatnonzero(done & (info[:, 3] == 1))  # one chunk: combine() of one partial, as columns
     columns = metric_columns(ints[first_row[whole]], floats[first_row[whole]]) if whole.size else {}

@@ -16,6 +16,7 @@ import numpy as np
 
 from rlprobe.compare.flat_sources import MappedPages, flat_slice
 from rlprobe.lake.npy_header import plain_header
+from rlprobe.lake.tensor_pack import Record, TensorRecordError, load_record
 
 _NPY_MAGIC = b"\x93NUMPY"
 
@@ -56,6 +57,16 @@ def _read_header(path: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
         else:
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
         return shape, fortran, dtype, f.tell()
+
+
+def _open_record(path: str, record: Record) -> np.ndarray:
+    """A packed file's record, memory-mapped (lake/tensor_pack.py, which checks where it lies)."""
+    try:
+        return load_record(path, record, mmap=True)
+    except FileNotFoundError:
+        raise PairError(f"cannot read {path}: file not found") from None
+    except (OSError, ValueError) as exc:
+        raise PairError(f"cannot read {exc if isinstance(exc, TensorRecordError) else f'{path}: {exc}'}") from None
 
 
 def _open_npy(path: str) -> np.ndarray:
@@ -105,15 +116,17 @@ def _scratch(slot: int, nbytes: int) -> np.ndarray:
 class NpyFile:
     """A :class:`~rlprobe.compare.pair_metrics.FlatSource` over one ``.npy`` file."""
 
-    def __init__(self, path: str, slot: int, io: str):
-        self.path = path
+    def __init__(self, path: str, slot: int, io: str, record: Record | None = None):
+        self.file = path
+        self.record = record  # a .npy record in a packed file (lake/tensor_pack.py); None: the whole file
+        self.path = path if record is None else f"{path} (record at offset {record.offset})"  # for messages
         self.slot = slot
         self._fd: int | None = None
         self._arr: np.ndarray | None = None
         self._pages: MappedPages | None = None
         if self._open_plain(io):
             return
-        arr = _open_npy(path)
+        arr = _open_npy(path) if record is None else _open_record(path, record)
         self.shape = arr.shape
         self.dtype = arr.dtype
         self.size = int(arr.size)
@@ -122,7 +135,7 @@ class NpyFile:
         if io == "pread" and c_order and isinstance(arr, np.memmap) and self.size and hasattr(os, "preadv"):
             self._offset = int(arr.offset)
             try:
-                self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                self._fd = os.open(self.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             except OSError as exc:
                 raise PairError(f"cannot read {path}: {exc.strerror or exc}") from None
             del arr  # unmaps (the header and the length were checked by np.load)
@@ -139,15 +152,20 @@ class NpyFile:
         cost ~150 us a file under the GIL; False (nothing open) for anything else: np.load then
         opens it and names what is wrong."""
         try:
-            fd = os.open(self.path, _O_READ)
+            fd = os.open(self.file, _O_READ)
         except OSError:
             return False
+        start = 0 if self.record is None else self.record.offset
         try:
-            head = os.pread(fd, _HEAD_BYTES, 0)
+            head = os.pread(fd, _HEAD_BYTES, start)
             header = plain_header(head)
             if header is None:
                 return False
             shape, dtype, offset = header
+            if self.record is not None and self.record.length is not None \
+                    and offset + math.prod(shape) * dtype.itemsize > self.record.length:
+                return False  # a record cut short: _open_record names it
+            offset += start
             native = dtype.byteorder in "=|" or (dtype.byteorder == "<" and _LITTLE)
             if dtype.kind not in "biuf" or dtype.itemsize not in (1, 2, 4, 8) or not native:
                 return False

@@ -54,7 +54,8 @@ def run_pairs_ray(tasks: Iterable[PairTask], workers: int = 2, progress: Callabl
     ray = _ensure_ray(address, workers)
     remote = ray.remote(num_cpus=1)(_compare_batch)
     n_batches = min(len(tasks), max(1, workers) * TASKS_PER_WORKER)
-    batches = [[(t.task_id, str(t.path_a), str(t.path_b)) for t in tasks[i::n_batches]] for i in range(n_batches)]
+    batches = [[(t.task_id, str(t.path_a), str(t.path_b), t.record_a, t.record_b) for t in tasks[i::n_batches]]
+               for i in range(n_batches)]  # records: where a packed file's tensors lie (lake/tensor_pack.py)
     pending = {remote.remote(b): len(b) for b in batches}
     results: dict[Hashable, dict[str, Any]] = {}
     done = 0

@@ -73,6 +73,15 @@ def path_bytes(paths: Sequence[Any]) -> tuple[np.ndarray, np.ndarray] | None:
     return arr, starts
 
 
+def record_arrays(tasks: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The byte offsets and lengths of sides a then b of each pair (PairTask's record_a, record_b: a record of
+    a packed file, lake/tensor_pack.py), as the compiled reads take them: offset 0, length -1 for a whole file."""
+    records = [getattr(t, "record_a", None) for t in tasks] + [getattr(t, "record_b", None) for t in tasks]
+    offsets = np.array([0 if r is None else r.offset for r in records], np.int64)
+    lengths = np.array([-1 if r is None or r.length is None else r.length for r in records], np.int64)
+    return offsets, lengths
+
+
 def _cosines(n: np.ndarray, dot: np.ndarray, sa: np.ndarray, sb: np.ndarray) -> np.ndarray:
     """partials._cosine of each pair, vectorized (the same float64 operations, so the same bits);
     NaN where _cosine gives None."""
@@ -130,9 +139,10 @@ def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> 
     if located is None:
         return _nothing_done(n)
     paths, path_starts = located
+    offsets, lengths = record_arrays(tasks)
     info = np.zeros((2 * n, 4), np.int64)
     sizes = np.empty(2 * n, np.int64)
-    buf = bk.read_files(paths, path_starts, limit, info, sizes)
+    buf = bk.read_files(paths, path_starts, offsets, lengths, limit, info, sizes)
     a, b = info[:n], info[n:]
     pair_bytes = sizes[:n] + sizes[n:]
 

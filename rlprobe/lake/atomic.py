@@ -2,8 +2,9 @@
 
 A process killed at any instant leaves either the old file or the complete new one; the
 temporaries (`.<name>.tmp-*`) match no reader's pattern and `rlprobe compact` removes them.
-Many small files written together (a save call's tensors) go into a hidden temporary folder
-renamed into place once (`AtomicFolder`): one mkdir and one rename for the lot, none per file.
+Many small files written together go into a hidden temporary folder renamed into place once
+(`AtomicFolder`): one mkdir and one rename for the lot, none per file. A save call's key-data tensors
+go into one file (`TensorPack`), each a .npy record at an offset (lake/tensor_pack.py reads them).
 """
 
 from __future__ import annotations
@@ -207,6 +208,85 @@ class AtomicFolder:
         if self._made:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._made = False
+
+
+RECORD_ALIGN = 64  # a packed file's records start at multiples of this (numpy pads its header to it too)
+_ZEROS = bytes(RECORD_ALIGN)
+
+
+class TensorPack:
+    """The records of one save call, written in order into a temporary file that `commit()` renames
+    to `path` (docs/dump-format.md, "Files"). AtomicFolder's interface (save_npy, commit, discard,
+    files, nbytes), but `save_npy` returns where the record went: its offset and length."""
+
+    def __init__(self, path: str):
+        self.path = path
+        at = path.rfind(os.sep) + 1
+        self._tmp = path[:at] + _tmp_name(path[at:])
+        self._fd = -1
+        self._at = 0  # where the next record starts (a multiple of RECORD_ALIGN)
+        self.files = 0  # pack files written: 1 once a record is
+        self.records = 0
+        self.nbytes = 0
+        self._failed: OSError | None = None  # a record that failed half-way: the file (and its offsets) is gone
+
+    def save_npy(self, name: str, array: np.ndarray) -> tuple[int, int]:
+        """Append `array` as one .npy record; returns (offset, length). `name` is unused (the row
+        names its record); it keeps AtomicFolder's signature."""
+        if self._failed is not None:  # the records before it went with the file: none can be written after it
+            raise OSError(f"{self.path}: an earlier record could not be written ({self._failed})")
+        array = np.asarray(array, order="C")
+        if self._fd < 0:
+            self._fd = _open_new_fd(self._tmp)
+            self.files = 1
+        header = _npy_header(array)
+        if header is None:  # an object dtype or a header too long for format 1.0: numpy's own bytes
+            out = io.BytesIO()
+            np.lib.format.write_array(out, array, allow_pickle=False)
+            header, data = out.getvalue(), np.empty(0, np.uint8)
+        else:
+            data = array.reshape(-1).view(np.uint8)
+        length = len(header) + data.nbytes
+        pad = -length % RECORD_ALIGN
+        try:
+            _write_all(self._fd, header, data)
+            if pad:
+                os.write(self._fd, _ZEROS[:pad])
+        except BaseException as e:
+            self.discard()
+            self._failed = e if isinstance(e, OSError) else OSError(repr(e))
+            raise
+        offset = self._at
+        self._at += length + pad
+        self.records += 1
+        self.nbytes += length + pad
+        return offset, length
+
+    def commit(self) -> None:
+        """Close the file and rename it into place (nothing to do when no record was written); on
+        failure the temporary file is removed and the error raised; a pack whose record failed raises too
+        (its other records went with the temporary file)."""
+        if self._failed is not None:
+            raise OSError(f"{self.path}: a record could not be written ({self._failed}); the file is not written")
+        if self._fd < 0:
+            return
+        try:
+            os.close(self._fd)
+            self._fd = -1
+            os.rename(self._tmp, self.path)
+        except OSError:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        """Remove the temporary file and what was written into it."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        try:
+            os.unlink(self._tmp)
+        except OSError:
+            pass
 
 
 _headers: dict[tuple[np.dtype, tuple[int, ...]], bytes | None] = {}

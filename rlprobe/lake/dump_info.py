@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rlprobe.lake.layout import PACK_SUFFIX
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.sql_runner import records
 
@@ -77,7 +78,7 @@ def _tables(con: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[
 
 def _key_bytes(con: Any, dump: Dump, keys: list[str]) -> dict[str, int]:
     """Bytes of each key's tensor files: one walk of the tensor folder, joined with the rows'
-    tensor_file (a key's files lie in every save call's folder, docs/dump-format.md "Files")."""
+    tensor_file (a key's tensors lie in every save call's packed file, docs/dump-format.md "Files")."""
     if dump.format != "rlprobe":  # msprobe: data/<key>/...
         return {k: sum(_npy_sizes(dump.path / "data" / k, dump.path).values()) for k in keys}
     import pyarrow as pa
@@ -92,7 +93,7 @@ def _key_bytes(con: Any, dump: Dump, keys: list[str]) -> dict[str, int]:
 
 
 def _npy_sizes(root: Path, base: Path) -> dict[str, int]:
-    """Size of every .npy file under `root`, by its path relative to `base` (POSIX separators)."""
+    """Size of every .npy file (and packed file, lake/tensor_pack.py) under `root`, by its path relative to `base` (POSIX separators)."""
     sizes: dict[str, int] = {}
     prefix = len(os.fspath(base)) + 1
     stack = [os.fspath(root)]
@@ -104,7 +105,7 @@ def _npy_sizes(root: Path, base: Path) -> dict[str, int]:
                         continue
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)
-                    elif entry.name.endswith(".npy"):
+                    elif entry.name.endswith((".npy", PACK_SUFFIX)):
                         sizes[entry.path[prefix:].replace(os.sep, "/")] = entry.stat(follow_symlinks=False).st_size
         except FileNotFoundError:
             continue

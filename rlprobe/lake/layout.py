@@ -13,6 +13,7 @@ from rlprobe.errors import DumpReadError, ProbeError
 FORMAT_VERSION = 1
 KINDS = ("key_data", "grad", "module", "scalar", "sample", "param")
 RUN_MANIFEST = "rlprobe.json"
+PACK_SUFFIX = ".npys"  # a save call's key-data tensors, each a .npy record at an offset (lake/tensor_pack.py)
 PLAIN_TENSOR_FILE = "_"  # file stem for index '' (a plain tensor, not a list/dict item)
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
@@ -76,9 +77,16 @@ _component = lru_cache(maxsize=4096)(safe_component)
 
 
 def key_data_call_dir(step: int, rank: int, call: int) -> str:
-    """The folder of one save call's key-data tensors, relative to the dump root, POSIX separators:
+    """The folder of one save call's key-data tensors as written before packing (and by the importer), relative to the dump root, POSIX separators:
     written as a hidden temporary folder and renamed into place once, complete (lake/atomic.py)."""
     return f"tensors/key_data/step={step}/rank={rank}/call={call}"
+
+
+def key_data_pack(step: int, rank: int, call: int) -> str:
+    """The packed file of one save call's key-data tensors, relative to the dump root, POSIX
+    separators: each tensor a .npy record at an offset (lake/tensor_pack.py), written as a hidden
+    temporary file and renamed into place once, complete."""
+    return f"tensors/key_data/step={step}/rank={rank}/call={call}{PACK_SUFFIX}"
 
 
 def key_data_file_name(key: str, index: str) -> str:

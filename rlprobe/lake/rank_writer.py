@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from rlprobe._version import __version__
 from rlprobe.errors import DumpReadError
-from rlprobe.lake.atomic import AtomicFolder, atomic_save_npy, atomic_write_json
+from rlprobe.lake.atomic import AtomicFolder, TensorPack, atomic_save_npy, atomic_write_json
 from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout
 from rlprobe.lake.parts import PartStore
 from rlprobe.lake.rank_lock import RankLock
@@ -80,12 +80,13 @@ class RankWriter:
         self.count_tensor(size)
         return relative
 
-    def write_into(self, folder: AtomicFolder, name: str, array: np.ndarray) -> None:
-        """Write one .npy into a save call's folder (counted when the folder is committed)."""
-        folder.save_npy(name, array)
+    def write_into(self, folder: AtomicFolder | TensorPack, name: str, array: np.ndarray) -> int | tuple[int, int]:
+        """Write one .npy into a save call's folder, or one record into its packed file (then its
+        offset and length are returned); counted when the folder or file is committed."""
+        return folder.save_npy(name, array)
 
-    def commit_folder(self, folder: AtomicFolder) -> None:
-        """Rename a save call's folder into place and count its files."""
+    def commit_folder(self, folder: AtomicFolder | TensorPack) -> None:
+        """Rename a save call's folder (or packed file) into place and count its files."""
         folder.commit()
         self.count_tensor(folder.nbytes, folder.files)
 

@@ -21,6 +21,7 @@ from rlprobe.lake.configs import configs_as_table, read_configs, read_json
 from rlprobe.lake.encoding import restore
 from rlprobe.lake.layout import RUN_MANIFEST, DumpLayout
 from rlprobe.lake.schema import schema_for, step_column, with_rank
+from rlprobe.lake.tensor_pack import read_tensor_file
 
 if TYPE_CHECKING:
     import duckdb
@@ -282,8 +283,6 @@ class Dump:
         import pyarrow.compute as pc
 
         table = self.arrow("key_data")
-        wanted = ("key", "step", "rank", "micro_step", "index", "tensor_file", "dtype", "absent")
-        table = table.select([c for c in wanted if c in table.column_names])
         mask = pc.and_(pc.and_(pc.equal(table["key"], key), pc.equal(table["step"], step)),
                        pc.and_(pc.and_(pc.equal(table["rank"], rank), pc.equal(table["micro_step"], micro_step)),
                                pc.equal(table["index"], index)))
@@ -295,20 +294,23 @@ class Dump:
                                     "(a killed run's last steps); rlprobe.open(path, include_uncommitted=True) "
                                     "shows what was written of it")
             raise DumpReadError(f"{self.path}: no tensor {what}")
-        tensor_file, dtype = rows["tensor_file"][-1].as_py(), rows["dtype"][-1].as_py()
-        if "absent" in rows.column_names and rows["absent"][-1].as_py():
+        row = rows.slice(rows.num_rows - 1).to_pylist()[0]
+        if row.get("absent"):
             raise DumpReadError(f"{self.path}: {what} was saved as None (absent): there is no tensor")
-        if tensor_file is None:
+        if row["tensor_file"] is None:
             raise DumpReadError(f"{self.path}: {what} was saved as statistics only (no tensor file)")
-        return self.load_tensor(tensor_file, dtype)
+        return self.load_row_tensor(row)
 
-    def load_tensor(self, tensor_file: str, dtype: str | None, mmap: bool = False) -> np.ndarray:
-        path = self.path / tensor_file
+    def load_tensor(self, tensor_file: str, dtype: str | None, mmap: bool = False, row: dict | None = None) -> np.ndarray:
+        path = self.path / tensor_file  # `row`: its key-data row, where a packed file's record is (tensor_pack.py)
         try:
-            stored = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+            stored = read_tensor_file(str(path), row, mmap)
         except (OSError, ValueError, EOFError) as e:
             raise DumpReadError(f"{path}: cannot read tensor ({e})") from None
         return restore(stored, dtype)
+
+    def load_row_tensor(self, row: dict[str, Any], mmap: bool = False) -> np.ndarray:  # a key-data row's tensor
+        return self.load_tensor(row["tensor_file"], row.get("dtype"), mmap, row)
 
     # -- SQL -----------------------------------------------------------------------------
     def connect(self, con: "duckdb.DuckDBPyConnection | None" = None, schema: str | None = None,

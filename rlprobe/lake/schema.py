@@ -32,6 +32,10 @@ KEY_DATA = pa.schema(
         # true: the value saved was None (a trainer's "not computed"); no tensor, no statistics.
         # Parts written before this column existed read it as null (= a value was saved).
         pa.field("absent", pa.bool_()),
+        # a packed tensor file (one a save call): the record's bytes into tensor_file and its length
+        # (header and data); null: tensor_file is one whole .npy (lake/tensor_pack.py)
+        pa.field("tensor_offset", pa.int64()),
+        pa.field("tensor_length", pa.int64()),
     ]
 )
 

@@ -164,9 +164,8 @@ def _check_dump(path: Path, run_id: str, mode: str) -> None:
                     want = expected.astype(np.float32) if dtype == "bfloat16" else expected
                     assert got.dtype == want.dtype, (key, index, where)
                     np.testing.assert_array_equal(got, want, err_msg=str((key, index, where)))
-                    # one folder per save call (here the micro-batch), named after the key and index
-                    name = f"{key}@{index}.npy" if index else f"{key}.npy"
-                    assert row["tensor_file"] == f"tensors/key_data/step={step}/rank={r}/call={micro}/{name}"
+                    # one packed file per save call (here the micro-batch)
+                    assert row["tensor_file"] == f"tensors/key_data/step={step}/rank={r}/call={micro}.npys"
         if mode == "pg":
             for step in range(STEPS):
                 total = float(sum(q + 1 + step for q in range(WORLD)))

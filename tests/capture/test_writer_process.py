@@ -60,7 +60,7 @@ def _dump(path: Path) -> tuple[list[dict], list[dict], dict[str, bytes], dict]:
     order = ("step", "key", "micro_step", "index")
     rows = dump.key_data().sort(*order).collect().drop("rank").to_dicts()
     samples = dump.arrow("sample").sort_by([(c, "ascending") for c in ("step", "key", "micro_step", "row")])
-    files = {f.relative_to(path).as_posix(): f.read_bytes() for f in sorted((path / "tensors").rglob("*.npy"))}
+    files = {f.relative_to(path).as_posix(): f.read_bytes() for f in sorted((path / "tensors").rglob("*.npy*"))}
     manifest = json.loads((path / "rank0.json").read_text())
     return rows, samples.drop_columns(["rank"]).to_pylist(), files, manifest
 
@@ -91,9 +91,9 @@ def test_a_tensor_the_writer_process_cannot_write_raises_naming_the_file(tmp_pat
     probe = rlprobe.Probe(path, rank=0, world_size=1)
     assert probe._writer.process is not None
     probe.save({"x": torch.ones(3)})  # call 0: written
-    blocked = path / "tensors" / "key_data" / "step=0" / "rank=0" / "call=1"
+    blocked = path / "tensors" / "key_data" / "step=0" / "rank=0" / "call=1.npys"
     blocked.mkdir(parents=True)
-    (blocked / "z.npy").write_text("a folder where call 1's tensors go")  # its rename into place fails
+    (blocked / "z.npy").write_text("a folder where call 1's packed file goes")  # its rename into place fails
     probe.save({"y": torch.full((3,), 7.0), "w": torch.zeros(2)})
     with pytest.raises(ProbeError, match=r"key 'y' step 0 micro_step 0: tensor not written to .*step=0.*call=1.*"
                                          r"its statistics are kept"):
@@ -106,7 +106,7 @@ def test_a_tensor_the_writer_process_cannot_write_raises_naming_the_file(tmp_pat
     assert rows["x"]["tensor_file"] is not None
     np.testing.assert_array_equal(rlprobe.open(path).tensor("x", 0), np.ones(3, np.float32))
     assert sorted(p.name for p in blocked.iterdir()) == ["z.npy"]  # what was there is left alone
-    assert not [p for p in blocked.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
+    assert not [p for p in blocked.parent.iterdir() if p.name.startswith(".")]  # no temporary file left
     manifest = json.loads((path / "rank0.json").read_text())
     assert any("call=1" in e for e in manifest["errors"])
     assert {"kind": "key_data", "key": "y", "step": 0, "micro_step": 0, "index": "", "what": "tensor"} \

@@ -51,11 +51,16 @@ def every_case(path):
     return open_dump(path)
 
 
+def _where(row):
+    """A tensor's place: its file and its record's offset (a save call's tensors share one packed file)."""
+    return row["tensor_file"], row["tensor_offset"]
+
+
 def python_pairs(stats):
     found: dict[tuple, list] = {}
     for p in pairs(tensor_rows(stats)):
         found.setdefault((p.pair, p.a["step"], p.a["rank"]), []).append(
-            (p.a["tensor_file"], p.b["tensor_file"], None if p.mask is None else p.mask["tensor_file"]))
+            (_where(p.a), _where(p.b), None if p.mask is None else _where(p.mask)))
     return sorted(found.items())
 
 
@@ -63,7 +68,7 @@ def test_the_columns_pair_as_the_rows_do(tmp_path):
     dump = every_case(tmp_path / "d")
     stats = stats_table(dump)
     index = pair_index(stats)
-    files = index.table["tensor_file"].to_pylist()
+    files = list(zip(index.table["tensor_file"].to_pylist(), index.table["tensor_offset"].to_pylist()))
     got = [(key, [(files[a], files[b], None if m < 0 else files[m])
                   for a, b, m in zip(*(x[index.starts[k]:index.starts[k + 1]].tolist()
                                        for x in (index.a, index.b, index.mask)))])
@@ -77,7 +82,9 @@ def test_the_columns_pair_as_the_rows_do(tmp_path):
     kinds = {key[0] for key, _ in expected}
     assert kinds == {"rollout_vs_old", "rollout_vs_log_prob", "on_policy"}
     assert any(m is None for _, parts in expected for _, _, m in parts)
-    assert any(m is not None and m.endswith("response_mask.npy") and "rollout_log_probs" in b
+    names = {f: r["key"] for r in stats.to_pylist() for f in [(r["tensor_file"], r["tensor_offset"])]}
+    assert len({f for f, _ in files}) < len(files) == len(set(files))  # a call's tensors: one packed file
+    assert any(m is not None and names.get(m) == "response_mask" and "rollout_log_probs" in names.get(b, "")
                for _, parts in expected for _, b, m in parts)  # a mask saved without an index serves each
     part = index.part(int(index.starts[1]))
     assert (part.pair, part.a["step"], part.b["canonical"]) == (expected[1][0][0], expected[1][0][1],
@@ -146,7 +153,7 @@ def test_without_compiled_reads_numpy_reads_each_part_of_the_index(tmp_path, mon
     monkeypatch.setattr(npy_layout, "READS", False)
     monkeypatch.setattr(token_batch, "_preload", lambda *a: read.append(a[1]) or preload(*a))
     got = token_tables(dump, stats, 0.2, workers=1)
-    parts = {(p.pair, p.a["tensor_file"], p.b["tensor_file"]) for p in read}
+    parts = {(p.pair, _where(p.a), _where(p.b)) for p in read}
     # every part read by numpy but those of the job of the float64 pair (not the batch call's: one by one)
     assert len(read) >= 12 and parts <= {(key[0], a, b) for key, found in python_pairs(stats) for a, b, _ in found}
     for name, table in expected.items():

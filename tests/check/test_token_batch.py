@@ -5,6 +5,7 @@ missing or truncated file is named, and the pair column of a long table is cut i
 from __future__ import annotations
 
 import gc
+import io
 import re
 import shutil
 
@@ -21,6 +22,8 @@ from rlprobe.check.run import collections_paused
 from rlprobe.check.token_tables import tensor_rows, token_tables
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.reader import open_dump
+
+from tests.lake.layouts import rewrite_record, unpack
 
 
 def small_steps(path, steps=6):
@@ -46,24 +49,38 @@ def frames(dump, workers=1):
     return {name: t.to_pandas() for name, t in token_tables(dump, stats_table(dump), 0.2, workers=workers).items()}
 
 
+def tensor_row(dump, key, step):
+    rows = tensor_rows(stats_table(dump))
+    return next(r for k, r in rows.items() if k[0] == key and k[1] == step)
+
+
 @pytest.mark.skipif(not npy_reads.READS, reason="compiled reads are POSIX only")
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "a file a tensor"])
 @pytest.mark.parametrize("layout", ["version 2.0 header", "fortran order", "uint8 mask"])
-def test_files_numpy_must_read_are_read_in_the_middle_of_the_job(tmp_path, monkeypatch, layout):
+def test_files_numpy_must_read_are_read_in_the_middle_of_the_job(tmp_path, monkeypatch, layout, packed):
+    """A record of a packed file (rewritten in place, the same length) or a whole file (the layout before)."""
     dump = small_steps(tmp_path / "d")
+    if not packed:
+        unpack(dump.path)
+        dump = open_dump(dump.path)
     expected = frames(dump)
     changed = tmp_path / "changed"
     shutil.copytree(dump.path, changed)
     dump = open_dump(changed)
     key = "response_mask" if layout == "uint8 mask" else "old_log_prob"
-    path = tensor_path(dump, key, 3)
-    x = np.load(path)
-    with open(path, "wb") as f:
-        if layout == "version 2.0 header":
-            np.lib.format.write_array(f, x, version=(2, 0))
-        elif layout == "fortran order":
-            np.lib.format.write_array(f, np.asfortranarray(x), version=(1, 0))
-        else:  # a byte a token, read in compiled code as the bool mask was
-            np.lib.format.write_array(f, x.astype(np.uint8), version=(1, 0))
+    row = tensor_row(dump, key, 3)
+    x = dump.load_row_tensor(row)
+    f = io.BytesIO()
+    if layout == "version 2.0 header":
+        np.lib.format.write_array(f, x, version=(2, 0))
+    elif layout == "fortran order":
+        np.lib.format.write_array(f, np.asfortranarray(x), version=(1, 0))
+    else:  # a byte a token, read in compiled code as the bool mask was
+        np.lib.format.write_array(f, x.astype(np.uint8), version=(1, 0))
+    if packed:
+        rewrite_record(changed, row, f.getvalue())
+    else:
+        (changed / row["tensor_file"]).write_bytes(f.getvalue())
     preloaded = []
     monkeypatch.setattr(token_batch, "_preload", lambda *a: preloaded.append(a[1]) or preload(*a))
     monkeypatch.setattr(token_tables_module, "_reduce_parts", None)  # the job goes on: never a key at a time
@@ -74,7 +91,10 @@ def test_files_numpy_must_read_are_read_in_the_middle_of_the_job(tmp_path, monke
 
 
 def test_a_missing_or_truncated_file_is_named(tmp_path):
+    """Whole files (the layout before packed files); a packed file cut short: tests/lake/test_tensor_pack.py."""
     dump = small_steps(tmp_path / "d")
+    unpack(dump.path)
+    dump = open_dump(dump.path)
     path = tensor_path(dump, "rollout_log_prob", 4)
     path.write_bytes(path.read_bytes()[:-9])
     with pytest.raises(DumpReadError, match=re.escape(f"{path}: cannot read tensor")):

@@ -17,6 +17,8 @@ from rlprobe.check.token_rows import STEPS
 from rlprobe.check.token_selection import on_policy_judged
 from rlprobe.lake.sql_runner import run
 
+from tests.lake.layouts import rewrite_record
+
 RULES = ("on_policy", "rollout_vs_recompute")
 
 
@@ -107,14 +109,15 @@ def test_only_the_rules_read_their_pairs_and_report_what_the_full_check_does(tmp
 
 
 def test_a_tensor_no_requested_rule_reads_is_never_opened(tmp_path):
-    """log_prob of a step that does not generate (generation_every 2: odd steps) is gone from the dump:
-    the full check cannot read it, check_dump(only=RULES) never opens it and reports the same rows."""
+    """log_prob of a step that does not generate (generation_every 2: odd steps) is unreadable (its record in
+    the save call's packed file overwritten): the full check cannot read it, check_dump(only=RULES) never
+    opens it and reports the same rows."""
     path = _rlprobe_run(tmp_path / "run", generation_config=True)
     before = check_dump(path, {"on_policy_ulps": 0}, only=RULES)
     dump = rlprobe.open(path)
     row = next(r for r in stats_table(dump).to_pylist()
                if r["canonical"] == "log_prob" and r["step"] == 3 and r["micro_step"] == 0 and r["rank"] == 0)
-    (path / row["tensor_file"]).unlink()
+    rewrite_record(path, row, b"\0" * row["tensor_length"])
     after = check_dump(path, {"on_policy_ulps": 0}, only=RULES)
     assert after.rows["on_policy"].equals(before.rows["on_policy"])
     assert after.tables["token_steps"].equals(before.tables["token_steps"])

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import rlprobe
+from rlprobe.lake.tensor_pack import record_layout, record_of
 
 # values exactly representable in bfloat16 and float16, plus ones that are not (rounded on cast)
 F32 = np.array([[0.0, 1.5, -2.25, 3.0078125], [1e-3, -7.0, 65504.0, 0.1]], dtype=np.float32)
@@ -140,8 +141,9 @@ def test_float16_widened_exactly(ms_dump, ms_rows):
 
 
 def test_integers_stored_narrow_but_read_back_original(ms_dump, ms_rows):
-    on_disk = {k: np.load(ms_dump / ms_rows[(k, 0, 0, "")]["tensor_file"]).dtype
-               for k in ("tokens", "small_ints", "big_ints", "mask")}
+    rows = {k: ms_rows[(k, 0, 0, "")] for k in ("tokens", "small_ints", "big_ints", "mask")}
+    on_disk = {k: record_layout(str(ms_dump / r["tensor_file"]), record_of(r["tensor_offset"], r["tensor_length"])).dtype
+               for k, r in rows.items()}  # the stored dtype: its record's header in the save call's packed file
     assert {k: (d.kind, d.itemsize) for k, d in on_disk.items() if k != "mask"} == {
         "tokens": ("u", 4), "small_ints": ("u", 1), "big_ints": ("i", 8)}  # narrowest that holds the values
     assert on_disk["mask"] == np.bool_

@@ -262,28 +262,30 @@ def test_a_live_ranks_parts_are_not_read_by_compact(tmp_path):
 
 
 def test_compact_removes_a_killed_writers_hidden_tensor_leftovers_and_nothing_else(tmp_path):
-    """A hidden save-call folder (today's layout) and a hidden .npy (the layout before issue 15), as a
-    writer killed mid-write leaves them, go; the committed tensors stay and read the same."""
+    """A hidden packed file (today's layout), a hidden save-call folder (issue 15 to the seventh session) and a
+    hidden .npy (the layout before issue 15), as a writer killed mid-write leaves them, go; the committed
+    tensors stay and read the same."""
     path = tmp_path / "dump"
     with rlprobe.Probe(path, rank=0, world_size=1) as probe:
         for step in range(2):
             probe.save({"log_prob": np.arange(4, dtype=np.float32) + step})
             probe.step()
-    kept = sorted(p.relative_to(path) for p in (path / "tensors").rglob("*.npy"))
+    kept = sorted(p.relative_to(path) for p in (path / "tensors").rglob("*.npy*"))
     assert len(kept) == 2
     rank_dir = path / "tensors" / "key_data" / "step=1" / "rank=0"
     hidden_call = rank_dir / ".call=1.tmp-999-00000001"
     hidden_call.mkdir()
     (hidden_call / "log_prob.npy").write_bytes(b"\x93NUMPY half")
+    (rank_dir / ".call=2.npys.tmp-999-00000003").write_bytes(b"\x93NUMPY half")
     old_layout = path / "tensors" / "key_data" / "key=x" / "step=0" / "rank=0" / "micro_step=0"
     old_layout.mkdir(parents=True)
     (old_layout / "._.npy.tmp-999-00000002").write_bytes(b"half")
 
     result = compact(path)
 
-    assert result["refused"] == [] and result["tensor_leftovers"] == 2
+    assert result["refused"] == [] and result["tensor_leftovers"] == 3
     assert not hidden_call.exists() and list(old_layout.iterdir()) == []
-    assert sorted(p.relative_to(path) for p in (path / "tensors").rglob("*.npy")) == kept
+    assert sorted(p.relative_to(path) for p in (path / "tensors").rglob("*.npy*")) == kept
     dump = rlprobe.open(path)
     for step in range(2):
         np.testing.assert_array_equal(dump.tensor("log_prob", step), np.arange(4, dtype=np.float32) + step)

@@ -1,7 +1,10 @@
-"""Key-data tensor files: one folder per save call (issue 15), and dumps in the layout before it.
+"""Key-data tensor files: one packed file per save call (each tensor a .npy record at an offset,
+seventh session), and dumps in the layouts before it.
 
-Readers follow each row's tensor_file, so a dump written with a folder per key, step, rank and
-micro step (`tensors/key_data/key=<k>/step=<S>/rank=<R>/micro_step=<M>/<index>.npy`) reads as before.
+Readers follow each row's tensor_file (and tensor_offset/tensor_length where set), so a dump written
+with a folder per save call (issue 15, `tensors/key_data/step=<S>/rank=<R>/call=<C>/<key>.npy`) or a
+folder per key, step, rank and micro step (`tensors/key_data/key=<k>/step=<S>/rank=<R>/micro_step=<M>/
+<index>.npy`) reads as before.
 """
 
 from __future__ import annotations
@@ -10,14 +13,15 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 import rlprobe
 from rlprobe.compare.kernel_use import may_run_compiled_kernels
 from rlprobe.lake.dump_info import dump_info
 from rlprobe.lake.layout import safe_component
+from rlprobe.lake.tensor_pack import pack_records
+
+from tests.lake.layouts import unpack
 
 
 def _write(path: Path, steps: int = 3, **kw) -> None:
@@ -38,60 +42,107 @@ def _old_file(row: dict) -> str:
 
 def _to_old_layout(path: Path) -> None:
     """Rewrite a dump as the format wrote it before issue 15: files moved, tensor_file rewritten."""
-    (part,) = (path / "stats" / "key_data" / "rank=0").glob("part-*.parquet")
-    table = pq.read_table(part, partitioning=None)
-    files = []
-    for row in table.to_pylist():
-        if row["tensor_file"] is None:
-            files.append(None)
-            continue
-        old = _old_file(row)
-        (path / old).parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(path / row["tensor_file"], path / old)
-        files.append(old)
-    at = table.schema.get_field_index("tensor_file")
-    pq.write_table(table.set_column(at, "tensor_file", pa.array(files, pa.string())), part)
+    unpack(path, _old_file)
     for step in (path / "tensors" / "key_data").glob("step=*"):
         shutil.rmtree(step)
 
 
-def test_a_save_call_is_one_folder_named_after_its_keys(tmp_path):
+def test_a_save_call_is_one_packed_file_of_aligned_npy_records(tmp_path):
     path = tmp_path / "dump"
     _write(path)
     dump = rlprobe.open(path)
     rows = dump.key_data().collect().to_dicts()
-    files = {(r["key"], r["step"], r["micro_step"], r["index"]): r["tensor_file"] for r in rows}
-    assert files[("log_prob", 1, 0, "")] == "tensors/key_data/step=1/rank=0/call=0/log_prob.npy"
-    assert files[("pair", 1, 0, "1")] == "tensors/key_data/step=1/rank=0/call=0/pair@1.npy"
-    assert files[("cfg", 1, 0, "lr")] == "tensors/key_data/step=1/rank=0/call=0/cfg@lr.npy"
-    assert files[("log_prob", 1, 1, "")] == "tensors/key_data/step=1/rank=0/call=1/log_prob.npy"
-    assert files[("old_log_prob", 1, 0, "")] is None  # absent: a row, no file
+    at = {(r["key"], r["step"], r["micro_step"], r["index"]): r for r in rows}
+    assert at[("log_prob", 1, 0, "")]["tensor_file"] == "tensors/key_data/step=1/rank=0/call=0.npys"
+    assert at[("pair", 1, 0, "1")]["tensor_file"] == "tensors/key_data/step=1/rank=0/call=0.npys"
+    assert at[("log_prob", 1, 1, "")]["tensor_file"] == "tensors/key_data/step=1/rank=0/call=1.npys"
+    absent = at[("old_log_prob", 1, 0, "")]
+    assert absent["tensor_file"] is None and absent["tensor_offset"] is None  # absent: a row, no record
     for step in range(3):
         calls = path / "tensors" / "key_data" / f"step={step}" / "rank=0"
-        assert sorted(p.name for p in calls.iterdir()) == ["call=0", "call=1"]  # no temporary left
-        assert sorted(p.name for p in (calls / "call=0").iterdir()) == [
-            "cfg@lr.npy", "log_prob.npy", "pair@0.npy", "pair@1.npy"]
+        assert sorted(p.name for p in calls.iterdir()) == ["call=0.npys", "call=1.npys"]  # no temporary left
+        records = pack_records(str(calls / "call=0.npys"))
+        # the records in the order the call saved them, each where its row says, its data 64-byte aligned
+        mine = [at[(k, step, 0, i)] for k, i in (("log_prob", ""), ("pair", "0"), ("pair", "1"), ("cfg", "lr"))]
+        assert [(r.offset, r.length) for r, _ in records] == [(m["tensor_offset"], m["tensor_length"]) for m in mine]
+        assert all(r.offset % 64 == 0 and layout.data_offset % 64 == 0 for r, layout in records)
+        assert [layout.shape for _, layout in records] == [(6,), (3,), (2,), ()]
         np.testing.assert_array_equal(dump.tensor("log_prob", step, micro_step=1), np.full(4, -step, np.float32))
         np.testing.assert_array_equal(dump.tensor("pair", step, index="0"), np.arange(3) * step)
-    on_disk = sorted(p.relative_to(path).as_posix() for p in (path / "tensors").rglob("*.npy"))
-    assert on_disk == sorted(f for f in files.values() if f)
-    assert dump.rank_manifests[0]["tensor_files"] == len(on_disk) == 15
+        assert dump.tensor("cfg", step, index="lr") == np.float64(0.5 + step)
+    on_disk = sorted(p.relative_to(path).as_posix() for p in (path / "tensors").rglob("*") if p.is_file())
+    assert on_disk == sorted({r["tensor_file"] for r in rows if r["tensor_file"]})
+    assert dump.rank_manifests[0]["tensor_files"] == len(on_disk) == 6  # 2 save calls a step, 3 steps
     assert dump.rank_manifests[0]["tensor_bytes"] == sum((path / f).stat().st_size for f in on_disk)
 
 
-def test_long_and_unsafe_names_make_short_distinct_file_names(tmp_path):
+def test_files_created_a_step_are_the_save_calls(tmp_path):
+    """The point of packing (docs/trl.md "Overhead"): a step of 3 save calls of 22 tensors (TRL's) creates
+    3 files, where a folder per call created 25 (3 folders, 22 files)."""
+    path = tmp_path / "dump"
+    steps = 4
+    with rlprobe.Probe(path, rank=0, world_size=1) as probe:
+        for s in range(steps):
+            probe.save({f"rollout_{i}": np.full(8, s + i, np.float32) for i in range(12)})
+            for micro in range(2):
+                probe.save({f"update_{i}": np.full(16, micro, np.float32) for i in range(5)})
+            probe.step()
+    tensors = path / "tensors" / "key_data"
+    files = [p for p in tensors.rglob("*") if p.is_file()]
+    folders = [p for p in tensors.rglob("*") if p.is_dir()]
+    assert len(files) == 3 * steps
+    assert len(folders) == 2 * steps  # step=<S> and its rank=<R>
+    dump = rlprobe.open(path)
+    assert dump.key_data().collect().height == 22 * steps
+    np.testing.assert_array_equal(dump.tensor("update_4", 3, micro_step=1), np.full(16, 1, np.float32))
+
+
+def test_long_and_unsafe_names_are_records_of_one_file(tmp_path):
     path = tmp_path / "dump"
     long_key, long_index = "k" * 300, "i" * 300
     with rlprobe.Probe(path, rank=0, world_size=1) as probe:
         probe.save({long_key: {long_index: np.arange(2), long_index + "x": np.arange(3)},
                     "a.b": np.ones(1), "a": {"b": np.zeros(1)}, "x/y": np.full(2, 7)})
     dump = rlprobe.open(path)
-    files = {(r["key"], r["index"]): r["tensor_file"] for r in dump.key_data().collect().to_dicts()}
-    assert len(set(files.values())) == len(files) == 5
-    assert all(len(f.rsplit("/", 1)[1].encode()) < 255 for f in files.values())
-    assert files[("a.b", "")].endswith("/a.b.npy") and files[("a", "b")].endswith("/a@b.npy")
+    rows = dump.key_data().collect().to_dicts()
+    assert {r["tensor_file"] for r in rows} == {"tensors/key_data/step=0/rank=0/call=0.npys"}
+    assert len({r["tensor_offset"] for r in rows}) == 5
     np.testing.assert_array_equal(dump.tensor(long_key, 0, index=long_index + "x"), np.arange(3))
+    np.testing.assert_array_equal(dump.tensor("a.b", 0), np.ones(1))
+    np.testing.assert_array_equal(dump.tensor("a", 0, index="b"), np.zeros(1))
     np.testing.assert_array_equal(dump.tensor("x/y", 0), np.full(2, 7))
+
+
+def test_a_dump_with_a_folder_per_save_call_reads_as_before(tmp_path):
+    """The layout from issue 15 to the seventh session: a .npy file per tensor in its call's folder."""
+    new, old = tmp_path / "new", tmp_path / "old"
+    _write(new)
+    _write(old)
+    unpack(old)
+    assert sorted(p.name for p in (old / "tensors/key_data/step=1/rank=0").iterdir()) == ["call=0", "call=1"]
+    a, b = rlprobe.open(new), rlprobe.open(old)
+    rows_b = b.key_data().collect().to_dicts()
+    assert all(r.get("tensor_offset") is None for r in rows_b)  # parts without the column: whole files
+    assert any(r["tensor_file"] == "tensors/key_data/step=2/rank=0/call=0/pair@1.npy" for r in rows_b)
+    _same_tensors_and_bytes(a, b, rows_b)
+    log_prob = sum(r["tensor_length"] for r in a.key_data().collect().to_dicts() if r["key"] == "log_prob")
+    assert log_prob == 3 * (128 + 24) + 3 * (128 + 16)  # records of header and data, no padding
+
+
+def _same_tensors_and_bytes(a, b, rows_b: list[dict]) -> None:
+    """Every tensor of dump b reads as dump a's, and `info` counts the same bytes a key: a record its own
+    (header and data), a whole file its size."""
+    for r in rows_b:
+        if r["tensor_file"] is not None:
+            got = b.tensor(r["key"], r["step"], micro_step=r["micro_step"], index=r["index"])
+            want = a.tensor(r["key"], r["step"], micro_step=r["micro_step"], index=r["index"])
+            assert got.dtype == want.dtype and np.array_equal(got, want), r
+    info_a, info_b = dump_info(a), dump_info(b)
+    assert info_a["problems"] == info_b["problems"] == []
+    bytes_a = {k["key"]: k["bytes"] for k in info_a["keys"]}
+    assert bytes_a == {k["key"]: k["bytes"] for k in info_b["keys"]}
+    assert bytes_a["log_prob"] == sum(r["tensor_length"] for r in a.key_data().collect().to_dicts()
+                                      if r["key"] == "log_prob")
 
 
 def test_a_dump_in_the_layout_before_issue_15_reads_as_before(tmp_path):
@@ -103,18 +154,7 @@ def test_a_dump_in_the_layout_before_issue_15_reads_as_before(tmp_path):
     a, b = rlprobe.open(new), rlprobe.open(old)
     rows_b = b.key_data().collect().to_dicts()
     assert any("/micro_step=1/_.npy" in (r["tensor_file"] or "") for r in rows_b)
-    for r in rows_b:
-        if r["tensor_file"] is not None:
-            got = b.tensor(r["key"], r["step"], micro_step=r["micro_step"], index=r["index"])
-            want = a.tensor(r["key"], r["step"], micro_step=r["micro_step"], index=r["index"])
-            assert got.dtype == want.dtype and np.array_equal(got, want), r
-    info_a, info_b = dump_info(a), dump_info(b)
-    assert info_a["problems"] == info_b["problems"] == []
-    bytes_a = {k["key"]: k["bytes"] for k in info_a["keys"]}
-    assert bytes_a == {k["key"]: k["bytes"] for k in info_b["keys"]}
-    assert bytes_a["log_prob"] == sum((new / f).stat().st_size
-                                      for f in (r["tensor_file"] for r in a.key_data().collect().to_dicts()
-                                                if r["key"] == "log_prob"))
+    _same_tensors_and_bytes(a, b, rows_b)
 
 
 def test_appending_to_an_old_layout_dump_removes_its_uncommitted_step(tmp_path):
@@ -137,7 +177,7 @@ def test_appending_to_an_old_layout_dump_removes_its_uncommitted_step(tmp_path):
     dump = rlprobe.open(path)
     np.testing.assert_array_equal(dump.tensor("log_prob", 2), np.full(6, 42.0, np.float32))
     np.testing.assert_array_equal(dump.tensor("log_prob", 1, micro_step=1), np.full(4, -1, np.float32))
-    assert (path / "tensors" / "key_data" / "step=2" / "rank=0" / "call=0" / "log_prob.npy").is_file()
+    assert (path / "tensors" / "key_data" / "step=2" / "rank=0" / "call=0.npys").is_file()
 
 
 def test_overwriting_an_old_layout_dump_removes_its_tensors(tmp_path):
@@ -149,18 +189,23 @@ def test_overwriting_an_old_layout_dump_removes_its_tensors(tmp_path):
         rlprobe.Probe(path, rank=0, world_size=1)
     _write(path, steps=1, mode="overwrite")
     assert not list((path / "tensors" / "key_data").glob("key=*/step=*/rank=0"))
-    assert len(list((path / "tensors").rglob("*.npy"))) == 5
+    assert sorted(p.name for p in (path / "tensors").rglob("*") if p.is_file()) == ["call=0.npys", "call=1.npys"]
 
 
-def test_a_hidden_call_folder_is_read_by_no_one(tmp_path):
-    """What a writer killed before its rename leaves: a hidden folder, perhaps with whole files in it."""
+def test_a_hidden_call_folder_or_packed_file_is_read_by_no_one(tmp_path):
+    """What a writer killed before its rename leaves: a hidden folder (before the seventh session), perhaps
+    with whole files in it, or a hidden packed file."""
     path = tmp_path / "dump"
     _write(path, steps=1)
     before = dump_info(rlprobe.open(path))
-    hidden = path / "tensors" / "key_data" / "step=0" / "rank=0" / ".call=2.tmp-1234-deadbeef"
+    calls = path / "tensors" / "key_data" / "step=0" / "rank=0"
+    hidden = calls / ".call=2.tmp-1234-deadbeef"
     hidden.mkdir()
     for i in range(40):  # more than a small comparison's numpy path takes, each of many elements
         np.save(hidden / f"k{i}.npy", np.zeros(1000, np.float32))
+    with open(calls / ".call=3.npys.tmp-1234-beefdead", "wb") as f:
+        for i in range(40):
+            np.save(f, np.zeros(1000, np.float32))
     dump = rlprobe.open(path)
     after = dump_info(dump)
     assert after["keys"] == before["keys"] and after["problems"] == []
