@@ -219,16 +219,14 @@ class Dump:
         return pa.concat_tables(tables, promote_options="default")
 
     def msprobe_tensor_files(self) -> list[str]:
-        """An msprobe dump's tensor files, relative to it, in arrow("key_data")'s order: its folders
-        are listed once, and arrow("key_data") then reads the statistics files of that listing (a
-        comparison starts comparing pairs from it: rlprobe.compare.pairs_ahead). Raises OSError where
-        a folder cannot be read; other formats hold none here."""
+        """An msprobe dump's tensor files, relative to it, in arrow("key_data")'s order: listed once, and the
+        statistics then read from that listing (rlprobe.compare.pairs_ahead). OSError: a folder not listed."""
         if self.format != "msprobe":
             return []
         if "_msprobe_key_data" in self.__dict__:
             return self._msprobe_key_data["tensor_file"].to_pylist()
         if self._listing is None:
-            self._listing = msprobe_scan.list_tensors(os.fspath(self.path))
+            self._listing = msprobe_scan.list_tensors(str(self.path))
         return self._listing.columns["tensor_file"]
 
     @cached_property
