@@ -4,6 +4,7 @@
     python benchmarks/trl_overhead.py --level grads       # key data + gradient monitor (L1)
     python benchmarks/trl_overhead.py --smoke             # one short repetition (the test suite runs it)
     python benchmarks/trl_overhead.py --writers           # plain / attach (writer thread) / writer process, paired
+    python benchmarks/trl_overhead.py --interleave        # probe on and off by turns within each run (low noise)
 
 Workload: examples/trl_grpo's configuration (GRPOTrainer, the tiny Qwen2 built in code, 2
 micro-batches of 4 completions of up to 8 tokens a step, beta 0.04 so the reference model
@@ -22,13 +23,24 @@ table gives the medians over repetitions and the median of each repetition's pro
 the median may not. Read both; the issue's goal is stated on the paired medians.
 Before each run it waits (up to --idle-timeout s) for the CPU to be --min-idle idle for 1 s.
 
-Beside the wall time, per step (the mean of a run's steps, the median over runs; before issue 15's
-fourth pass these were medians of steps): `train_cpu` the training thread's CPU, `off_cpu` its
-wall time not on a CPU (waiting for the GIL, or for a core on a loaded machine), `probe_cpu`
-the CPU of the probe's other threads and of its writer process. `--writers` adds a third run
-per repetition with RLPROBE_WRITER_PROCESS=1 (key data worked out in a writer process, the default
-of issue 15's second pass; the writer thread is the default again since its third): three-way
-paired in one process.
+`--interleave`: separate runs differ by more than the probe costs (this VM's step time moves between
+~55 and ~105 ms for seconds at a time, within one run and between runs), so the probe is instead
+switched on and off by turns within each run and its steps compared with the steps beside them,
+in ABBA cycles (on, off, off, on blocks: a drift that is linear over a cycle cancels). The probe
+stays attached for the whole run; on an "off" step the benchmark sends every wrapped trainer
+method straight to TRL's own and skips the probe's step callback, so nothing of rlprobe runs in
+it (tests/integrations/test_trl_benchmark.py checks that the dump holds exactly the on steps).
+The writer works once per flush_interval (1 s, ~13-16 steps here), after the steps whose rows it
+writes, so where its work lands decides what a variant measures. One run of each a repetition:
+- `alternating`: a step at a time. The training thread's share (save calls, staging, the
+  wrappers), and about half of the writer's work: the rest lands on off steps.
+- `steady` (the goal's figure): blocks of --steady-block steps (32), the first half of each left
+  out, so that a measured on step has the writer in its steady state behind it and a measured off
+  step has none of it left: the probe as a whole run would have it.
+- `drained`: blocks of --block steps (12) whose last on step ends in probe.flush(), which waits
+  until everything saved is written: all of the probe's work in on steps, serialised where it
+  would run beside training: an upper bound.
+Each figure is the median over all cycles of all repetitions of a cycle's on/off time ratio.
 """
 
 from __future__ import annotations
@@ -129,11 +141,149 @@ def timed_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path | None, 
     return steps[warmup:]
 
 
+class Gate:
+    """Switches an attached TRLProbe on and off between steps (benchmark only, nothing in rlprobe):
+    when off, every method the integration wrapped goes straight to TRL's own and the probe's step
+    callback does nothing; `drain` makes an on step end with probe.flush()."""
+
+    def __init__(self, handle: Any):
+        from rlprobe.integrations import trl_guard
+
+        capture = handle._capture
+        trainer, self.probe, self.on, self.drain = handle.trainer, handle.probe, True, False
+        for p in capture._patches:
+            wrapped = trainer.__dict__[p.name]
+            original = p.previous if p.previous is not trl_guard._MISSING else getattr(type(trainer), p.name).__get__(
+                trainer)
+            trainer.__dict__[p.name] = self._dispatch(wrapped, original)
+        callback, self.log = capture._callback, capture.log
+        end = callback.on_step_end
+        callback.on_step_end = self._step_end(end)
+        callback.on_log = self._on_log
+
+    def _dispatch(self, wrapped: Any, original: Any) -> Any:
+        return lambda *a, **k: (wrapped if self.on else original)(*a, **k)
+
+    def _step_end(self, end: Any) -> Any:
+        def on_step_end(args, state, control, **kwargs):
+            if self.on:
+                end(args, state, control, **kwargs)
+                if self.drain:
+                    self.probe.flush()
+        return on_step_end
+
+    def _on_log(self, args, state, control, logs=None, **kwargs):
+        if self.on:  # the probe counts only its own steps: the values belong to the one just ended
+            self.log(logs or {}, type("State", (), {"global_step": self.probe.current_step})())
+
+
+def schedule(steps: int, block: int, first_on: bool) -> list[bool]:
+    """ABBA blocks of `block` steps: on, off, off, on (or the reverse), repeated over `steps`."""
+    pattern = [first_on, not first_on, not first_on, first_on]
+    return [pattern[(i // block) % 4] for i in range(steps)]
+
+
+def interleaved_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path, warmup: int, plan: list[bool],
+                    drain: bool) -> list[float]:
+    """Step times (s) of one run whose probe follows `plan` after `warmup` steps with it on."""
+    from transformers import TrainerCallback
+
+    from rlprobe.integrations.trl import attach
+
+    begins: list[float] = []
+    gate: Gate | None = None
+
+    class Switch(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            begins.append(time.perf_counter())
+            i = len(begins) - 1 - warmup
+            on = i < 0 or i >= len(plan) or plan[i]
+            gate.on = on
+            # the last on step of a block ends with everything written (drained runs only)
+            gate.drain = drain and on and 0 <= i < len(plan) - 1 and not plan[i + 1]
+
+    with tempfile.TemporaryDirectory(prefix="trl_bench_") as output_dir:
+        trainer = ex.build_trainer(cfg, output_dir, model_dir)
+        run_cfg = dict(cfg, rlprobe_config={**cfg["rlprobe_config"], "dump_path": str(dump)})
+        gate = Gate(attach(trainer, run_cfg, mode="overwrite"))
+        trainer.add_callback(Switch())
+        trainer.train()
+    return [b - a for a, b in zip(begins, begins[1:])][warmup:warmup + len(plan)]
+
+
+def cycle_ratios(steps: list[float], plan: list[bool], block: int, skip: int = 0) -> list[float]:
+    """Per ABBA cycle (4 blocks: two on, two off), the time of its on steps over that of its off
+    steps, leaving out the first `skip` steps of each block: a drift that is linear over the cycle
+    cancels."""
+    n = 4 * block
+    out = []
+    for c in range(len(plan) // n):
+        part = [i for i in range(c * n, (c + 1) * n) if i % block >= skip]
+        on = sum(steps[i] for i in part if plan[i])
+        out.append(on / sum(steps[i] for i in part if not plan[i]))
+    return out
+
+
+VARIANTS = ("alternating", "steady", "drained")
+
+
+def variants(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """name -> block, skipped steps a block, drain, cycles a run (module docstring)."""
+    steady = args.steady_block
+    return {"alternating": {"block": 1, "skip": 0, "drain": False, "cycles": (2 if args.smoke else 12) * args.cycles},
+            "steady": {"block": steady, "skip": steady // 2, "drain": False, "cycles": args.cycles},
+            "drained": {"block": args.block, "skip": 0, "drain": True, "cycles": args.cycles}}
+
+
+def interleave(args: argparse.Namespace, ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path) -> dict[str, Any]:
+    """--interleave: per repetition one run of each variant, in turn (module docstring)."""
+    runs = []
+    kinds = variants(args)
+    for rep in range(args.reps):
+        figures: dict[str, Any] = {}
+        order = VARIANTS[rep % 3:] + VARIANTS[:rep % 3]
+        for name in order if rep % 2 == 0 else order[::-1]:
+            v = kinds[name]
+            waited = wait_idle(args.min_idle, args.idle_timeout)
+            plan = schedule(4 * v["block"] * v["cycles"], v["block"], rep % 4 < 2)
+            cfg["grpo"]["max_steps"] = args.warmup + len(plan) + 1
+            steps = interleaved_run(ex, cfg, model_dir, dump, args.warmup, plan, v["drain"])
+            on = [t for t, o in zip(steps, plan) if o]
+            off = [t for t, o in zip(steps, plan) if not o]
+            figures[name] = {"on_median": statistics.median(on), "off_median": statistics.median(off),
+                             "cycles": cycle_ratios(steps, plan, v["block"], v["skip"]), "waited_s": round(waited, 1)}
+        runs.append(figures)
+        print(f"rep {rep}: step off {figures['alternating']['off_median'] * 1e3:.1f} ms (median); added, cycles: "
+              + "; ".join(f"{name} " + " ".join(f"{(r - 1) * 100:+.1f}%" for r in figures[name]["cycles"][:8])
+                          + (" ..." if len(figures[name]["cycles"]) > 8 else "") for name in VARIANTS), flush=True)
+
+    summary = {"mode": "interleave", "level": args.level, "reps": args.reps, "threads": args.threads, "goal_pct": 5.0,
+               "variants": kinds, "load": os.getloadavg(),
+               "off_step_ms": statistics.median(r["alternating"]["off_median"] for r in runs) * 1e3}
+    for name in VARIANTS:
+        cycles = [c for r in runs for c in r[name]["cycles"]]
+        summary[f"{name}_pct"] = (statistics.median(cycles) - 1) * 100
+        summary[f"{name}_cycles"] = len(cycles)
+    steady = kinds["steady"]
+    notes = {"alternating": "a step at a time: the training thread's share and part of the writer's",
+             "steady": f"blocks of {steady['block']}, the first {steady['skip']} of each left out: the whole "
+                       "probe, writer in steady state; goal <= +5%",
+             "drained": f"blocks of {args.block} ending in probe.flush(): all of it serialised, an upper bound"}
+    print(f"\nTRL GRPO step, examples/trl_grpo configuration, level {args.level}, probe on and off by turns within "
+          f"each run, {args.reps} repetitions, {args.threads} torch threads")
+    print(f"step without the probe (median): {summary['off_step_ms']:.1f} ms; added (median of the ABBA cycles' "
+          "on/off time):")
+    for name in VARIANTS:
+        print(f"  {name:<14}{summary[name + '_pct']:>+7.1f}%   ({summary[name + '_cycles']} cycles; {notes[name]})")
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in summary['load'])}")
+    return {"summary": summary, "runs": runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--level", choices=sorted(LEVELS), default="key_data")
     ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--steps", type=int, default=12, help="timed steps per run")
+    ap.add_argument("--steps", type=int, help="timed steps per run (default 12; not with --interleave)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--stats-only", action="store_true", help="the probe keeps statistics, no tensor files")
@@ -141,12 +291,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle-timeout", type=float, default=30.0)
     ap.add_argument("--writers", action="store_true",
                     help="also run with RLPROBE_WRITER_PROCESS=1 (key data in a writer process)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="probe on and off by turns within each run (alternating steps, drained blocks)")
+    ap.add_argument("--block", type=int, default=12, help="--interleave: steps a block of the drained run")
+    ap.add_argument("--steady-block", type=int, default=32,
+                    help="--interleave: steps a block of the steady run (its first half left out)")
+    ap.add_argument("--cycles", type=int, default=2,
+                    help="--interleave: ABBA cycles a run (the alternating run: 12 x as many)")
     ap.add_argument("--smoke", action="store_true", help="1 repetition of 3 timed steps, no idle wait")
     ap.add_argument("--tmp", help="folder for the model and dumps (default: a temporary one)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     if args.smoke:
         args.reps, args.steps, args.warmup, args.min_idle = 1, 3, 1, 0.0
+        args.block, args.steady_block, args.cycles = 1, 2, 1
+    if args.steps is None:
+        args.steps = 12
+    for name in ("block", "steady_block", "cycles"):
+        if getattr(args, name) < 1 or (name == "steady_block" and args.steady_block < 2):
+            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a whole number >= "
+                     f"{2 if name == 'steady_block' else 1}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
@@ -157,6 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg["rlprobe_config"] = {**LEVELS[args.level], "stages": []}
     with tempfile.TemporaryDirectory(prefix="trl_overhead_", dir=args.tmp) as tmp:
         model_dir = ex.tiny.build_model_dir(Path(tmp) / "model")
+        if args.interleave:
+            result = interleave(args, ex, cfg, model_dir, Path(tmp) / "dump")
+            if args.json:
+                Path(args.json).write_text(json.dumps(result, indent=2), encoding="utf-8")
+            return 0
         runs: list[dict[str, Any]] = []
         modes = ["plain", "rlprobe", *(["process"] if args.writers else [])]
         for rep in range(args.reps):

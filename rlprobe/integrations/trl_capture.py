@@ -75,6 +75,7 @@ class Capture:
         self._rewards: Any = None
         self._generations = 0
         self._step_checked = False
+        self._unwrapped: dict[int, tuple[Any, Any]] = {}  # id(model) -> (model, accelerate's unwrapped model)
 
     # -- installing ------------------------------------------------------------------------
     def install(self) -> None:
@@ -105,6 +106,7 @@ class Capture:
         for p in reversed(self._patches):
             p.remove()
         self._patches.clear()
+        self._unwrapped.clear()
         if self._callback is not None:
             self.trainer.remove_callback(self._callback)
             self._callback = None
@@ -146,7 +148,12 @@ class Capture:
 
     # -- helpers ----------------------------------------------------------------------------------
     def _unwrap(self, model: Any) -> Any:
-        return self.trainer.accelerator.unwrap_model(model)
+        """accelerate's unwrap_model, once per model object: it costs ~0.1 ms a call (environment
+        flags, compiled-region checks) and the wrappers ask for it several times a step."""
+        seen = self._unwrapped.get(id(model))
+        if seen is None or seen[0] is not model:
+            seen = self._unwrapped[id(model)] = (model, self.trainer.accelerator.unwrap_model(model))
+        return seen[1]
 
     def _training(self) -> bool:
         return bool(self.trainer.model.training)

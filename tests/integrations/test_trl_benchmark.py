@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -23,4 +25,55 @@ def test_trl_overhead_script_runs(tmp_path, monkeypatch, capsys):
     assert "with attach(trainer, cfg)" in capsys.readouterr().out
     assert set(summary["cpu_ms"]) == {"plain", "rlprobe"}
     assert summary["cpu_ms"]["rlprobe"]["train_cpu"] > 0
+    sys.modules.pop("trl_overhead", None)
+
+
+def test_interleaved_off_steps_run_nothing_of_the_probe(tmp_path, monkeypatch):
+    """--interleave compares steps with the probe on and off in one run: an off step must hold no
+    capture at all (its key data, metrics and step are missing from the dump), an on step all of it."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import trl_overhead
+
+    from rlprobe.lake.reader import open_dump
+
+    ex = trl_overhead.load_example()
+    cfg = ex.load_config()
+    cfg["rlprobe_config"] = {**trl_overhead.LEVELS["key_data"], "stages": []}
+    plan = trl_overhead.schedule(8, 2, False)
+    assert plan == [False, False, True, True, True, True, False, False]
+    cfg["grpo"]["max_steps"] = 1 + len(plan) + 1
+    model_dir = ex.tiny.build_model_dir(tmp_path / "model")
+    steps = trl_overhead.interleaved_run(ex, cfg, model_dir, tmp_path / "dump", 1, plan, drain=True)
+    assert len(steps) == len(plan) and all(t > 0 for t in steps)
+    dump = open_dump(tmp_path / "dump")
+    # the warm-up step, the four on steps and the untimed last step: six probe steps, each complete
+    key_steps = dump.arrow("key_data").column("step").to_pylist()
+    assert sorted(set(key_steps)) == list(range(6))
+    per_step = {s: key_steps.count(s) for s in set(key_steps)}
+    assert len(set(per_step.values())) == 1, per_step
+    assert sorted(set(dump.arrow("scalar").column("step").to_pylist())) == list(range(6))
+    assert trl_overhead.cycle_ratios([1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 1.0, 1.0], plan, 2) == [2.0]
+    # the first step of each block left out: on 3 + 3, off 1 + 1
+    assert trl_overhead.cycle_ratios([9.0, 1.0, 9.0, 3.0, 9.0, 3.0, 9.0, 1.0], plan, 2, skip=1) == [3.0]
+    sys.modules.pop("trl_overhead", None)
+
+
+def test_interleave_smoke_and_bad_arguments(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import trl_overhead
+
+    out = tmp_path / "r.json"
+    assert trl_overhead.main(["--interleave", "--smoke", "--threads", "1", "--tmp", str(tmp_path),
+                              "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    summary = result["summary"]
+    assert summary["mode"] == "interleave"
+    assert [summary[f"{v}_cycles"] for v in ("alternating", "steady", "drained")] == [2, 1, 1]
+    run = result["runs"][0]
+    assert summary["steady_pct"] == (run["steady"]["cycles"][0] - 1) * 100
+    assert summary["drained_pct"] == (run["drained"]["cycles"][0] - 1) * 100
+    assert "blocks of 2, the first 1 of each left out" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        trl_overhead.main(["--interleave", "--steady-block", "1"])
+    assert "--steady-block 1: expected a whole number >= 2" in capsys.readouterr().err
     sys.modules.pop("trl_overhead", None)
