@@ -29,21 +29,21 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from rlprobe.capture.switch_interval import short_switch_interval
 from rlprobe.frameworks.base import StagedLeaf
 from rlprobe.lake.encoding import narrow_integers, widen
 from rlprobe.lake.atomic import AtomicFolder, TensorPack
 from rlprobe.lake.rank_writer import RankWriter
 from rlprobe.lake.samples import OccurrenceCounter
+from rlprobe.lake.statistics import STACK_BYTES, STATISTICS, bitwise_hash, host_statistics, host_statistics_many
 
 if TYPE_CHECKING:
     from rlprobe.capture.save_calls import SaveCall
     from rlprobe.capture.writer_process import WriterProcess
-from rlprobe.lake.statistics import STACK_BYTES, STATISTICS, bitwise_hash, host_statistics, host_statistics_many
-
 
 RETRY_S = 1.0  # the least wait before retrying a failed commit
-# save calls are handed to the writer together: at the end of the step (or any other job), or once
-# this many bytes or calls wait (the snapshots hold staging memory until the writer is done)
+# save calls go to the writer together: at a step's end (or any other job), or once this many bytes or
+# calls wait (their snapshots hold staging memory until the writer is done)
 CALL_BATCH_BYTES = 1 << 20
 CALL_BATCH_COUNT = 64
 
@@ -92,9 +92,8 @@ class BackgroundWriter:
     # -- training thread -----------------------------------------------------------------
     def defer(self, item: SaveCall | Callable[[], None], nbytes: int = 0, step: int | None = None,
               call: bool = False) -> None:
-        """Queue a save call (`call`) or a small job (`step`: the probe step whose rows it adds); the
-        writer takes it within flush_interval seconds, or sooner when CALL_BATCH_BYTES/COUNT wait or
-        another job is submitted (`hand_over`)."""
+        """Queue a save call (`call`) or a small job (`step`: the probe step whose rows it adds), taken within
+        flush_interval seconds, or sooner when CALL_BATCH_BYTES/COUNT wait or a job is submitted (`hand_over`)."""
         with self._deferred_lock:
             first = not self._deferred
             self._deferred.append((item, step, call))
@@ -221,23 +220,24 @@ class BackgroundWriter:
             try:
                 item = self._queue.get(timeout=min(waits) if waits else None)
             except queue.Empty:  # an interval ran out with nothing queued: the deferred work is the newest
-                if self._deferred_wait() == 0.0:
-                    self._run_deferred(self._take_deferred()[0])
-                if self._commit_wait() == 0.0:
-                    self._commit()
-                continue
+                item = (self._run_deferred_if_due, 0, None)
             if item is None:
                 return
             job, nbytes, step = item
-            try:
-                self._run_job(job, step)
-            finally:
-                item = job = None  # let the job's buffers go before waiting for the next one
-                with self._cond:
-                    self._inflight -= nbytes
-                    self._cond.notify_all()
-            if self._commit_wait() == 0.0:
-                self._commit()
+            with short_switch_interval():  # the training thread's GIL waits stay short while this works
+                try:
+                    self._run_job(job, step)
+                finally:
+                    item = job = None  # let the job's buffers go before waiting for the next one
+                    with self._cond:
+                        self._inflight -= nbytes
+                        self._cond.notify_all()
+                if self._commit_wait() == 0.0:
+                    self._commit()
+
+    def _run_deferred_if_due(self) -> None:
+        if self._deferred_wait() == 0.0:
+            self._run_deferred(self._take_deferred()[0])
 
 
 def _wake() -> None:  # queued when deferred work starts waiting: the writer works out when it is due
