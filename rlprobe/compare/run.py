@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from rlprobe._version import __version__
 from rlprobe.compare.key_data import compare_key_data
+from rlprobe.compare.optional_tables import has_grads, has_module_stats, has_params
 from rlprobe.compare.pairs_ahead import PairsAhead
 from rlprobe.compare.single_run import single_run_findings
 from rlprobe.compare.verdict import explain, explain_beyond_key_data
@@ -115,26 +116,28 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
         con.register("key_rollup", key_rollup)
         con.register("step_rollup", step_rollup)
     con.unregister("key_order")
-    from rlprobe.compare.modules import compare_modules, describe, has_module_stats
-
     if has_module_stats(dump_a) or has_module_stats(dump_b):  # module dumps (probe.stage): docs/modules.md
+        from rlprobe.compare.modules import compare_modules, describe
+
         tables["modules"], summary["module_first_divergence"] = compare_modules(
             dump_a, dump_b, steps=steps, ranks=ranks, workers=workers, progress=progress,
             executor=_after_warm_up(executor),
             read_errors=read_errors, **(modules or {}))
         summary["module_suspect"] = describe(summary["module_first_divergence"])
         summary["suspect"] = summary["suspect"] or summary["module_suspect"]
-    from rlprobe.compare.grads import compare_grads, has_grads
-
     if has_grads(dump_a) or has_grads(dump_b):  # gradient monitors (probe.monitor_grads): docs/grads.md
+        from rlprobe.compare.grads import compare_grads
+
         grad_tables, summary["grad_first_flagged"] = compare_grads(dump_a, dump_b, read_errors=read_errors,
                                                                    steps=steps, ranks=ranks, layout=summary["layout"],
                                                                    **(grads or {}))
         tables.update(grad_tables)
     explain_beyond_key_data(summary, _grad_probe_step(tables.get("grads"), summary["grad_first_flagged"]))
-    from rlprobe.compare.params import add_param_comparison
+    if has_params(dump_a) or has_params(dump_b):  # parameter fingerprints (monitor_params): docs/dump-format.md
+        from rlprobe.compare.params import add_param_comparison
 
-    add_param_comparison(tables, summary, dump_a, dump_b, first and first["canonical_key"], read_errors, steps, ranks)
+        add_param_comparison(tables, summary, dump_a, dump_b, first and first["canonical_key"], read_errors, steps,
+                             ranks)
     from rlprobe.compare.config_diff import diff_configs, explain_config, saved_configs
     from rlprobe.compare.key_aliases import flow_warning
     from rlprobe.compare.verdict_modules import follow_up
