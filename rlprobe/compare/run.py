@@ -34,6 +34,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
                   con: "duckdb.DuckDBPyConnection | None" = None, key_map: dict[str, str] | None = None,
                   config_ignore: list[str] | None = None, config_ignore_defaults: bool = True,
                   key_data_ready: Callable[[pa.Table], None] | None = None,
+                  connect: "Callable[[], duckdb.DuckDBPyConnection] | None" = None,
                   ) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     """The comparison itself, in memory: (tables by name, summary). `executor` runs the pair
     kernels, called like rlprobe.compare.executor.run_pairs(tasks, workers=, progress=) (default).
@@ -44,11 +45,13 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     registered there) instead of being returned as Arrow tables. `key_map`: a trainer's key names
     (key_aliases.py); `config_ignore`: config paths the config diff leaves out (config_diff.py).
     `key_data_ready(key_data)` is called once key_data is final, before the verdict's queries (the
-    command renders its files on a thread from then on: rlprobe.report.key_data_files)."""
+    command renders its files on a thread from then on: rlprobe.report.key_data_files). `connect()`
+    opens the connection when `con` is not given (default duckdb.connect; the command's is opened by a
+    thread during its imports: rlprobe.lake.connection_ahead)."""
     import duckdb
 
     keep_stats = con is None
-    con = con or duckdb.connect()
+    con = con or (connect or duckdb.connect)()
     beside = _SingleRunBeside(con, dump_a, dump_b, executor, start=workers > 1)
     try:
         # with more than one worker (and the local executor), pairs known from the runs' folders are compared
