@@ -264,11 +264,11 @@ class _SingleRunBeside:
         return result
 
 
-# what the comparison and its reports import once the pairs are compared (~0.3 s of CPU, most of it
-# pyarrow.compute's): imported by a thread while the pairs are compared, when the kernels hold no GIL
-# and the calling thread only waits. None defines a numba kernel.
-_LATER_MODULES = ("pyarrow.compute", "rlprobe.check.run", "rlprobe.compare.modules", "rlprobe.compare.grads",
-                  "rlprobe.compare.params", "rlprobe.compare.config_diff", "rlprobe.compare.verdict_modules",
+# what every comparison and its reports import once the pairs are compared (most of it pyarrow.compute's):
+# imported by a thread while the pairs are compared, when the kernels hold no GIL and the calling thread
+# only waits. None defines a numba kernel. Not the single-run rules (check.run), nor the module, gradient
+# and parameter comparisons: each is imported only by a comparison whose dumps need it.
+_LATER_MODULES = ("pyarrow.compute", "rlprobe.compare.config_diff", "rlprobe.compare.verdict_modules",
                   "rlprobe.report.csv_report", "rlprobe.report.xlsx", "rlprobe.report.markdown")
 
 
