@@ -2,12 +2,19 @@
 default reports (issue 18: <= 1 s whole command, with pandas installed and without).
 
     python benchmarks/startup.py [--repeat 9] [--baseline /work/wt-int] [--formats msprobe,rlprobe] [--tmp DIR]
+                                 [--bytecode]
 
 Runs `python -m rlprobe.cli compare A B -o OUT` from this checkout and, with --baseline, from
 another checkout (PYTHONPATH points at the checkout, so the two are compared on the same
 interpreter and libraries), alternating which goes first, each rep on fresh output folders.
 Every run is timed twice: wall clock and the child's CPU time (user + system, steadier on a
 shared machine).
+
+--bytecode: each checkout is measured as installed, from a copy of its package (and bundled sql/,
+pipelines/, examples/) whose modules are byte-compiled first, as pip does when it installs a wheel.
+Without it the checkouts' own sources are imported; where PYTHONDONTWRITEBYTECODE is set (this VM)
+no .pyc is ever written there, so every run compiles each rlprobe module it imports (~0.5 MB of
+source for a comparison: about a quarter of the start-up's instructions, docs/compare.md).
 
 "Without pandas": a folder put first on PYTHONPATH holds a `pandas` package whose import raises
 ImportError, so every library sees pandas as not installed (pyarrow's and DuckDB's checks
@@ -62,6 +69,22 @@ def make_tiny_dumps(root: Path, fmt: str = "msprobe") -> tuple[Path, Path]:
     return dumps[0], dumps[1]
 
 
+def installed_copy(checkout: Path, into: Path) -> Path:
+    """A copy of `checkout`'s package and bundled folders under `into`, its modules byte-compiled
+    (what `pip install` leaves: a .pyc beside each module, read at import even where
+    PYTHONDONTWRITEBYTECODE forbids writing one)."""
+    import compileall
+
+    into.mkdir(parents=True)
+    shutil.copytree(checkout / "rlprobe", into / "rlprobe", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("sql", "pipelines", "examples"):  # rlprobe.resources finds them beside the package
+        if (checkout / name).is_dir():
+            shutil.copytree(checkout / name, into / name)
+    if not compileall.compile_dir(into / "rlprobe", quiet=1):
+        raise RuntimeError(f"byte-compiling the copy of {checkout} in {into} failed")
+    return into
+
+
 def _env(checkout: Path, hide_pandas_dir: Path | None) -> dict[str, str]:
     paths = ([str(hide_pandas_dir)] if hide_pandas_dir else []) + [str(checkout)]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
@@ -88,10 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--formats", default="msprobe,rlprobe", help="Dump formats, comma-separated.")
     ap.add_argument("--tmp", default=None)
     ap.add_argument("--json", type=Path, help="Also write the figures to this file.")
+    ap.add_argument("--bytecode", action="store_true",
+                    help="Measure each checkout from a byte-compiled copy of its package (as installed).")
     args = ap.parse_args(argv)
     checkouts = {"this": CHECKOUT} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
+    sources = dict(checkouts)
     work = Path(tempfile.mkdtemp(prefix="bench-startup-", dir=args.tmp))
     try:
+        if args.bytecode:
+            checkouts = {who: installed_copy(path, work / f"installed-{who}") for who, path in checkouts.items()}
         hide = work / "hide_pandas"
         (hide / "pandas").mkdir(parents=True)
         (hide / "pandas" / "__init__.py").write_text(NO_PANDAS)
@@ -110,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                         row["wall"].append(wall)
                         row["cpu"].append(cpu)
                         shutil.rmtree(out, ignore_errors=True)
-        report = _summary(runs, checkouts, load_before, os.getloadavg())
+        report = _summary(runs, sources, load_before, os.getloadavg())
+        report["bytecode"] = args.bytecode
         print(json.dumps(report, indent=2))
         if args.json:
             args.json.write_text(json.dumps({"summary": report, "runs": runs}, indent=1))

@@ -175,3 +175,20 @@ def test_tensor_files_script_runs(tmp_path, monkeypatch, capsys):
         tensor_files.one_run(str(root), packed, 2)
         assert sum(1 for p in root.rglob("*") if p.is_file()) == files
     sys.modules.pop("tensor_files", None)
+
+
+def test_startup_bytecode_copy_is_compiled_and_runs(tmp_path, monkeypatch):
+    """benchmarks/startup.py --bytecode: the installed-like copy holds a .pyc per module and the bundled
+    folders, and `rlprobe compare` runs from it with the same verdict."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import startup
+
+    copy = startup.installed_copy(BENCHMARKS.parent, tmp_path / "installed")
+    assert sorted(p.name for p in (copy / "rlprobe" / "compare" / "__pycache__").glob("run.*.pyc"))
+    assert (copy / "sql" / "key_data.sql").is_file()
+    a, b = startup.make_tiny_dumps(tmp_path, "msprobe")
+    wall, cpu = startup.startup_seconds(copy, a, b, tmp_path / "out")
+    assert wall > 0 and cpu > 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["counts"] == {"mismatch": 1} and summary["first_divergence"]["key"] == "x"  # B is A + 1e-3
+    sys.modules.pop("startup", None)

@@ -25,12 +25,6 @@ SIGN_COLUMNS = [*KEY, "numel", "sign_file", "sign_offset", "sign_numel"]
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], np.uint8)
 
 
-def has_grads(dump: Dump) -> bool:
-    if dump.format == "rlprobe":
-        return bool(dump.parts("grad"))  # without reading them
-    return dump.arrow("grad").num_rows > 0  # msprobe grad_probe: read once, kept by the dump
-
-
 def grad_table(dump: Dump, errors: list[str] | None = None) -> pa.Table:
     table = dump.arrow("grad", errors=errors) if dump.format == "rlprobe" else dump.arrow("grad")
     schema = with_rank(GRAD)

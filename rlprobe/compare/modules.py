@@ -26,11 +26,6 @@ FIRST_FIELDS = ("stage", "step", "rank", "module", "call", "direction", "io", "i
 PRIVATE_COLUMNS = ("file_a", "file_b", "io_order")
 
 
-def has_module_stats(dump: Dump) -> bool:
-    """Whether `dump` holds module-level statistics (from `probe.stage`)."""
-    return dump.format == "rlprobe" and bool(dump.parts("module"))
-
-
 def compare_modules(dump_a: Dump, dump_b: Dump, *, stages: list[str] | None = None, steps: list[int] | None = None,
                     ranks: list[int] | None = None, workers: int = 2, stats_rtol: float | None = None,
                     progress: Callable[[int, int], None] | None = None,

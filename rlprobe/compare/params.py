@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from rlprobe.compare.optional_tables import has_params
 from rlprobe.compare.sample_alignment import first_rank_only, layout_rtol
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import PARAM, with_rank
@@ -35,10 +36,6 @@ def add_param_comparison(tables: dict[str, pa.Table], summary: dict[str, Any], d
                                               layout=layout if layout.get("note") else None)
     summary["params_compared"] = tables["params"].num_rows
     explain_update(summary, firsts, canonical_key)
-
-
-def has_params(dump: Dump) -> bool:
-    return dump.format == "rlprobe" and bool(dump.parts("param"))
 
 
 def param_table(dump: Dump, errors: list[str] | None = None) -> pa.Table:

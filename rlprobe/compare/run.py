@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from rlprobe._version import __version__
 from rlprobe.compare.key_data import compare_key_data
+from rlprobe.compare.optional_tables import has_grads, has_module_stats, has_params
 from rlprobe.compare.pairs_ahead import PairsAhead
 from rlprobe.compare.single_run import single_run_findings
 from rlprobe.compare.verdict import explain, explain_beyond_key_data
@@ -33,6 +34,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
                   con: "duckdb.DuckDBPyConnection | None" = None, key_map: dict[str, str] | None = None,
                   config_ignore: list[str] | None = None, config_ignore_defaults: bool = True,
                   key_data_ready: Callable[[pa.Table], None] | None = None,
+                  connect: "Callable[[], duckdb.DuckDBPyConnection] | None" = None,
                   ) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     """The comparison itself, in memory: (tables by name, summary). `executor` runs the pair
     kernels, called like rlprobe.compare.executor.run_pairs(tasks, workers=, progress=) (default).
@@ -43,11 +45,13 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     registered there) instead of being returned as Arrow tables. `key_map`: a trainer's key names
     (key_aliases.py); `config_ignore`: config paths the config diff leaves out (config_diff.py).
     `key_data_ready(key_data)` is called once key_data is final, before the verdict's queries (the
-    command renders its files on a thread from then on: rlprobe.report.key_data_files)."""
+    command renders its files on a thread from then on: rlprobe.report.key_data_files). `connect()`
+    opens the connection when `con` is not given (default duckdb.connect; the command's is opened by a
+    thread during its imports: rlprobe.lake.connection_ahead)."""
     import duckdb
 
     keep_stats = con is None
-    con = con or duckdb.connect()
+    con = con or (connect or duckdb.connect)()
     beside = _SingleRunBeside(con, dump_a, dump_b, executor, start=workers > 1)
     try:
         # with more than one worker (and the local executor), pairs known from the runs' folders are compared
@@ -115,26 +119,28 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
         con.register("key_rollup", key_rollup)
         con.register("step_rollup", step_rollup)
     con.unregister("key_order")
-    from rlprobe.compare.modules import compare_modules, describe, has_module_stats
-
     if has_module_stats(dump_a) or has_module_stats(dump_b):  # module dumps (probe.stage): docs/modules.md
+        from rlprobe.compare.modules import compare_modules, describe
+
         tables["modules"], summary["module_first_divergence"] = compare_modules(
             dump_a, dump_b, steps=steps, ranks=ranks, workers=workers, progress=progress,
             executor=_after_warm_up(executor),
             read_errors=read_errors, **(modules or {}))
         summary["module_suspect"] = describe(summary["module_first_divergence"])
         summary["suspect"] = summary["suspect"] or summary["module_suspect"]
-    from rlprobe.compare.grads import compare_grads, has_grads
-
     if has_grads(dump_a) or has_grads(dump_b):  # gradient monitors (probe.monitor_grads): docs/grads.md
+        from rlprobe.compare.grads import compare_grads
+
         grad_tables, summary["grad_first_flagged"] = compare_grads(dump_a, dump_b, read_errors=read_errors,
                                                                    steps=steps, ranks=ranks, layout=summary["layout"],
                                                                    **(grads or {}))
         tables.update(grad_tables)
     explain_beyond_key_data(summary, _grad_probe_step(tables.get("grads"), summary["grad_first_flagged"]))
-    from rlprobe.compare.params import add_param_comparison
+    if has_params(dump_a) or has_params(dump_b):  # parameter fingerprints (monitor_params): docs/dump-format.md
+        from rlprobe.compare.params import add_param_comparison
 
-    add_param_comparison(tables, summary, dump_a, dump_b, first and first["canonical_key"], read_errors, steps, ranks)
+        add_param_comparison(tables, summary, dump_a, dump_b, first and first["canonical_key"], read_errors, steps,
+                             ranks)
     from rlprobe.compare.config_diff import diff_configs, explain_config, saved_configs
     from rlprobe.compare.key_aliases import flow_warning
     from rlprobe.compare.verdict_modules import follow_up
@@ -258,11 +264,11 @@ class _SingleRunBeside:
         return result
 
 
-# what the comparison and its reports import once the pairs are compared (~0.3 s of CPU, most of it
-# pyarrow.compute's): imported by a thread while the pairs are compared, when the kernels hold no GIL
-# and the calling thread only waits. None defines a numba kernel.
-_LATER_MODULES = ("pyarrow.compute", "rlprobe.check.run", "rlprobe.compare.modules", "rlprobe.compare.grads",
-                  "rlprobe.compare.params", "rlprobe.compare.config_diff", "rlprobe.compare.verdict_modules",
+# what every comparison and its reports import once the pairs are compared (most of it pyarrow.compute's):
+# imported by a thread while the pairs are compared, when the kernels hold no GIL and the calling thread
+# only waits. None defines a numba kernel. Not the single-run rules (check.run), nor the module, gradient
+# and parameter comparisons: each is imported only by a comparison whose dumps need it.
+_LATER_MODULES = ("pyarrow.compute", "rlprobe.compare.config_diff", "rlprobe.compare.verdict_modules",
                   "rlprobe.report.csv_report", "rlprobe.report.xlsx", "rlprobe.report.markdown")
 
 

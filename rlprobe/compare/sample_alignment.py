@@ -17,8 +17,7 @@ import pyarrow as pa
 
 from rlprobe.lake.encoding import restore
 from rlprobe.lake.reader import Dump
-from rlprobe.lake.samples import SAMPLE
-from rlprobe.lake.schema import with_rank
+from rlprobe.lake.schema import SAMPLE, with_rank
 from rlprobe.lake.sql_runner import records, run, store
 from rlprobe.lake.tensor_pack import load_record, split_address
 

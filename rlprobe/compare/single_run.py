@@ -39,15 +39,16 @@ def single_run_findings(dumps: dict[str, Dump], saved_keys: dict[str, set[str]],
     that does not apply (status not_applicable) says nothing; a dump the rules cannot read says nothing
     either (the comparison reports its read errors)."""
     from rlprobe.check.keys import canonical
-    from rlprobe.check.run import all_params, check_dump
-
-    ulps = all_params()["on_policy_ulps"]  # the rule's default tolerance, in ulps of the value
 
     found = SingleRunFindings()
     for name, dump in dumps.items():
         keys = {canonical(k) for k in saved_keys.get(name, ())}
         if not any(need <= keys for need in NEEDS):
             continue
+        # imported only for a run a rule may apply to (~25 kB of source and pyarrow.compute: start-up)
+        from rlprobe.check.run import all_params, check_dump
+
+        ulps = all_params()["on_policy_ulps"]  # the rule's default tolerance, in ulps of the value
         try:
             # on_policy_ulps 0: every on-policy pair that is not bitwise equal (a bitwise divergence
             # between runs is what the verdict explains); each row then says whether the check's

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from rlprobe.errors import ProbeError
 from rlprobe.lake.encoding import widen
+from rlprobe.lake.schema import SAMPLE
 from rlprobe.lake.statistics import STACK_BYTES, stack_groups
 
 # keys whose rows identify the samples of a save call when no sample_ids are given. A small list
@@ -336,22 +337,3 @@ def _resolve_together(identities: Sequence[CallIdentity]) -> None:
             identity.explicit, identity.int_ids, at = hashes[at:at + n], None, at + n
     for identity in identities:
         identity.resolve()
-
-
-SAMPLE = pa.schema([
-    pa.field("key", pa.string()),
-    pa.field("index", pa.string()),
-    pa.field("step", pa.int64()),
-    pa.field("micro_step", pa.int64()),
-    pa.field("row", pa.int64()),  # position along the leading dimension of the saved tensor
-    pa.field("sample", pa.int64()),  # identity: 64-bit hash of the prompt row, or of the given sample id
-    pa.field("sample_id", pa.string()),  # the id given to save(sample_ids=...); null when derived
-    pa.field("occurrence", pa.int64()),  # earlier rows of this sample for this key in the step
-    pa.field("group_id", pa.string()),  # save(group_ids=...): the GRPO group; null when not given
-    pa.field("dtype", pa.string()),
-    pa.field("row_numel", pa.int64()),
-    pa.field("row_hash", pa.int64()),  # 64-bit hash of the row's bytes in the original dtype
-    pa.field("row_sum", pa.float64()),
-    pa.field("row_min", pa.float64()),
-    pa.field("row_max", pa.float64()),
-])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from rlprobe.lake.samples import SAMPLE
 from rlprobe.lake.statistics import STATISTICS
 
 _ARROW = {"float64": pa.float64(), "int64": pa.int64()}
@@ -107,7 +106,26 @@ PARAM = pa.schema(
     ]
 )
 
-# sample identity and per-row statistics of batch tensors (lake/samples.py; docs/dump-format.md)
+# sample identity and per-row statistics of batch tensors (written by lake/samples.py; docs/dump-format.md);
+# here, not there, so that reading a dump does not load the sample writer (start-up)
+SAMPLE = pa.schema([
+    pa.field("key", pa.string()),
+    pa.field("index", pa.string()),
+    pa.field("step", pa.int64()),
+    pa.field("micro_step", pa.int64()),
+    pa.field("row", pa.int64()),  # position along the leading dimension of the saved tensor
+    pa.field("sample", pa.int64()),  # identity: 64-bit hash of the prompt row, or of the given sample id
+    pa.field("sample_id", pa.string()),  # the id given to save(sample_ids=...); null when derived
+    pa.field("occurrence", pa.int64()),  # earlier rows of this sample for this key in the step
+    pa.field("group_id", pa.string()),  # save(group_ids=...): the GRPO group; null when not given
+    pa.field("dtype", pa.string()),
+    pa.field("row_numel", pa.int64()),
+    pa.field("row_hash", pa.int64()),  # 64-bit hash of the row's bytes in the original dtype
+    pa.field("row_sum", pa.float64()),
+    pa.field("row_min", pa.float64()),
+    pa.field("row_max", pa.float64()),
+])
+
 SCHEMAS: dict[str, pa.Schema] = {"key_data": KEY_DATA, "scalar": SCALAR, "module": MODULE, "grad": GRAD,
                                  "sample": SAMPLE, "param": PARAM}
 # rank added by readers from the hive path

@@ -33,43 +33,46 @@ def compare(
     written (or holds files rlprobe did not write); `out` then keeps its earlier files.
     `extra_files(folder)` adds files to the folder before it is published (msprobe's layout).
     `key_map`: a trainer's key names; `config_ignore`: config paths the config diff leaves out."""
-    from rlprobe.compare.kernel_use import may_run_compiled_kernels
-    from rlprobe.compare.run import compare_dumps, start_warm_up
-    from rlprobe.lake.reader import open_dump
-    from rlprobe.report.comparison_files import ReportOptions, write_reports, write_summary_json, write_tables
-    from rlprobe.report.output_folder import prepare_output, publish_output
+    from rlprobe.lake.connection_ahead import ConnectionAhead
 
-    started = time.perf_counter()
-    out = Path(out)
-    prepare_output(out, "output directory")  # before the work: a folder of other files is refused at once
-    dump_a, dump_b = open_dump(a), open_dump(b)
-    if dump_a.may_hold_tensors and dump_b.may_hold_tensors and may_run_compiled_kernels(dump_a):
-        # load numba while the runs' statistics are read and matched (not at all for statistics-only or
-        # gradient-only dumps, nor a few small tensors, which numpy compares)
-        start_warm_up()  # compare_dumps runs no kernel before it is done
-    rendered = None
-    if reports and workers > 1:  # key_data's files rendered by a thread once it is known (key_data_files.py)
-        from rlprobe.report.key_data_files import KeyDataFiles
+    with ConnectionAhead() as ahead:  # DuckDB starts its database on a thread while the modules below load
+        from rlprobe.compare.kernel_use import may_run_compiled_kernels
+        from rlprobe.compare.run import compare_dumps, start_warm_up
+        from rlprobe.lake.reader import open_dump
+        from rlprobe.report.comparison_files import ReportOptions, write_reports, write_summary_json, write_tables
+        from rlprobe.report.output_folder import prepare_output, publish_output
 
-        rendered = KeyDataFiles(lang)
-    tables, summary = compare_dumps(dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
-                                    stats_rtol=stats_rtol, order=order, progress=progress, key_map=key_map,
-                                    config_ignore=config_ignore, config_ignore_defaults=config_ignore_defaults,
-                                    key_data_ready=rendered and rendered.start)
-    summary["elapsed_s"] = round(time.perf_counter() - started, 3)
-    options = ReportOptions(lang=lang, per_key_dir=per_key_dir if per_key_files else None, plots=plots,
-                            plot_every_param=plot_every_param, workers=workers)
+        started = time.perf_counter()
+        out = Path(out)
+        prepare_output(out, "output directory")  # before the work: a folder of other files is refused at once
+        dump_a, dump_b = open_dump(a), open_dump(b)
+        if dump_a.may_hold_tensors and dump_b.may_hold_tensors and may_run_compiled_kernels(dump_a):
+            # load numba while the runs' statistics are read and matched (not at all for statistics-only or
+            # gradient-only dumps, nor a few small tensors, which numpy compares)
+            start_warm_up()  # compare_dumps runs no kernel before it is done
+        rendered = None
+        if reports and workers > 1:  # key_data's files rendered by a thread once it is known (key_data_files.py)
+            from rlprobe.report.key_data_files import KeyDataFiles
 
-    def write(folder: Path) -> None:
-        xlsx_extras = write_tables(folder, tables, key_data=not reports)  # else beside the workbook
-        write_summary_json(folder, summary)
-        if reports:
-            write_reports(folder, tables, summary, xlsx_extras, options, key_data_parquet=True, rendered=rendered)
-        if extra_files is not None:
-            extra_files(folder)
+            rendered = KeyDataFiles(lang)
+        tables, summary = compare_dumps(dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
+                                        stats_rtol=stats_rtol, order=order, progress=progress, key_map=key_map,
+                                        config_ignore=config_ignore, config_ignore_defaults=config_ignore_defaults,
+                                        key_data_ready=rendered and rendered.start, connect=ahead.take)
+        summary["elapsed_s"] = round(time.perf_counter() - started, 3)
+        options = ReportOptions(lang=lang, per_key_dir=per_key_dir if per_key_files else None, plots=plots,
+                                plot_every_param=plot_every_param, workers=workers)
 
-    publish_output(out, write, label="output directory")
-    return summary
+        def write(folder: Path) -> None:
+            xlsx_extras = write_tables(folder, tables, key_data=not reports)  # else beside the workbook
+            write_summary_json(folder, summary)
+            if reports:
+                write_reports(folder, tables, summary, xlsx_extras, options, key_data_parquet=True, rendered=rendered)
+            if extra_files is not None:
+                extra_files(folder)
+
+        publish_output(out, write, label="output directory")
+        return summary
 
 
 def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: bool, plots: bool,
