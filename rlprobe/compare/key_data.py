@@ -4,6 +4,7 @@ compared element-wise by the pair executor, each row's status, and the first div
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -13,6 +14,7 @@ from rlprobe.compare.key_aliases import key_order_table
 from rlprobe.compare.pair_results import pair_results_table
 from rlprobe.compare.pairs_ahead import AHEAD_MIN_PAIRS
 from rlprobe.compare.sample_alignment import layout, sample_key_data
+from rlprobe.lake.msprobe_format import compiled_scanner
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import KEY_DATA, with_rank
 from rlprobe.lake.sql_runner import create_table, execute, records, run, store
@@ -51,10 +53,15 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     the statistics are read (rlprobe.compare.pairs_ahead); called for two msprobe dumps (run A of many
     tensor files) without a selection. `stats_read()` is called once both runs' statistics are loaded."""
     read_errors: list[str] = []
+    reading_b = _read_beside(dump_b) if workers > 1 and dump_a.format == "msprobe" else None
+    try:
+        load_stats(con, "stats_a", dump_a, read_errors, "A")
+    finally:
+        if reading_b is not None:
+            reading_b.join()
+    load_stats(con, "stats_b", dump_b, read_errors, "B")
     if ahead is not None and keys is None and steps is None and ranks is None:
         _start_ahead(ahead, dump_a, dump_b)
-    load_stats(con, "stats_a", dump_a, read_errors, "A")
-    load_stats(con, "stats_b", dump_b, read_errors, "B")
     if stats_read is not None:
         stats_read()
     con.register("key_order", key_order_table(order, key_map))
@@ -102,11 +109,28 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     return KeyDataComparison(key_data, first, read_errors, files.num_rows + gathered, run_layout)
 
 
+def _read_beside(dump: Dump) -> threading.Thread | None:
+    """A thread reading msprobe dump `dump`'s statistics into its table (Dump.arrow), which load_stats then
+    takes, while this thread reads the other run's: the compiled reader holds no GIL (lake/msprobe_kernels.py).
+    Its error is left to load_stats, which reads the dump again and raises it, after run A's."""
+    if dump.format != "msprobe" or compiled_scanner() is None:  # Python's reading beside Python's: slower (GIL)
+        return None
+
+    def read() -> None:
+        try:
+            dump.arrow("key_data")
+        except Exception:  # noqa: BLE001, S110 - load_stats reads it again and reports the problem
+            pass
+
+    thread = threading.Thread(target=read, name="rlprobe-stats-b", daemon=True)
+    thread.start()
+    return thread
+
+
 def _start_ahead(ahead: Callable[[list[Any]], None], dump_a: Dump, dump_b: Dump) -> None:
-    """`ahead` the pairs of the tensor files msprobe dump A lists (its folders, which its statistics are then
-    read from) with the file under the same path in dump B, from AHEAD_MIN_PAIRS of them on: B's folders
-    are listed while they are compared (a pair whose B file is missing fails at once, and the SQL never
-    picks it). A folder that cannot be listed starts nothing: reading the statistics reports it."""
+    """`ahead` the pairs of the tensor files of msprobe dump A (its table's: both runs' statistics are read by
+    now) with the file under the same path in dump B, from AHEAD_MIN_PAIRS of them on: they are compared while
+    the layout and pairing SQL run (a pair whose B file is missing fails at once, and the SQL never picks it)."""
     if dump_a.format != "msprobe" or dump_b.format != "msprobe":
         return
     try:
