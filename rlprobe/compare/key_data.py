@@ -53,7 +53,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     the statistics are read (rlprobe.compare.pairs_ahead); called for two msprobe dumps (run A of many
     tensor files) without a selection. `stats_read()` is called once both runs' statistics are loaded."""
     read_errors: list[str] = []
-    reading_b = _read_beside(dump_b) if workers > 1 and dump_a.format == "msprobe" else None
+    reading_b = _read_beside(dump_b) if dump_a.format == "msprobe" else None  # whatever `workers`: not a worker
     try:
         load_stats(con, "stats_a", dump_a, read_errors, "A")
     finally:
