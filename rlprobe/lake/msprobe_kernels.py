@@ -45,14 +45,19 @@ def _grow_rows(a, need):  # pragma: no cover - runs compiled
 
 
 @numba.njit(nogil=True, cache=True)
-def _numbered(path, plen, prefix, names):  # pragma: no cover - runs compiled
-    """msprobe_scan.numbered: the sub-folders named prefix + digits, by number then name, as (count
-    (-1: not listed, -2: Python's to list), names, starts, lengths, numbers, order)."""
+def _numbered(path, parent_len, parent_names, start, length, prefix, names):  # pragma: no cover - runs compiled
+    """msprobe_scan.numbered of the folder path[:parent_len] + "/" + parent_names[start:start + length] (the
+    path is left so): (its path's length, count (-1: not listed, -2: Python's to list), its sub-folders named
+    prefix + digits as names, starts, lengths, numbers, and their order: by number then name)."""
+    plen = _append(path, parent_len, parent_names, start, length)
+    numbers = np.zeros(0, np.int64)
+    if plen < 0:
+        return plen, -1, names, numbers, numbers, numbers, numbers
     path[plen] = 0
     count, names, starts, lengths, types = list_folder(path, names)
     numbers = np.zeros(max(count, 0), np.int64)
     if count < 0:
-        return count, names, starts, lengths, numbers, numbers
+        return plen, count, names, starts, lengths, numbers, numbers
     picked = np.empty(count, np.int64)
     found = 0
     for e in range(count):
@@ -67,20 +72,20 @@ def _numbered(path, plen, prefix, names):  # pragma: no cover - runs compiled
                 digits += 1
                 value = value * 10 + (c - 48)
             elif c >= 0x80 or c == 10:  # a Unicode digit or a newline before the end: Python's regex decides
-                return -2, names, starts, lengths, numbers, numbers
+                return plen, -2, names, starts, lengths, numbers, numbers
             else:
                 digits = -1
                 break
         if digits <= 0:
             continue
         if digits > 18 or types[e] == DT_LNK or types[e] == DT_UNKNOWN:
-            return -2, names, starts, lengths, numbers, numbers
+            return plen, -2, names, starts, lengths, numbers, numbers
         if types[e] != DT_DIR:
             continue
         numbers[e] = value
         picked[found] = e
         found += 1
-    return found, names, starts, lengths, numbers, sorted_names(names, starts, lengths, numbers, picked[:found])
+    return plen, found, names, starts, lengths, numbers, sorted_names(names, starts, lengths, numbers, picked[:found])
 
 
 @numba.njit(nogil=True, cache=True)
@@ -157,38 +162,27 @@ def scan_dump(root):  # pragma: no cover - runs compiled
         if status == FALLBACK:
             break
         ks, kn = kstarts[key], klengths[key]
-        key_len = _append(path, data_len, key_names, ks, kn)
-        if key_len < 0:
-            status = FALLBACK
-            break
-        scount, step_names, sstarts, slengths, snumbers, steps = _numbered(path, key_len, _STEP, step_names)
+        key_len, scount, step_names, sstarts, slengths, snumbers, steps = _numbered(
+            path, data_len, key_names, ks, kn, _STEP, step_names)
         if scount < 0:
             status = FALLBACK
-            break
         for step in steps:
             if status == FALLBACK:
                 break
-            step_len = _append(path, key_len, step_names, sstarts[step], slengths[step])
-            if step_len < 0:
-                status = FALLBACK
-                break
-            rcount, rank_names, rstarts, rlengths, rnumbers, ranks = _numbered(path, step_len, _RANK, rank_names)
+            step_len, rcount, rank_names, rstarts, rlengths, rnumbers, ranks = _numbered(
+                path, key_len, step_names, sstarts[step], slengths[step], _RANK, rank_names)
             if rcount < 0:
                 status = FALLBACK
-                break
             for rank in ranks:
                 if status == FALLBACK:
                     break
-                rank_len = _append(path, step_len, rank_names, rstarts[rank], rlengths[rank])
-                if rank_len < 0:
-                    status = FALLBACK
-                    break
-                mcount, micro_names, mstarts, mlengths, mnumbers, micros = _numbered(path, rank_len, _MICRO,
-                                                                                     micro_names)
+                rank_len, mcount, micro_names, mstarts, mlengths, mnumbers, micros = _numbered(
+                    path, step_len, rank_names, rstarts[rank], rlengths[rank], _MICRO, micro_names)
                 if mcount < 0:
                     status = FALLBACK
-                    break
                 for micro in micros:
+                    if status == FALLBACK:
+                        break
                     micro_len = _append(path, rank_len, micro_names, mstarts[micro], mlengths[micro])
                     if micro_len < 0:
                         status = FALLBACK
