@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from rlprobe.errors import DumpReadError
 from rlprobe.lake import msprobe_scan
@@ -86,6 +85,8 @@ def compiled_scanner() -> Callable[[np.ndarray], tuple] | None:
 def _compiled_columns(root: str, scanner: Callable[[np.ndarray], tuple]) -> dict[str, Any] | None:
     """msprobe_scan.scan_key_data's columns (but npy) as Arrow arrays, from the compiled reader (the GIL
     left while it lists and reads); None where it leaves the whole run to Python."""
+    import pyarrow.compute as pc
+
     from rlprobe.lake import msprobe_codes as codes
 
     status, n, ints, text, text_ends, stat_codes, numbers, number_ends, dims, dim_ends = scanner(
