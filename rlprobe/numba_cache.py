@@ -16,7 +16,8 @@ from typing import Any
 #: (pair_kernels' element kernel into batch_kernels' batch) was loaded stale after only the first
 #: file changed; the cache folder is named after the contents of all of them instead
 KERNEL_MODULES = ("compare/pair_kernels.py", "compare/batch_kernels.py", "compare/batch_codes.py",
-                  "compare/mapped_kernels.py",
+                  "compare/mapped_kernels.py", "lake/msprobe_kernels.py", "lake/msprobe_codes.py",
+                  "lake/msprobe_json_kernel.py", "lake/folder_kernel.py",
                   "check/token_kernel.py", "check/token_figures.py", "check/token_batch_kernel.py",
                   "check/npy_reads.py", "check/npy_layout.py",
                   "frameworks/cpu_grad_kernel.py", "frameworks/cpu_param_kernel.py")
@@ -177,6 +178,7 @@ AOT_FAMILIES: dict[str, tuple[tuple[str, str, str, str], ...]] = {
         ("compare_batch", "rlprobe.compare.batch_kernels", "compare_batch",
          f"({_array('uint8')}, {_array('int64', 2)}, {_array('int64')}, {_array('int64')}, {_array('int64', 2)}, "
          f"{_array('float64', 2)})"),
+        ("scan_msprobe", "rlprobe.lake.msprobe_kernels", "scan_dump", f"({_array('uint8', readonly=True)},)"),
         ("compare_mapped", "rlprobe.compare.mapped_kernels", "compare_mapped",
          f"({_array('uint8', readonly=True)}, {_array('int64')}, {_array('int64')}, {_array('int64')}, int64, "
          f"int64, {_array('int64', 2)}, "

@@ -4,6 +4,7 @@ compared element-wise by the pair executor, each row's status, and the first div
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -13,6 +14,7 @@ from rlprobe.compare.key_aliases import key_order_table
 from rlprobe.compare.pair_results import pair_results_table
 from rlprobe.compare.pairs_ahead import AHEAD_MIN_PAIRS
 from rlprobe.compare.sample_alignment import layout, sample_key_data
+from rlprobe.lake.msprobe_format import compiled_scanner
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import KEY_DATA, with_rank
 from rlprobe.lake.sql_runner import create_table, execute, records, run, store
@@ -51,10 +53,15 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     the statistics are read (rlprobe.compare.pairs_ahead); called for two msprobe dumps (run A of many
     tensor files) without a selection. `stats_read()` is called once both runs' statistics are loaded."""
     read_errors: list[str] = []
+    reading_b = _read_beside(dump_b) if dump_a.format == "msprobe" else None  # whatever `workers`: not a worker
+    try:
+        load_stats(con, "stats_a", dump_a, read_errors, "A")
+    finally:
+        if reading_b is not None:
+            reading_b.join()
+    load_stats(con, "stats_b", dump_b, read_errors, "B")
     if ahead is not None and keys is None and steps is None and ranks is None:
         _start_ahead(ahead, dump_a, dump_b)
-    load_stats(con, "stats_a", dump_a, read_errors, "A")
-    load_stats(con, "stats_b", dump_b, read_errors, "B")
     if stats_read is not None:
         stats_read()
     con.register("key_order", key_order_table(order, key_map))
@@ -75,8 +82,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
         from rlprobe.compare.executor import PairTask, run_pairs
 
         root_a, root_b = os.path.join(dump_a.path, ""), os.path.join(dump_b.path, "")  # no pathlib per pair
-        pairs = zip(files["file_a"].to_pylist(), files["file_b"].to_pylist())  # columns, not a dict per row
-        tasks = [_pair_task(i, root_a, file_a, root_b, file_b) for i, (file_a, file_b) in enumerate(pairs)]
+        tasks = _pair_tasks(files, root_a, root_b)
         results = (executor or run_pairs)(tasks, workers=workers, progress=progress)
     elif progress is not None:
         progress(0, 0)
@@ -102,11 +108,28 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     return KeyDataComparison(key_data, first, read_errors, files.num_rows + gathered, run_layout)
 
 
+def _read_beside(dump: Dump) -> threading.Thread | None:
+    """A thread reading msprobe dump `dump`'s statistics into its table (Dump.arrow), which load_stats then
+    takes, while this thread reads the other run's: the compiled reader holds no GIL (lake/msprobe_kernels.py).
+    Its error is left to load_stats, which reads the dump again and raises it, after run A's."""
+    if dump.format != "msprobe" or compiled_scanner() is None:  # Python's reading beside Python's: slower (GIL)
+        return None
+
+    def read() -> None:
+        try:
+            dump.arrow("key_data")
+        except Exception:  # noqa: BLE001, S110 - load_stats reads it again and reports the problem
+            pass
+
+    thread = threading.Thread(target=read, name="rlprobe-stats-b", daemon=True)
+    thread.start()
+    return thread
+
+
 def _start_ahead(ahead: Callable[[list[Any]], None], dump_a: Dump, dump_b: Dump) -> None:
-    """`ahead` the pairs of the tensor files msprobe dump A lists (its folders, which its statistics are then
-    read from) with the file under the same path in dump B, from AHEAD_MIN_PAIRS of them on: B's folders
-    are listed while they are compared (a pair whose B file is missing fails at once, and the SQL never
-    picks it). A folder that cannot be listed starts nothing: reading the statistics reports it."""
+    """`ahead` the pairs of the tensor files of msprobe dump A (its table's: both runs' statistics are read by
+    now) with the file under the same path in dump B, from AHEAD_MIN_PAIRS of them on: they are compared while
+    the layout and pairing SQL run (a pair whose B file is missing fails at once, and the SQL never picks it)."""
     if dump_a.format != "msprobe" or dump_b.format != "msprobe":
         return
     try:
@@ -119,6 +142,48 @@ def _start_ahead(ahead: Callable[[list[Any]], None], dump_a: Dump, dump_b: Dump)
 
     root_a, root_b = os.path.join(dump_a.path, ""), os.path.join(dump_b.path, "")
     ahead([PairTask(i, root_a + f, root_b + f) for i, f in enumerate(files)])
+
+
+def _pair_tasks(files: pa.Table, root_a: str, root_b: str) -> list[Any]:
+    """The executor's tasks of tensor_pairs.sql's rows (task i: row i), each column's addresses split at once
+    by Arrow (no Python call a pair but the tuples themselves: the 25,600 pairs of an rlprobe dump took ~0.2 s
+    of the main thread one by one). Where a column's addresses are not all whole files or all records
+    (`<file>.npys#<offset>+<length>`, lake/tensor_pack.split_address), pairs are split one by one as before."""
+    import pyarrow.compute as pc
+
+    from rlprobe.compare.executor import PairTask
+    from rlprobe.lake.tensor_pack import PACK_SUFFIX, Record
+
+    n = files.num_rows
+    sides = []
+    for column, root in (("file_a", root_a), ("file_b", root_b)):
+        addresses = files[column].combine_chunks()
+        if not pc.any(pc.match_substring(addresses, "#")).as_py():  # whole files
+            sides.append(([root + a for a in addresses.to_pylist()], [None] * n))
+            continue
+        file_place = pc.split_pattern(addresses, "#", max_splits=1, reverse=True)  # as str.rpartition
+        if not pc.all(pc.equal(pc.list_value_length(file_place), 2)).as_py():
+            return _pair_tasks_one_by_one(files, root_a, root_b)
+        place = pc.split_pattern(pc.list_element(file_place, 1), "+", max_splits=1)  # as str.partition
+        if not pc.all(pc.equal(pc.list_value_length(place), 2)).as_py():
+            return _pair_tasks_one_by_one(files, root_a, root_b)
+        file, offset, length = pc.list_element(file_place, 0), pc.list_element(place, 0), pc.list_element(place, 1)
+        taken = pc.ends_with(file, PACK_SUFFIX)
+        for digits in (offset, length):  # what int() reads as split_address does, within int64
+            size = pc.utf8_length(digits)
+            taken = pc.and_(taken, pc.and_(pc.ascii_is_decimal(digits),
+                                           pc.and_(pc.greater(size, 0), pc.less_equal(size, 18))))
+        if not pc.all(taken).as_py():
+            return _pair_tasks_one_by_one(files, root_a, root_b)
+        sides.append(([root + f for f in file.to_pylist()], list(map(
+            Record, offset.cast(pa.int64()).to_pylist(), length.cast(pa.int64()).to_pylist()))))
+    (paths_a, records_a), (paths_b, records_b) = sides
+    return list(map(PairTask, range(n), paths_a, paths_b, records_a, records_b))
+
+
+def _pair_tasks_one_by_one(files: pa.Table, root_a: str, root_b: str) -> list[Any]:
+    pairs = zip(files["file_a"].to_pylist(), files["file_b"].to_pylist())  # columns, not a dict per row
+    return [_pair_task(i, root_a, file_a, root_b, file_b) for i, (file_a, file_b) in enumerate(pairs)]
 
 
 def _pair_task(i: int, root_a: str, address_a: str, root_b: str, address_b: str) -> Any:

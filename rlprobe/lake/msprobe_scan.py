@@ -1,10 +1,10 @@
 """The folders and statistics files of an msprobe SingleSave dump, read with the standard library
-only: rlprobe.lake.msprobe_format builds the key_data table from what `scan_key_data` returns.
+only: rlprobe.lake.msprobe_format builds the key_data table from what `scan_key_data` returns where
+the compiled reader (rlprobe.lake.msprobe_kernels: the same columns, no GIL) is not built, and reads
+with `read_statistics` each statistics file the compiled reader leaves to Python.
 
 The reading is two steps, `list_tensors` (a folder listing per micro-step) and `read_statistics`
-(a JSON file per tensor), so that a comparison with more than one worker can start comparing the
-tensor pairs both runs list while this thread reads their statistics (rlprobe.compare.pairs_ahead;
-docs/compare.md, "seventh session: two workers on the msprobe small dump").
+(a JSON file per tensor); a Dump can list first (Dump.msprobe_tensor_files) and read from that listing.
 """
 
 from __future__ import annotations

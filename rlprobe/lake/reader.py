@@ -219,20 +219,20 @@ class Dump:
         return pa.concat_tables(tables, promote_options="default")
 
     def msprobe_tensor_files(self) -> list[str]:
-        """An msprobe dump's tensor files, relative to it, in arrow("key_data")'s order: listed once, and the
-        statistics then read from that listing (rlprobe.compare.pairs_ahead). OSError: a folder not listed."""
+        """An msprobe dump's tensor files, relative to it, in arrow("key_data")'s order (OSError: a folder not listed)."""
         if self.format != "msprobe":
             return []
-        if "_msprobe_key_data" in self.__dict__:
+        if "_msprobe_table" in self.__dict__:
             return self._msprobe_key_data["tensor_file"].to_pylist()
-        if self._listing is None:
-            self._listing = msprobe_scan.list_tensors(str(self.path))
+        self._listing = self._listing or msprobe_scan.list_tensors(str(self.path))
         return self._listing.columns["tensor_file"]
 
-    @cached_property
-    def _msprobe_key_data(self) -> pa.Table:
-        listing, self._listing = self._listing, None
-        return msprobe_format.key_data_table(self.path, listing)
+    @property
+    def _msprobe_key_data(self) -> pa.Table:  # read once, without cached_property's lock (one for every Dump
+        if "_msprobe_table" not in self.__dict__:  # before Python 3.12: two runs could not be read at once)
+            listing, self._listing = self._listing, None
+            self.__dict__["_msprobe_table"] = msprobe_format.key_data_table(self.path, listing)
+        return self.__dict__["_msprobe_table"]
 
     @cached_property
     def _msprobe_grad(self) -> pa.Table:  # read once: a summary CSV per rank and step
