@@ -1,7 +1,7 @@
 """Comparison speed: `rlprobe compare` vs msprobe 8.1.2's SingleComparator, same dumps, same run.
 
     python benchmarks/compare_speed.py [--repeat 3] [--tmp DIR] [--workloads large,msprobe_small,rlprobe_small]
-                                       [--baseline /path/to/other/checkout] [--cache DIR]
+                                       [--baseline /path/to/other/checkout] [--cache DIR] [--source]
 
 Workloads (issue 18 adds the two small ones, benchmarks/compare_workloads.py):
 - large: the 2 x 660 MB msprobe-format dumps below;
@@ -14,6 +14,13 @@ the child's rusage from wait4, steadier than wall time on a shared machine) are 
 start-up (two one-step dumps of one 4-element tensor). With --baseline, the same commands run from another checkout too
 (PYTHONPATH), alternating with this one, for paired ratios. Prints every target of issue 18 with
 its measured value. The dumps are written once into --cache (default: a temp folder; large: ~1.3 GB).
+
+rlprobe runs as installed, as msprobe does from its virtual environment: each checkout's package (and
+its bundled sql/, pipelines/, examples/) is copied into the work folder and byte-compiled first, as pip
+does when it installs a wheel (startup.installed_copy). From a checkout's own sources (`--source`), where
+PYTHONDONTWRITEBYTECODE is set (this VM) no .pyc is ever written, so every command compiles each rlprobe
+module it imports, and a larger comparison imports more of them than the start-up's one-step pair: a
+fixed cost, the same with 1 and 2 workers, that "beyond start-up" would count.
 
 Before the timed repeats each checkout builds its ahead-of-time kernels (`python -m rlprobe.numba_build`,
 where it has that module) and compares each workload once, untimed, so that numba's on-disk
@@ -51,6 +58,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_workloads  # noqa: E402  (benchmarks/ is not a package)
+from startup import installed_copy  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -124,6 +132,8 @@ def main() -> None:
     ap.add_argument("--cache", default=None, help="folder for the small workloads' dumps (kept)")
     ap.add_argument("--workloads", default="large,msprobe_small,rlprobe_small")
     ap.add_argument("--baseline", default=None, help="another rlprobe checkout, run alternately for paired ratios")
+    ap.add_argument("--source", action="store_true",
+                    help="run each checkout's own sources instead of a byte-compiled copy (as installed)")
     args = ap.parse_args()
 
     msprobe_py = Path(os.environ.get("MSPROBE_PYTHON", HERE.parent / ".venv-msprobe" / "bin" / "python"))
@@ -133,6 +143,10 @@ def main() -> None:
     versions = {"rlprobe": HERE.parent} | ({"baseline": Path(args.baseline)} if args.baseline else {})
     wanted = args.workloads.split(",")
     try:
+        if not args.source:
+            versions = {label: installed_copy(checkout, work / f"installed-{label}")
+                        for label, checkout in versions.items()}
+        print("rlprobe runs " + ("from the checkouts' sources" if args.source else "as installed (byte-compiled copies)"))
         dumps: dict[str, tuple[Path, Path]] = {"tiny": compare_workloads.tiny(cache)}
         if "large" in wanted:
             dumps["large"] = compare_workloads.large(cache)

@@ -1,46 +1,56 @@
 """What rlprobe's TRL integration adds to a TRL step (issue 15: <= 5 % at key-data level).
 
-    python benchmarks/trl_overhead.py                     # key data, 9 repetitions (about 2 minutes)
-    python benchmarks/trl_overhead.py --level grads       # key data + gradient monitor (L1)
+    python benchmarks/trl_overhead.py                     # probe on and off by turns, 6 repetitions (~8 minutes)
+    python benchmarks/trl_overhead.py --variants aligned,alternating,steady,drained   # all four interleaved figures
+    python benchmarks/trl_overhead.py --separate          # plain and probed runs, 9 repetitions (the first passes')
+    python benchmarks/trl_overhead.py --separate --level grads   # key data + gradient monitor (L1)
+    python benchmarks/trl_overhead.py --separate --writers       # plain / writer thread / writer process, paired
     python benchmarks/trl_overhead.py --smoke             # one short repetition (the test suite runs it)
-    python benchmarks/trl_overhead.py --writers           # plain / attach (writer thread) / writer process, paired
-    python benchmarks/trl_overhead.py --interleave        # probe on and off by turns within each run (low noise)
 
 Workload: examples/trl_grpo's configuration (GRPOTrainer, the tiny Qwen2 built in code, 2
 micro-batches of 4 completions of up to 8 tokens a step, beta 0.04 so the reference model
-runs too), on the CPU. Each repetition trains twice in this process, plain and with
-`attach(trainer, cfg)`, in alternating order; `--level key_data` switches on key data,
+runs too), on the CPU, `--threads` torch threads (2). `--level key_data` switches on key data,
 configs and TRL's metrics (rlprobe_config key_data_dump, configurations_dump, metrics_dump),
 `--level grads` adds grads_dump; `--stats-only` keeps statistics without tensor files. A step's
-time is the interval between TRL's consecutive
-`on_step_begin` callbacks, so it holds generation, rewards, reference forward, both
-micro-batches' forward and backward, the optimizer step, TRL's logging and everything rlprobe
-does in them (its save calls, probe.step(), log_metrics). The first `--warmup` steps and the
-last one (which ends in close()) are not timed. Per run the median step and the mean step; the
-table gives the medians over repetitions and the median of each repetition's probe/plain ratio
-(paired), of medians and of means. The writer takes the deferred work of a flush_interval (1 s,
-~12 steps) in one go, so its cost falls on some steps more than others: the mean holds it all,
-the median may not. Read both; the issue's goal is stated on the paired medians.
-Before each run it waits (up to --idle-timeout s) for the CPU to be --min-idle idle for 1 s.
+time is the interval between TRL's consecutive `on_step_begin` callbacks, so it holds generation,
+rewards, reference forward, both micro-batches' forward and backward, the optimizer step, TRL's
+logging and everything rlprobe does in them (its save calls, probe.step(), log_metrics).
+The first `--warmup` steps and the last one (which ends in close()) are not timed. Before each
+run it waits (up to --idle-timeout s) for the CPU to be --min-idle idle for 1 s.
 
-`--interleave`: separate runs differ by more than the probe costs (this VM's step time moves between
-~55 and ~105 ms for seconds at a time, within one run and between runs), so the probe is instead
-switched on and off by turns within each run and its steps compared with the steps beside them,
-in ABBA cycles (on, off, off, on blocks: a drift that is linear over a cycle cancels). The probe
-stays attached for the whole run; on an "off" step the benchmark sends every wrapped trainer
-method straight to TRL's own and skips the probe's step callback, so nothing of rlprobe runs in
-it (tests/integrations/test_trl_benchmark.py checks that the dump holds exactly the on steps).
-The writer works once per flush_interval (1 s, ~13-16 steps here), after the steps whose rows it
-writes, so where its work lands decides what a variant measures. One run of each a repetition:
-- `alternating`: a step at a time. The training thread's share (save calls, staging, the
-  wrappers), and about half of the writer's work: the rest lands on off steps.
-- `steady` (the goal's figure): blocks of --steady-block steps (32), the first half of each left
-  out, so that a measured on step has the writer in its steady state behind it and a measured off
-  step has none of it left: the probe as a whole run would have it.
+Interleaved (the default). Separate runs differ by more than the probe costs: this VM's step
+time moves between ~55 and ~105 ms for tens of seconds at a time, within one run and between runs.
+So the probe stays attached for the whole run and is switched on and off by turns; on an "off"
+step the benchmark sends every wrapped trainer method straight to TRL's own and skips the probe's
+step callback, so nothing of rlprobe runs in it (tests/integrations/test_trl_benchmark.py checks
+that the dump holds exactly the on steps). Steps are compared in ABBA cycles (on, off, off, on
+blocks: a drift that is linear over a cycle cancels). The writer works once per flush_interval
+(1 s, ~10 steps here) on the work of the steps before, so where that work lands decides what is
+measured. The variants (--variants; one run of each a repetition):
+- `aligned` (the goal's figure): a step at a time, and the benchmark holds the writer's own timers
+  back and starts its once-a-flush_interval work itself (the deferred save calls, then the commit,
+  each when due by the same interval) at the beginning of an on step, so that it runs beside that
+  step's training as it would anywhere in a run, and none of it in an off step (the writer thread's
+  CPU in on and off steps is read from /proc and printed: its share in off steps should be ~0).
+  The interval is divided by the share of on steps (1/2), so that a batch of deferred calls and a
+  commit cover as many probed steps as with the probe always on (a commit's fixed costs, Parquet
+  parts and the manifest, are shared by as many steps). A figure is the on steps' time over the off
+  steps' time in a window of --window (10) cycles (40 steps, ~3.5 s: one or two batches and
+  commits, so that the median of windows leaves none of them out); --aligned-cycles (80) cycles a run.
+- `alternating`: a step at a time with the writer's own timers: the training thread's share; the
+  writer's work lands on on and off steps alike and cancels.
+- `steady`: blocks of --steady-block steps (32), the first half of each left out, so that a
+  measured on step has the writer in its steady state behind it and a measured off step none of
+  it; few cycles a run, so noisy.
 - `drained`: blocks of --block steps (12) whose last on step ends in probe.flush(), which waits
-  until everything saved is written: all of the probe's work in on steps, serialised where it
-  would run beside training: an upper bound.
-Each figure is the median over all cycles of all repetitions of a cycle's on/off time ratio.
+  until everything saved is written: all of the probe's work serialised into on steps.
+Each figure is the median over all cycles (windows) of all repetitions, with its interquartile range.
+
+`--separate`: each repetition trains twice in this process, plain and with `attach(trainer, cfg)`,
+in alternating order, --steps timed steps each (12). Per run the median step and the mean step;
+the table gives the medians over repetitions and the median of each repetition's probe/plain
+ratio (paired), of medians and of means; and the CPU a step of the training thread (train_cpu),
+its time off a CPU (off_cpu) and the probe's CPU outside the training thread (probe_cpu).
 """
 
 from __future__ import annotations
@@ -59,6 +69,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parent / "examples" / "trl_grpo" / "train_grpo.py"
 WRITER_PROCESS = "RLPROBE_WRITER_PROCESS"
+HELD_BACK_S = 1e6  # --interleave, aligned: the writer's own timers, while the benchmark starts its work
 LEVELS = {
     "key_data": {"key_data_dump": True, "configurations_dump": True, "metrics_dump": True},
     "grads": {"key_data_dump": True, "configurations_dump": True, "metrics_dump": True, "grads_dump": True},
@@ -144,7 +155,10 @@ def timed_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path | None, 
 class Gate:
     """Switches an attached TRLProbe on and off between steps (benchmark only, nothing in rlprobe):
     when off, every method the integration wrapped goes straight to TRL's own and the probe's step
-    callback does nothing; `drain` makes an on step end with probe.flush()."""
+    callback does nothing; `drain` makes an on step end with probe.flush(). With `align()` the
+    writer's own timers are held back and its once-per-flush_interval work (the deferred save calls,
+    the commit) is started by `begin_step` at the beginning of an on step instead, when it is due by
+    the same interval: it then runs beside that step's training, as it would anywhere in a run."""
 
     def __init__(self, handle: Any):
         from rlprobe.integrations import trl_guard
@@ -160,6 +174,29 @@ class Gate:
         end = callback.on_step_end
         callback.on_step_end = self._step_end(end)
         callback.on_log = self._on_log
+        self.writer, self.interval = self.probe._writer, None
+
+    def align(self, on_share: float) -> None:
+        """Hold the writer's timers back; its work becomes due after flush_interval / on_share seconds,
+        so that a batch (and a commit) covers as many probed steps as in a run with the probe always on."""
+        self.interval, self.writer.flush_interval = self.writer.flush_interval / on_share, HELD_BACK_S
+
+    def begin_step(self, on: bool) -> None:
+        self.on = on
+        if not on or self.interval is None:
+            return
+        writer, now = self.writer, time.monotonic()
+        if writer._deferred and now - writer._deferred_since >= self.interval:
+            writer.hand_over()
+        if writer.sink.pending_steps and now - writer.sink.last_flush >= self.interval:
+            writer.submit(writer._commit)
+
+    def writer_cpu(self) -> float | None:
+        """CPU seconds of the writer thread so far (Linux's schedstat; None elsewhere)."""
+        try:
+            return int(Path(f"/proc/self/task/{self.writer._thread.native_id}/schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return None
 
     def _dispatch(self, wrapped: Any, original: Any) -> Any:
         return lambda *a, **k: (wrapped if self.on else original)(*a, **k)
@@ -184,21 +221,27 @@ def schedule(steps: int, block: int, first_on: bool) -> list[bool]:
 
 
 def interleaved_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path, warmup: int, plan: list[bool],
-                    drain: bool) -> list[float]:
-    """Step times (s) of one run whose probe follows `plan` after `warmup` steps with it on."""
+                    drain: bool, align: bool = False) -> tuple[list[float], dict[str, list[float] | None]]:
+    """Step times (s) of one run whose probe follows `plan` after `warmup` steps with it on, and the
+    CPU seconds a step of the training thread ("train") and of the writer thread ("writer"; None
+    where it cannot be read)."""
     from transformers import TrainerCallback
 
     from rlprobe.integrations.trl import attach
 
     begins: list[float] = []
+    train: list[float] = []
+    writer: list[float | None] = []
     gate: Gate | None = None
 
     class Switch(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
             begins.append(time.perf_counter())
+            train.append(time.thread_time())
+            writer.append(gate.writer_cpu())
             i = len(begins) - 1 - warmup
             on = i < 0 or i >= len(plan) or plan[i]
-            gate.on = on
+            gate.begin_step(on)
             # the last on step of a block ends with everything written (drained runs only)
             gate.drain = drain and on and 0 <= i < len(plan) - 1 and not plan[i + 1]
 
@@ -206,16 +249,24 @@ def interleaved_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path, w
         trainer = ex.build_trainer(cfg, output_dir, model_dir)
         run_cfg = dict(cfg, rlprobe_config={**cfg["rlprobe_config"], "dump_path": str(dump)})
         gate = Gate(attach(trainer, run_cfg, mode="overwrite"))
+        if align:
+            gate.align(sum(plan) / len(plan))
         trainer.add_callback(Switch())
         trainer.train()
-    return [b - a for a, b in zip(begins, begins[1:])][warmup:warmup + len(plan)]
+
+    def per_step(clock: list) -> list[float] | None:
+        if any(c is None for c in clock):
+            return None
+        return [b - a for a, b in zip(clock, clock[1:])][warmup:warmup + len(plan)]
+
+    return per_step(begins), {"train": per_step(train), "writer": per_step(writer)}
 
 
-def cycle_ratios(steps: list[float], plan: list[bool], block: int, skip: int = 0) -> list[float]:
-    """Per ABBA cycle (4 blocks: two on, two off), the time of its on steps over that of its off
-    steps, leaving out the first `skip` steps of each block: a drift that is linear over the cycle
-    cancels."""
-    n = 4 * block
+def cycle_ratios(steps: list[float], plan: list[bool], block: int, skip: int = 0, window: int = 1) -> list[float]:
+    """Per `window` ABBA cycles (4 blocks each: two on, two off), the time of their on steps over that
+    of their off steps, leaving out the first `skip` steps of each block: a drift that is linear over
+    a cycle cancels."""
+    n = 4 * block * window
     out = []
     for c in range(len(plan) // n):
         part = [i for i in range(c * n, (c + 1) * n) if i % block >= skip]
@@ -224,57 +275,88 @@ def cycle_ratios(steps: list[float], plan: list[bool], block: int, skip: int = 0
     return out
 
 
-VARIANTS = ("alternating", "steady", "drained")
+VARIANTS = ("aligned", "alternating", "steady", "drained")
 
 
 def variants(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """name -> block, skipped steps a block, drain, cycles a run (module docstring)."""
-    steady = args.steady_block
-    return {"alternating": {"block": 1, "skip": 0, "drain": False, "cycles": (2 if args.smoke else 12) * args.cycles},
-            "steady": {"block": steady, "skip": steady // 2, "drain": False, "cycles": args.cycles},
-            "drained": {"block": args.block, "skip": 0, "drain": True, "cycles": args.cycles}}
+    """name -> block, skipped steps a block, drain, align, cycles a run, cycles a figure (module docstring)."""
+    steady, smoke = args.steady_block, args.smoke
+    return {"aligned": {"block": 1, "skip": 0, "drain": False, "align": True, "cycles": args.aligned_cycles,
+                        "window": args.window},
+            "alternating": {"block": 1, "skip": 0, "drain": False, "align": False,
+                            "cycles": (2 if smoke else 12) * args.cycles, "window": 1},
+            "steady": {"block": steady, "skip": steady // 2, "drain": False, "align": False, "cycles": args.cycles,
+                       "window": 1},
+            "drained": {"block": args.block, "skip": 0, "drain": True, "align": False, "cycles": args.cycles,
+                        "window": 1}}
+
+
+NOTES = {"aligned": "a step at a time, the writer's once-a-second work started at an on step: the whole probe; "
+                    "goal <= +5%",
+         "alternating": "a step at a time: the training thread's share (the writer's lands on both)",
+         "steady": "blocks of {block}, the first {skip} of each left out: the writer in steady state",
+         "drained": "blocks of {block} ending in probe.flush(): all of it serialised, an upper bound"}
 
 
 def interleave(args: argparse.Namespace, ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path) -> dict[str, Any]:
-    """--interleave: per repetition one run of each variant, in turn (module docstring)."""
+    """Interleaved runs: per repetition one run of each chosen variant, in turn (module docstring)."""
     runs = []
-    kinds = variants(args)
+    kinds = {name: v for name, v in variants(args).items() if name in args.variants}
+    chosen = [name for name in VARIANTS if name in kinds]
     for rep in range(args.reps):
         figures: dict[str, Any] = {}
-        order = VARIANTS[rep % 3:] + VARIANTS[:rep % 3]
+        order = chosen[rep % len(chosen):] + chosen[:rep % len(chosen)]
         for name in order if rep % 2 == 0 else order[::-1]:
             v = kinds[name]
             waited = wait_idle(args.min_idle, args.idle_timeout)
             plan = schedule(4 * v["block"] * v["cycles"], v["block"], rep % 4 < 2)
             cfg["grpo"]["max_steps"] = args.warmup + len(plan) + 1
-            steps = interleaved_run(ex, cfg, model_dir, dump, args.warmup, plan, v["drain"])
+            steps, cpu = interleaved_run(ex, cfg, model_dir, dump, args.warmup, plan, v["drain"], v["align"])
             on = [t for t, o in zip(steps, plan) if o]
             off = [t for t, o in zip(steps, plan) if not o]
             figures[name] = {"on_median": statistics.median(on), "off_median": statistics.median(off),
-                             "cycles": cycle_ratios(steps, plan, v["block"], v["skip"]), "waited_s": round(waited, 1)}
+                             "cycles": cycle_ratios(steps, plan, v["block"], v["skip"], v["window"]),
+                             "waited_s": round(waited, 1),
+                             # CPU seconds in on and in off steps: the training thread's, the writer's
+                             **{f"{clock}_cpu_s": None if cpu[clock] is None else [
+                                 sum(c for c, o in zip(cpu[clock], plan) if o),
+                                 sum(c for c, o in zip(cpu[clock], plan) if not o)] for clock in cpu}}
         runs.append(figures)
-        print(f"rep {rep}: step off {figures['alternating']['off_median'] * 1e3:.1f} ms (median); added, cycles: "
+        print(f"rep {rep}: step off {figures[chosen[0]]['off_median'] * 1e3:.1f} ms (median); added: "
               + "; ".join(f"{name} " + " ".join(f"{(r - 1) * 100:+.1f}%" for r in figures[name]["cycles"][:8])
-                          + (" ..." if len(figures[name]["cycles"]) > 8 else "") for name in VARIANTS), flush=True)
+                          + (" ..." if len(figures[name]["cycles"]) > 8 else "") for name in chosen), flush=True)
 
     summary = {"mode": "interleave", "level": args.level, "reps": args.reps, "threads": args.threads, "goal_pct": 5.0,
                "variants": kinds, "load": os.getloadavg(),
-               "off_step_ms": statistics.median(r["alternating"]["off_median"] for r in runs) * 1e3}
-    for name in VARIANTS:
-        cycles = [c for r in runs for c in r[name]["cycles"]]
-        summary[f"{name}_pct"] = (statistics.median(cycles) - 1) * 100
-        summary[f"{name}_cycles"] = len(cycles)
-    steady = kinds["steady"]
-    notes = {"alternating": "a step at a time: the training thread's share and part of the writer's",
-             "steady": f"blocks of {steady['block']}, the first {steady['skip']} of each left out: the whole "
-                       "probe, writer in steady state; goal <= +5%",
-             "drained": f"blocks of {args.block} ending in probe.flush(): all of it serialised, an upper bound"}
+               "off_step_ms": statistics.median(r[chosen[0]]["off_median"] for r in runs) * 1e3}
+    for name in chosen:
+        figures = [c for r in runs for c in r[name]["cycles"]]
+        summary[f"{name}_pct"] = (statistics.median(figures) - 1) * 100
+        summary[f"{name}_cycles"] = len(figures)
+        quartiles = statistics.quantiles(figures, n=4) if len(figures) > 1 else figures * 3
+        summary[f"{name}_quartiles_pct"] = [(quartiles[0] - 1) * 100, (quartiles[-1] - 1) * 100]
+        steps_on = sum(2 * kinds[name]["block"] * kinds[name]["cycles"] for _ in runs)  # = off steps
+        train = [r[name]["train_cpu_s"] for r in runs]
+        summary[f"{name}_train_cpu_added_ms"] = (sum(c[0] for c in train) - sum(c[1] for c in train)) / steps_on * 1e3
+        cpu = [r[name]["writer_cpu_s"] for r in runs]
+        if all(c is not None for c in cpu):
+            on_s, off_s = sum(c[0] for c in cpu), sum(c[1] for c in cpu)
+            summary[f"{name}_writer_ms_per_on_step"] = on_s / steps_on * 1e3
+            summary[f"{name}_writer_off_share"] = off_s / (on_s + off_s) if on_s + off_s else 0.0
     print(f"\nTRL GRPO step, examples/trl_grpo configuration, level {args.level}, probe on and off by turns within "
           f"each run, {args.reps} repetitions, {args.threads} torch threads")
-    print(f"step without the probe (median): {summary['off_step_ms']:.1f} ms; added (median of the ABBA cycles' "
-          "on/off time):")
-    for name in VARIANTS:
-        print(f"  {name:<14}{summary[name + '_pct']:>+7.1f}%   ({summary[name + '_cycles']} cycles; {notes[name]})")
+    print(f"step without the probe (median): {summary['off_step_ms']:.1f} ms; added (median of the on/off time "
+          "ratios, interquartile range):")
+    for name in chosen:
+        v = kinds[name]
+        unit = f"windows of {v['window']} cycles" if v["window"] > 1 else "cycles"
+        low, high = summary[f"{name}_quartiles_pct"]
+        writer = f"; training thread CPU {summary[name + '_train_cpu_added_ms']:+.2f} ms an on step"
+        if f"{name}_writer_off_share" in summary:
+            writer += (f", writer {summary[name + '_writer_ms_per_on_step']:.2f} ms ("
+                       f"{summary[name + '_writer_off_share'] * 100:.0f}% of it in off steps)")
+        print(f"  {name:<12}{summary[name + '_pct']:>+7.1f}%  ({low:+.1f} ... {high:+.1f}; {summary[name + '_cycles']} "
+              f"{unit}{writer})\n{'':<14}{NOTES[name].format(**v)}")
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in summary['load'])}")
     return {"summary": summary, "runs": runs}
 
@@ -282,8 +364,8 @@ def interleave(args: argparse.Namespace, ex: Any, cfg: dict[str, Any], model_dir
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--level", choices=sorted(LEVELS), default="key_data")
-    ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--steps", type=int, help="timed steps per run (default 12; not with --interleave)")
+    ap.add_argument("--reps", type=int, help="repetitions (default 6 interleaved, 9 with --separate)")
+    ap.add_argument("--steps", type=int, help="--separate: timed steps per run (default 12)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--stats-only", action="store_true", help="the probe keeps statistics, no tensor files")
@@ -291,8 +373,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle-timeout", type=float, default=30.0)
     ap.add_argument("--writers", action="store_true",
                     help="also run with RLPROBE_WRITER_PROCESS=1 (key data in a writer process)")
-    ap.add_argument("--interleave", action="store_true",
-                    help="probe on and off by turns within each run (alternating steps, drained blocks)")
+    ap.add_argument("--separate", action="store_true",
+                    help="plain and probed runs one after the other (the first passes' measure) instead of the "
+                         "probe on and off by turns within each run")
+    ap.add_argument("--interleave", action="store_true", help="the probe on and off by turns (the default)")
+    ap.add_argument("--variants", default="aligned,alternating",
+                    help=f"interleaved variants, comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--aligned-cycles", type=int, default=80, help="ABBA cycles a run of the aligned variant")
+    ap.add_argument("--window", type=int, default=10,
+                    help="aligned: cycles a figure (their on steps' time over their off steps')")
     ap.add_argument("--block", type=int, default=12, help="--interleave: steps a block of the drained run")
     ap.add_argument("--steady-block", type=int, default=32,
                     help="--interleave: steps a block of the steady run (its first half left out)")
@@ -302,15 +391,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tmp", help="folder for the model and dumps (default: a temporary one)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
+    if args.separate and args.interleave:
+        ap.error("--separate and --interleave: choose one")
+    for flag in ("writers", "stats_only", "steps"):
+        if not args.separate and getattr(args, flag) not in (None, False):
+            ap.error(f"--{flag.replace('_', '-')} is a flag of --separate runs; add --separate")
     if args.smoke:
         args.reps, args.steps, args.warmup, args.min_idle = 1, 3, 1, 0.0
-        args.block, args.steady_block, args.cycles = 1, 2, 1
+        args.block, args.steady_block, args.cycles, args.aligned_cycles, args.window = 1, 2, 1, 2, 1
     if args.steps is None:
         args.steps = 12
-    for name in ("block", "steady_block", "cycles"):
+    if args.reps is None:
+        args.reps = 9 if args.separate else 6
+    for name in ("reps", "block", "steady_block", "cycles", "aligned_cycles", "window"):
         if getattr(args, name) < 1 or (name == "steady_block" and args.steady_block < 2):
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a whole number >= "
                      f"{2 if name == 'steady_block' else 1}")
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown or not args.variants:
+        ap.error(f"--variants {','.join(args.variants)}: expected one or more of {', '.join(VARIANTS)}, "
+                 "comma-separated")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
@@ -321,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg["rlprobe_config"] = {**LEVELS[args.level], "stages": []}
     with tempfile.TemporaryDirectory(prefix="trl_overhead_", dir=args.tmp) as tmp:
         model_dir = ex.tiny.build_model_dir(Path(tmp) / "model")
-        if args.interleave:
+        if not args.separate:
             result = interleave(args, ex, cfg, model_dir, Path(tmp) / "dump")
             if args.json:
                 Path(args.json).write_text(json.dumps(result, indent=2), encoding="utf-8")

@@ -16,7 +16,8 @@ def test_trl_overhead_script_runs(tmp_path, monkeypatch, capsys):
     import trl_overhead
 
     out = tmp_path / "r.json"
-    assert trl_overhead.main(["--smoke", "--threads", "1", "--tmp", str(tmp_path), "--json", str(out)]) == 0
+    assert trl_overhead.main(["--separate", "--smoke", "--threads", "1", "--tmp", str(tmp_path),
+                              "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     summary, runs = result["summary"], result["runs"]
     assert summary["level"] == "key_data" and summary["reps"] == 1 and summary["steps"] == 3
@@ -43,8 +44,10 @@ def test_interleaved_off_steps_run_nothing_of_the_probe(tmp_path, monkeypatch):
     assert plan == [False, False, True, True, True, True, False, False]
     cfg["grpo"]["max_steps"] = 1 + len(plan) + 1
     model_dir = ex.tiny.build_model_dir(tmp_path / "model")
-    steps = trl_overhead.interleaved_run(ex, cfg, model_dir, tmp_path / "dump", 1, plan, drain=True)
+    steps, cpu = trl_overhead.interleaved_run(ex, cfg, model_dir, tmp_path / "dump", 1, plan, drain=True)
     assert len(steps) == len(plan) and all(t > 0 for t in steps)
+    assert len(cpu["train"]) == len(plan) and all(c > 0 for c in cpu["train"])
+    assert cpu["writer"] is not None and len(cpu["writer"]) == len(plan)  # Linux: the writer thread's CPU a step
     dump = open_dump(tmp_path / "dump")
     # the warm-up step, the four on steps and the untimed last step: six probe steps, each complete
     key_steps = dump.arrow("key_data").column("step").to_pylist()
@@ -55,6 +58,49 @@ def test_interleaved_off_steps_run_nothing_of_the_probe(tmp_path, monkeypatch):
     assert trl_overhead.cycle_ratios([1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 1.0, 1.0], plan, 2) == [2.0]
     # the first step of each block left out: on 3 + 3, off 1 + 1
     assert trl_overhead.cycle_ratios([9.0, 1.0, 9.0, 3.0, 9.0, 3.0, 9.0, 1.0], plan, 2, skip=1) == [3.0]
+    # windows of two cycles: the on steps' time over the off steps' time of both cycles together
+    alternating = trl_overhead.schedule(8, 1, True)
+    assert trl_overhead.cycle_ratios([2.0, 1.0, 1.0, 2.0, 3.0, 1.0, 1.0, 5.0], alternating, 1, window=2) == [3.0]
+    sys.modules.pop("trl_overhead", None)
+
+
+def test_aligned_run_starts_the_writer_s_work_in_on_steps(tmp_path, monkeypatch):
+    """The aligned variant holds the writer's own timers back and starts its due work (deferred save
+    calls, the commit) at the beginning of on steps: the run's dump must still hold every on step,
+    complete, the writer must have worked in on steps, and its interval must be the probe's."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import trl_overhead
+
+    from rlprobe.lake.reader import open_dump
+
+    ex = trl_overhead.load_example()
+    cfg = ex.load_config()
+    # due at every on step: each one hands the deferred calls over and commits
+    cfg["rlprobe_config"] = {**trl_overhead.LEVELS["key_data"], "stages": [], "flush_interval": 0.0}
+    plan = trl_overhead.schedule(8, 1, True)
+    cfg["grpo"]["max_steps"] = 1 + len(plan) + 1
+    model_dir = ex.tiny.build_model_dir(tmp_path / "model")
+    seen = []
+    original = trl_overhead.Gate.begin_step
+
+    def begin_step(gate, on):
+        seen.append((on, gate.interval, gate.writer.flush_interval, len(gate.writer.sink.manifest["committed_steps"])))
+        original(gate, on)
+
+    monkeypatch.setattr(trl_overhead.Gate, "begin_step", begin_step)
+    steps, cpu = trl_overhead.interleaved_run(ex, cfg, model_dir, tmp_path / "dump", 1, plan, drain=False,
+                                              align=True)
+    writer = cpu["writer"]
+    assert len(steps) == len(plan) and writer is not None
+    assert {(interval, held) for _, interval, held, _ in seen} == {(0.0, trl_overhead.HELD_BACK_S)}  # 0 / (1/2)
+    # the writer's own timers never fire: the steps are committed during the run by the commits begin_step starts
+    committed = [n for *_, n in seen]
+    assert committed == sorted(committed) and committed[-1] >= sum(plan)
+    assert sum(w for w, on in zip(writer, plan) if on) > 0
+    dump = open_dump(tmp_path / "dump")
+    key_steps = dump.arrow("key_data").column("step").to_pylist()
+    assert sorted(set(key_steps)) == list(range(1 + sum(plan) + 1))  # warm-up, on steps, the last step
+    assert len({key_steps.count(s) for s in set(key_steps)}) == 1
     sys.modules.pop("trl_overhead", None)
 
 
@@ -63,12 +109,13 @@ def test_interleave_smoke_and_bad_arguments(tmp_path, monkeypatch, capsys):
     import trl_overhead
 
     out = tmp_path / "r.json"
-    assert trl_overhead.main(["--interleave", "--smoke", "--threads", "1", "--tmp", str(tmp_path),
-                              "--json", str(out)]) == 0
+    assert trl_overhead.main(["--smoke", "--threads", "1", "--tmp", str(tmp_path), "--json", str(out),
+                              "--variants", "drained,steady,alternating,aligned"]) == 0
     result = json.loads(out.read_text())
     summary = result["summary"]
     assert summary["mode"] == "interleave"
-    assert [summary[f"{v}_cycles"] for v in ("alternating", "steady", "drained")] == [2, 1, 1]
+    assert [summary[f"{v}_cycles"] for v in ("aligned", "alternating", "steady", "drained")] == [2, 2, 1, 1]
+    assert 0.0 <= summary["aligned_writer_off_share"] <= 1.0
     run = result["runs"][0]
     assert summary["steady_pct"] == (run["steady"]["cycles"][0] - 1) * 100
     assert summary["drained_pct"] == (run["drained"]["cycles"][0] - 1) * 100
@@ -76,4 +123,11 @@ def test_interleave_smoke_and_bad_arguments(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         trl_overhead.main(["--interleave", "--steady-block", "1"])
     assert "--steady-block 1: expected a whole number >= 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        trl_overhead.main(["--variants", "aligned,fast"])
+    assert "--variants aligned,fast: expected one or more of aligned, alternating, steady, drained" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        trl_overhead.main(["--writers"])
+    assert "--writers is a flag of --separate runs; add --separate" in capsys.readouterr().err
     sys.modules.pop("trl_overhead", None)
