@@ -5,7 +5,7 @@ where one pair is asked for. The 25,600 pairs of an rlprobe dump as PairTask and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -33,6 +33,11 @@ class Side:
         if self.offsets is None:
             return Side(self.paths[rows])
         return Side(self.paths[rows], self.offsets[rows], self.lengths[rows])
+
+    def records(self) -> list[Record | None]:
+        if self.offsets is None:
+            return [None] * len(self.paths)
+        return list(map(Record, self.offsets.tolist(), self.lengths.tolist()))
 
     def record(self, i: int) -> Record | None:
         return None if self.offsets is None else Record(int(self.offsets[i]), int(self.lengths[i]))
@@ -74,6 +79,12 @@ class PairColumns(Sequence):
             raise IndexError(f"pair {i} of {n}")
         i %= n
         return PairTask(self.first_id + i, self.a.paths[i], self.b.paths[i], self.a.record(i), self.b.record(i))
+
+    def __iter__(self) -> Iterator[Any]:
+        """Every pair's PairTask, made at once (an executor that takes them all: ray_executor, pairs_ahead)."""
+        from rlprobe.compare.executor import PairTask
+
+        return map(PairTask, self.task_ids, self.a.paths, self.b.paths, self.a.records(), self.b.records())
 
     @property
     def task_ids(self) -> range:

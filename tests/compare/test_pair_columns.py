@@ -45,6 +45,7 @@ def _pairs(tmp_path, n: int) -> tuple[PairColumns, list[PairTask]]:
 def test_items_and_slices_are_the_pair_tasks(tmp_path):
     columns, tasks = _pairs(tmp_path, 20)
     assert list(columns) == tasks and [type(t) for t in columns] == [PairTask] * 20
+    assert [columns[i] for i in range(20)] == tasks  # one by one as all at once
     assert columns[-1] == tasks[-1]
     part = columns[4:9]
     assert list(part) == tasks[4:9] and list(part.task_ids) == [4, 5, 6, 7, 8]
