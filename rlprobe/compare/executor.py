@@ -24,14 +24,14 @@ from __future__ import annotations
 import os
 from functools import partial
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any, Callable, Hashable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from rlprobe.compare.flat_sources import chunk_bounds
 from rlprobe.compare.mapped_pairs import job_groups, run_mapped
 from rlprobe.compare.npy_files import NpyFile, PairError
-from rlprobe.compare.pair_columns import PairColumns
+from rlprobe.compare.pair_columns import PairColumns, PairTask
 from rlprobe.lake.tensor_pack import Record
 from rlprobe.compare.pair_metrics import DEFAULT_CHUNK, Partial, chunk_partial, combine, common_dtype, ranges
 from rlprobe.compare.pair_results import PairResults
@@ -40,17 +40,6 @@ from rlprobe.compare.small_pairs import plan_jobs, run_batch
 __all__ = ["DEFAULT_SPLIT_ELEMENTS", "PairTask", "run_pairs"]
 
 DEFAULT_SPLIT_ELEMENTS = 8 * 1024 * 1024
-
-
-class PairTask(NamedTuple):
-    """One pair to compare: two absolute paths of ``.npy`` files, or of packed files with the records
-    to compare in them (lake/tensor_pack.py; None: the whole file)."""
-
-    task_id: Hashable
-    path_a: str
-    path_b: str
-    record_a: Record | None = None
-    record_b: Record | None = None
 
 
 _READ_BYTES = 1 << 20  # read at least this much per call, in whole chunks (larger gave no gain)

@@ -1,16 +1,27 @@
-"""The executor's tasks held column by column: pair i's paths and records in arrays, a PairTask made only
-where one pair is asked for. The 25,600 pairs of an rlprobe dump as PairTask and Record tuples took
+"""The executor's tasks: PairTask, one pair, and PairColumns, many pairs held column by column (pair i's
+paths and records in arrays, its PairTask made only where it is asked for). The 25,600 pairs of an rlprobe dump as PairTask and Record tuples took
 ~0.12-0.14 s of the main thread before any pair was compared (issue 18); a batch of small pairs
 (rlprobe.compare.small_pairs) reads its paths and records straight from these columns instead."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from typing import Any, Hashable, NamedTuple, overload
 
 import numpy as np
 
 from rlprobe.lake.tensor_pack import Record
+
+
+class PairTask(NamedTuple):
+    """One pair to compare: two absolute paths of ``.npy`` files, or of packed files with the records
+    to compare in them (lake/tensor_pack.py; None: the whole file)."""
+
+    task_id: Hashable
+    path_a: str
+    path_b: str
+    record_a: Record | None = None
+    record_b: Record | None = None
 
 
 class Side:
@@ -72,8 +83,6 @@ class PairColumns(Sequence):
             if step != 1:
                 raise ValueError("PairColumns slices are contiguous")
             return PairColumns(self.a[i], self.b[i], self.first_id + start)
-        from rlprobe.compare.executor import PairTask
-
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"pair {i} of {n}")
@@ -82,8 +91,6 @@ class PairColumns(Sequence):
 
     def __iter__(self) -> Iterator[Any]:
         """Every pair's PairTask, made at once (an executor that takes them all: ray_executor, pairs_ahead)."""
-        from rlprobe.compare.executor import PairTask
-
         return map(PairTask, self.task_ids, self.a.paths, self.b.paths, self.a.records(), self.b.records())
 
     @property
