@@ -46,6 +46,7 @@ SPANS = (
     ("rlprobe.lake.sql_runner", "execute"),
     ("rlprobe.lake.sql_runner", "create_table"),
     ("rlprobe.lake.sql_runner", "store"),
+    ("rlprobe.lake.sql_runner", "to_arrow"),
     ("rlprobe.compare.key_data", "_pair_tasks"),
     ("rlprobe.compare.run", "_saved_keys"),
     ("rlprobe.compare.run", "_cursors"),
