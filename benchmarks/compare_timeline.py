@@ -46,6 +46,11 @@ SPANS = (
     ("rlprobe.lake.sql_runner", "execute"),
     ("rlprobe.lake.sql_runner", "create_table"),
     ("rlprobe.lake.sql_runner", "store"),
+    ("rlprobe.lake.sql_runner", "to_arrow"),
+    ("rlprobe.compare.key_data", "_pair_tasks"),
+    ("rlprobe.compare.run", "_saved_keys"),
+    ("rlprobe.compare.run", "_cursors"),
+    ("rlprobe.compare.run", "_SingleRunBeside.run_pairs"),
     ("rlprobe.compare.executor", "run_pairs"),
     ("rlprobe.compare.pairs_ahead", "PairsAhead.take"),  # a method: Class.name
     ("rlprobe.compare.pair_results", "pair_results_table"),

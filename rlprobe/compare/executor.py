@@ -24,13 +24,14 @@ from __future__ import annotations
 import os
 from functools import partial
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any, Callable, Hashable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from rlprobe.compare.flat_sources import chunk_bounds
 from rlprobe.compare.mapped_pairs import job_groups, run_mapped
 from rlprobe.compare.npy_files import NpyFile, PairError
+from rlprobe.compare.pair_columns import PairColumns, PairTask
 from rlprobe.lake.tensor_pack import Record
 from rlprobe.compare.pair_metrics import DEFAULT_CHUNK, Partial, chunk_partial, combine, common_dtype, ranges
 from rlprobe.compare.pair_results import PairResults
@@ -39,17 +40,6 @@ from rlprobe.compare.small_pairs import plan_jobs, run_batch
 __all__ = ["DEFAULT_SPLIT_ELEMENTS", "PairTask", "run_pairs"]
 
 DEFAULT_SPLIT_ELEMENTS = 8 * 1024 * 1024
-
-
-class PairTask(NamedTuple):
-    """One pair to compare: two absolute paths of ``.npy`` files, or of packed files with the records
-    to compare in them (lake/tensor_pack.py; None: the whole file)."""
-
-    task_id: Hashable
-    path_a: str
-    path_b: str
-    record_a: Record | None = None
-    record_b: Record | None = None
 
 
 _READ_BYTES = 1 << 20  # read at least this much per call, in whole chunks (larger gave no gain)
@@ -171,7 +161,7 @@ def _run_mapped(tasks: list[PairTask], nbytes: list[int], io: str, chunk: int, l
 
 
 def run_pairs(
-    tasks: Iterable[PairTask],
+    tasks: Iterable[PairTask] | PairColumns,
     workers: int = 2,
     progress: Callable[[int, int], None] | None = None,
     split_elements: int = DEFAULT_SPLIT_ELEMENTS,
@@ -191,14 +181,14 @@ def run_pairs(
     elements read and compared at a time; ``io``: ``"mmap"`` (memory map, pages dropped per chunk)
     or ``"pread"`` (a reused buffer).
     """
-    tasks = list(tasks)
+    tasks = tasks if isinstance(tasks, PairColumns) else list(tasks)  # columns: no PairTask a pair made here
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if split_elements < 1 or chunk < 1:
         raise ValueError(f"split_elements and chunk must be >= 1, got {split_elements}, {chunk}")
     if io not in ("pread", "mmap"):
         raise ValueError(f"io must be 'pread' or 'mmap', got {io!r}")
-    ids = [t.task_id for t in tasks]
+    ids = list(tasks.task_ids) if isinstance(tasks, PairColumns) else [t.task_id for t in tasks]
     if len(set(ids)) != len(ids):
         raise ValueError(f"duplicate task_id {next(i for i in ids if ids.count(i) > 1)!r}")
 

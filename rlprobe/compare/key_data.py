@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
@@ -144,22 +144,21 @@ def _start_ahead(ahead: Callable[[list[Any]], None], dump_a: Dump, dump_b: Dump)
     ahead([PairTask(i, root_a + f, root_b + f) for i, f in enumerate(files)])
 
 
-def _pair_tasks(files: pa.Table, root_a: str, root_b: str) -> list[Any]:
-    """The executor's tasks of tensor_pairs.sql's rows (task i: row i), each column's addresses split at once
-    by Arrow (no Python call a pair but the tuples themselves: the 25,600 pairs of an rlprobe dump took ~0.2 s
-    of the main thread one by one). Where a column's addresses are not all whole files or all records
-    (`<file>.npys#<offset>+<length>`, lake/tensor_pack.split_address), pairs are split one by one as before."""
+def _pair_tasks(files: pa.Table, root_a: str, root_b: str) -> Sequence[Any]:
+    """The executor's tasks of tensor_pairs.sql's rows (task i: row i), as columns (compare/pair_columns.py:
+    no Python object a pair until one is asked for), each column's addresses split at once by Arrow. Where a
+    column's addresses are not all whole files or all records (`<file>.npys#<offset>+<length>`,
+    lake/tensor_pack.split_address), pairs are split one by one as before, into a list."""
     import pyarrow.compute as pc
 
-    from rlprobe.compare.executor import PairTask
-    from rlprobe.lake.tensor_pack import PACK_SUFFIX, Record
+    from rlprobe.compare.pair_columns import PairColumns, Side
+    from rlprobe.lake.tensor_pack import PACK_SUFFIX
 
-    n = files.num_rows
     sides = []
     for column, root in (("file_a", root_a), ("file_b", root_b)):
         addresses = files[column].combine_chunks()
         if not pc.any(pc.match_substring(addresses, "#")).as_py():  # whole files
-            sides.append(([root + a for a in addresses.to_pylist()], [None] * n))
+            sides.append(Side([root + a for a in addresses.to_pylist()]))
             continue
         file_place = pc.split_pattern(addresses, "#", max_splits=1, reverse=True)  # as str.rpartition
         if not pc.all(pc.equal(pc.list_value_length(file_place), 2)).as_py():
@@ -175,10 +174,10 @@ def _pair_tasks(files: pa.Table, root_a: str, root_b: str) -> list[Any]:
                                            pc.and_(pc.greater(size, 0), pc.less_equal(size, 18))))
         if not pc.all(taken).as_py():
             return _pair_tasks_one_by_one(files, root_a, root_b)
-        sides.append(([root + f for f in file.to_pylist()], list(map(
-            Record, offset.cast(pa.int64()).to_pylist(), length.cast(pa.int64()).to_pylist()))))
-    (paths_a, records_a), (paths_b, records_b) = sides
-    return list(map(PairTask, range(n), paths_a, paths_b, records_a, records_b))
+        sides.append(Side([root + f for f in file.to_pylist()],
+                          offset.cast(pa.int64()).to_numpy(zero_copy_only=False),
+                          length.cast(pa.int64()).to_numpy(zero_copy_only=False)))
+    return PairColumns(*sides)
 
 
 def _pair_tasks_one_by_one(files: pa.Table, root_a: str, root_b: str) -> list[Any]:

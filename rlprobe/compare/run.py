@@ -35,7 +35,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
                   config_ignore: list[str] | None = None, config_ignore_defaults: bool = True,
                   key_data_ready: Callable[[pa.Table], None] | None = None,
                   connect: "Callable[[], duckdb.DuckDBPyConnection] | None" = None,
-                  ) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+                  stats: bool = True) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     """The comparison itself, in memory: (tables by name, summary). `executor` runs the pair
     kernels, called like rlprobe.compare.executor.run_pairs(tasks, workers=, progress=) (default).
 
@@ -47,10 +47,11 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     `key_data_ready(key_data)` is called once key_data is final, before the verdict's queries (the
     command renders its files on a thread from then on: rlprobe.report.key_data_files). `connect()`
     opens the connection when `con` is not given (default duckdb.connect; the command's is opened by a
-    thread during its imports: rlprobe.lake.connection_ahead)."""
+    thread during its imports: rlprobe.lake.connection_ahead). `stats=False`: stats_a and stats_b are not
+    returned (the command writes neither: their Arrow copies took ~0.04 s of the 25,600-pair dump's main thread)."""
     import duckdb
 
-    keep_stats = con is None
+    own_connection = con is None
     con = con or (connect or duckdb.connect)()
     beside = _SingleRunBeside(con, dump_a, dump_b, executor, start=workers > 1)
     try:
@@ -113,8 +114,9 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
         "layout": compared.layout,
     }
     tables = {"key_data": compared.table, "key_rollup": key_rollup, "step_rollup": step_rollup}
-    if keep_stats:
-        tables["stats_a"], tables["stats_b"] = to_arrow(con.table("stats_a")), to_arrow(con.table("stats_b"))
+    if own_connection:
+        if stats:
+            tables["stats_a"], tables["stats_b"] = to_arrow(con.table("stats_a")), to_arrow(con.table("stats_b"))
     else:
         con.register("key_rollup", key_rollup)
         con.register("step_rollup", step_rollup)

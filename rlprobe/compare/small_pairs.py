@@ -134,12 +134,16 @@ def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> 
     from rlprobe.compare.pair_metrics import chunk_partial, combine
 
     bk = batch_functions()  # ahead-of-time compiled or numba's JIT kernels: the same bits
+    from rlprobe.compare.pair_columns import PairColumns
+
     n = len(tasks)
-    located = path_bytes([t.path_a for t in tasks] + [t.path_b for t in tasks]) if n else None
+    columns = isinstance(tasks, PairColumns)  # paths and records read from the columns, no PairTask made
+    located = path_bytes(tasks.paths() if columns else [t.path_a for t in tasks] + [t.path_b for t in tasks]) \
+        if n else None
     if located is None:
         return _nothing_done(n)
     paths, path_starts = located
-    offsets, lengths = record_arrays(tasks)
+    offsets, lengths = tasks.record_arrays() if columns else record_arrays(tasks)
     info = np.zeros((2 * n, 4), np.int64)
     sizes = np.empty(2 * n, np.int64)
     buf = bk.read_files(paths, path_starts, offsets, lengths, limit, info, sizes)

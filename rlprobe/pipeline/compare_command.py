@@ -58,7 +58,8 @@ def compare(
         tables, summary = compare_dumps(dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
                                         stats_rtol=stats_rtol, order=order, progress=progress, key_map=key_map,
                                         config_ignore=config_ignore, config_ignore_defaults=config_ignore_defaults,
-                                        key_data_ready=rendered and rendered.start, connect=ahead.take)
+                                        key_data_ready=rendered and rendered.start, connect=ahead.take,
+                                        stats=False)  # written nowhere
         summary["elapsed_s"] = round(time.perf_counter() - started, 3)
         options = ReportOptions(lang=lang, per_key_dir=per_key_dir if per_key_files else None, plots=plots,
                                 plot_every_param=plot_every_param, workers=workers)

@@ -277,3 +277,17 @@ def test_no_kernel_runs_while_the_warm_up_still_loads_numba(tmp_path, monkeypatc
         thread.join()
         assert summary["counts"] == {"mismatch": 1}
     assert seen == [True, True]
+
+
+def test_both_runs_statistics_are_returned_unless_asked_not_to(tmp_path):
+    from rlprobe.compare.run import compare_dumps
+    from rlprobe.lake.reader import open_dump
+
+    x = {0: {"log_prob": np.linspace(-3, 0, 7, dtype=np.float32)}, 1: {"log_prob": np.zeros(3, np.float32)}}
+    a, b = open_dump(_dump(tmp_path / "a", x)), open_dump(_dump(tmp_path / "b", x))
+    tables, summary = compare_dumps(a, b, workers=1)
+    assert tables["stats_a"].num_rows == tables["stats_b"].num_rows == 2
+    assert sorted(tables["stats_a"]["step"].to_pylist()) == [0, 1]
+    without, summary_without = compare_dumps(a, b, workers=1, stats=False)
+    assert "stats_a" not in without and "stats_b" not in without
+    assert without["key_data"].equals(tables["key_data"]) and summary_without["counts"] == summary["counts"]

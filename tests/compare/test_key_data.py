@@ -29,7 +29,7 @@ def test_the_tasks_made_at_once_are_the_tasks_made_one_by_one(file_a, file_b):
     files = pa.table({"file_a": file_a, "file_b": file_b})
     at_once = _pair_tasks(files, "/run/a/", "/run/b/")
     one_by_one = _pair_tasks_one_by_one(files, "/run/a/", "/run/b/")
-    assert repr(at_once) == repr(one_by_one)
+    assert repr(list(at_once)) == repr(list(one_by_one))
     assert [type(t) for t in at_once] == [type(t) for t in one_by_one]
 
 
