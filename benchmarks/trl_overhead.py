@@ -1,6 +1,6 @@
 """What rlprobe's TRL integration adds to a TRL step (issue 15: <= 5 % at key-data level).
 
-    python benchmarks/trl_overhead.py                     # probe on and off by turns, 6 repetitions (~8 minutes)
+    python benchmarks/trl_overhead.py                     # probe on and off by turns, 6 repetitions (~4 minutes)
     python benchmarks/trl_overhead.py --variants aligned,alternating,steady,drained   # all four interleaved figures
     python benchmarks/trl_overhead.py --separate          # plain and probed runs, 9 repetitions (the first passes')
     python benchmarks/trl_overhead.py --separate --level grads   # key data + gradient monitor (L1)
