@@ -35,8 +35,9 @@ measured. The variants (--variants; one run of each a repetition):
   The interval is divided by the share of on steps (1/2), so that a batch of deferred calls and a
   commit cover as many probed steps as with the probe always on (a commit's fixed costs, Parquet
   parts and the manifest, are shared by as many steps). A figure is the on steps' time over the off
-  steps' time in a window of --window (10) cycles (40 steps, ~3.5 s: one or two batches and
-  commits, so that the median of windows leaves none of them out); --aligned-cycles (80) cycles a run.
+  steps' time in a window of --window (10) cycles (40 steps, ~3 s: one or two batches and
+  commits, so that the median of windows leaves none of them out; a note is printed where a window
+  is shorter than the writer's interval); --aligned-cycles (80) cycles a run.
 - `alternating`: a step at a time with the writer's own timers: the training thread's share; the
   writer's work lands on on and off steps alike and cancels.
 - `steady`: blocks of --steady-block steps (32), the first half of each left out, so that a
@@ -259,7 +260,7 @@ def interleaved_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path, w
             return None
         return [b - a for a, b in zip(clock, clock[1:])][warmup:warmup + len(plan)]
 
-    return per_step(begins), {"train": per_step(train), "writer": per_step(writer)}
+    return per_step(begins), {"train": per_step(train), "writer": per_step(writer), "due_s": gate.interval}
 
 
 def cycle_ratios(steps: list[float], plan: list[bool], block: int, skip: int = 0, window: int = 1) -> list[float]:
@@ -320,7 +321,8 @@ def interleave(args: argparse.Namespace, ex: Any, cfg: dict[str, Any], model_dir
                              # CPU seconds in on and in off steps: the training thread's, the writer's
                              **{f"{clock}_cpu_s": None if cpu[clock] is None else [
                                  sum(c for c, o in zip(cpu[clock], plan) if o),
-                                 sum(c for c, o in zip(cpu[clock], plan) if not o)] for clock in cpu}}
+                                 sum(c for c, o in zip(cpu[clock], plan) if not o)] for clock in ("train", "writer")},
+                             "due_s": cpu["due_s"]}
         runs.append(figures)
         print(f"rep {rep}: step off {figures[chosen[0]]['off_median'] * 1e3:.1f} ms (median); added: "
               + "; ".join(f"{name} " + " ".join(f"{(r - 1) * 100:+.1f}%" for r in figures[name]["cycles"][:8])
@@ -357,6 +359,11 @@ def interleave(args: argparse.Namespace, ex: Any, cfg: dict[str, Any], model_dir
                        f"{summary[name + '_writer_off_share'] * 100:.0f}% of it in off steps)")
         print(f"  {name:<12}{summary[name + '_pct']:>+7.1f}%  ({low:+.1f} ... {high:+.1f}; {summary[name + '_cycles']} "
               f"{unit}{writer})\n{'':<14}{NOTES[name].format(**v)}")
+        due = [r[name]["due_s"] for r in runs if r[name]["due_s"]]
+        window_s = 4 * v["block"] * v["window"] * summary["off_step_ms"] / 1e3
+        if due and window_s < max(due):  # a window may then hold no batch or commit: the median leaves them out
+            print(f"{'':<14}NOTE: a window lasts ~{window_s:.1f} s, less than the writer's interval here "
+                  f"({max(due):.1f} s): raise --window")
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in summary['load'])}")
     return {"summary": summary, "runs": runs}
 
