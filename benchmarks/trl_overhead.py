@@ -158,8 +158,9 @@ class Gate:
     when off, every method the integration wrapped goes straight to TRL's own and the probe's step
     callback does nothing; `drain` makes an on step end with probe.flush(). With `align()` the
     writer's own timers are held back and its once-per-flush_interval work (the deferred save calls,
-    the commit) is started by `begin_step` at the beginning of an on step instead, when it is due by
-    the same interval: it then runs beside that step's training, as it would anywhere in a run."""
+    the commit) is started by `begin_step` at the beginning of an on step instead, when it is due (by
+    the probe's interval over the share of on steps): it then runs beside that step's training, as it
+    would anywhere in a run."""
 
     def __init__(self, handle: Any):
         from rlprobe.integrations import trl_guard
@@ -222,10 +223,10 @@ def schedule(steps: int, block: int, first_on: bool) -> list[bool]:
 
 
 def interleaved_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path, warmup: int, plan: list[bool],
-                    drain: bool, align: bool = False) -> tuple[list[float], dict[str, list[float] | None]]:
+                    drain: bool, align: bool = False) -> tuple[list[float], dict[str, Any]]:
     """Step times (s) of one run whose probe follows `plan` after `warmup` steps with it on, and the
     CPU seconds a step of the training thread ("train") and of the writer thread ("writer"; None
-    where it cannot be read)."""
+    where it cannot be read), and the aligned writer's interval ("due_s"; None when not aligned)."""
     from transformers import TrainerCallback
 
     from rlprobe.integrations.trl import attach
