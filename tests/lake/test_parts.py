@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -12,9 +13,11 @@ import pytest
 
 import rlprobe
 from rlprobe.lake.layout import parse_part
+from rlprobe.lake.parts import FANOUT
 
 STEPS = 200
-MAX_LIVE_PARTS = 12
+# FANOUT - 1 parts a tier at most, and as many tiers as a part of STEPS flushes needs
+MAX_LIVE_PARTS = (FANOUT - 1) * (int(math.log(STEPS, FANOUT)) + 1)
 KEY_ROWS_PER_STEP = 6  # 2 micro steps x (a, b.0, b.1)
 KINDS = ("key_data", "scalar")
 
