@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -44,29 +45,37 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
                      stats_rtol: float = 0.0, order: list[str] | None = None, progress: Progress | None = None,
                      executor: Callable[..., dict] | None = None,
                      key_map: dict[str, str] | None = None,
-                     ahead: Callable[[list[Any]], None] | None = None,
+                     ahead: Callable[[Sequence[Any]], None] | None = None,
                      stats_read: Callable[[], None] | None = None) -> KeyDataComparison:
     """Compare the key data of `dump_a` and `dump_b` in `con`, which keeps the tables stats_a,
     stats_b, key_order and key_data (and the macros of pair_macros.sql) for the queries after it.
     Runs with different layouts (micro-batches, ranks) are compared per sample (sample_alignment.py).
     `ahead(tasks)`: starts comparing pairs (PairTask) that `executor` will then be asked for, while
-    the statistics are read (rlprobe.compare.pairs_ahead); called for two msprobe dumps (run A of many
-    tensor files) without a selection. `stats_read()` is called once both runs' statistics are loaded."""
+    the pairing SQL runs (rlprobe.compare.pairs_ahead); called without a selection for two msprobe dumps (run
+    A's files) or two rlprobe dumps (run A's tensor addresses), of AHEAD_MIN_PAIRS pairs or more. `stats_read()` is called once both runs' statistics are loaded."""
     read_errors: list[str] = []
-    reading_b = _read_beside(dump_b) if dump_a.format == "msprobe" else None  # whatever `workers`: not a worker
+    # run B's statistics read by a thread while this one loads run A's, whatever `workers` (not a pair worker)
+    reading_b = _read_beside(dump_b) if dump_a.format == "msprobe" else None
+    stats_b = _StatsBeside(con, dump_b) if dump_b.format == "rlprobe" else None
     try:
         load_stats(con, "stats_a", dump_a, read_errors, "A")
     finally:
         if reading_b is not None:
             reading_b.join()
-    load_stats(con, "stats_b", dump_b, read_errors, "B")
-    if ahead is not None and keys is None and steps is None and ranks is None:
+        if stats_b is not None:
+            stats_b.wait()
+    load_stats(con, "stats_b", dump_b, read_errors, "B", beside=stats_b)
+    execute(con, "pair_macros.sql")
+    ahead = ahead if keys is None and steps is None and ranks is None else None
+    if ahead is not None:
         _start_ahead(ahead, dump_a, dump_b)
     if stats_read is not None:
         stats_read()
+    from_stats = None  # (run A's tensor addresses, their tasks) where rlprobe dumps' pairs are compared ahead
+    if ahead is not None:  # after stats_read: the later imports then start beside the pairs, not the SQL (GIL)
+        from_stats = _start_ahead_from_stats(ahead, con, dump_a, dump_b)
     con.register("key_order", key_order_table(order, key_map))
     run_layout = layout(con, dump_a, dump_b, read_errors)
-    execute(con, "pair_macros.sql")
     execute(con, "key_data_pairs.sql")
     selection = {"keys": keys, "steps": steps, "ranks": ranks}
 
@@ -82,7 +91,10 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
         from rlprobe.compare.executor import PairTask, run_pairs
 
         root_a, root_b = os.path.join(dump_a.path, ""), os.path.join(dump_b.path, "")  # no pathlib per pair
-        tasks = _pair_tasks(files, root_a, root_b)
+        if from_stats is not None and files["file_a"].equals(from_stats[0]) and files["file_b"].equals(from_stats[0]):
+            tasks = from_stats[1]  # the pairs compared ahead, as a rule: their tasks are not made twice
+        else:
+            tasks = _pair_tasks(files, root_a, root_b)
         results = (executor or run_pairs)(tasks, workers=workers, progress=progress)
     elif progress is not None:
         progress(0, 0)
@@ -144,6 +156,24 @@ def _start_ahead(ahead: Callable[[list[Any]], None], dump_a: Dump, dump_b: Dump)
     ahead([PairTask(i, root_a + f, root_b + f) for i, f in enumerate(files)])
 
 
+def _start_ahead_from_stats(ahead: Callable[[Sequence[Any]], None], con: Any, dump_a: Dump,
+                            dump_b: Dump) -> tuple[pa.ChunkedArray, Sequence[Any]] | None:
+    """`ahead` the pairs of rlprobe dump A's tensor addresses (stats_a's, tensor_addresses_a.sql) with the same
+    address in dump B, from AHEAD_MIN_PAIRS of them on, as columns (_pair_tasks): runs saved alike hold the same
+    files and records, so these are tensor_pairs.sql's pairs, compared while the layout and pairing SQL run. A pair
+    the SQL does not pick is dropped (rlprobe.compare.pairs_ahead). Returns (the addresses, their tasks), or None
+    where nothing was started."""
+    if dump_a.format != "rlprobe" or dump_b.format != "rlprobe":
+        return None
+    addresses = run(con, "tensor_addresses_a.sql")["file"]
+    if len(addresses) < AHEAD_MIN_PAIRS:
+        return None
+    root_a, root_b = os.path.join(dump_a.path, ""), os.path.join(dump_b.path, "")
+    tasks = _pair_tasks(pa.table({"file_a": addresses, "file_b": addresses}), root_a, root_b)
+    ahead(tasks)
+    return addresses, tasks
+
+
 def _pair_tasks(files: pa.Table, root_a: str, root_b: str) -> Sequence[Any]:
     """The executor's tasks of tensor_pairs.sql's rows (task i: row i), as columns (compare/pair_columns.py:
     no Python object a pair until one is asked for), each column's addresses split at once by Arrow. Where a
@@ -196,41 +226,94 @@ def _pair_task(i: int, root_a: str, address_a: str, root_b: str, address_b: str)
     return PairTask(i, root_a + file_a, root_b + file_b, record_a, record_b)
 
 
-def load_stats(con: Any, name: str, dump: Dump, read_errors: list[str], side: str) -> None:
+def load_stats(con: Any, name: str, dump: Dump, read_errors: list[str], side: str,
+               beside: "_StatsBeside | None" = None) -> None:
     """One run's key-data statistics of committed steps as the DuckDB table `name` (rank column
     included; a column that older parts lack, such as `absent`, reads as null).
 
     rlprobe dumps: parts whose footer cannot be read or whose columns are not key data's are
     left out, each a message in `read_errors`; DuckDB reads the others at once, and if that fails
-    (a corrupt data page), they are read one by one, and each unreadable one is a message too."""
+    (a corrupt data page), they are read one by one, and each unreadable one is a message too.
+    `beside`: the same rows already read by a thread (_StatsBeside); where it failed, they are read here."""
     schema = with_rank(KEY_DATA)
     if dump.format == "rlprobe":
+        read = beside.result() if beside is not None else None
+        if read is not None:
+            table, errors = read
+            store(con, name, table)
+            read_errors.extend(f"run {side}: {e}" for e in errors)
+            return
         errors: list[str] = []
         parts = dump.checked_parts("key_data", errors)
         files = [f for fs in parts.values() for f in fs]
         if files:
             import duckdb
 
-            helpers = {"_part_rank": pa.table({"filename": pa.array(files, pa.string()),
-                                               "rank": pa.array([r for r, fs in parts.items() for _ in fs],
-                                                                pa.int64())}),
-                       "_key_data_columns": KEY_DATA.empty_table(),
-                       "_committed": dump.committed_table("key_data")}  # committed steps only, as rlprobe.open
-            for helper, table in helpers.items():
-                con.register(helper, table)
             try:
-                create_table(con, name, "key_data_stats.sql", files=files, columns=schema.names)
+                with _stats_helpers(con, dump, parts):
+                    create_table(con, name, "key_data_stats.sql", files=files, columns=schema.names)
                 read_errors.extend(f"run {side}: {e}" for e in errors)
                 return
             except duckdb.Error:
                 pass  # a corrupt data page (DuckDB names no file): read part by part below, to name it
-            finally:
-                for helper in helpers:
-                    con.unregister(helper)
     errors = []  # arrow() checks the parts again and names each one it cannot read
     table = dump.arrow("key_data", errors=errors)
     read_errors.extend(f"run {side}: {e}" for e in errors)
     store(con, name, table.select(schema.names) if table.num_rows else schema.empty_table())
+
+
+@contextmanager
+def _stats_helpers(con: Any, dump: Dump, parts: dict[int, list[str]]) -> Iterator[None]:
+    """The tables key_data_stats.sql joins, registered in `con` while the block runs: each part's rank,
+    key data's columns, the committed steps of each rank (committed steps only, as rlprobe.open)."""
+    files = [f for fs in parts.values() for f in fs]
+    helpers = {"_part_rank": pa.table({"filename": pa.array(files, pa.string()),
+                                       "rank": pa.array([r for r, fs in parts.items() for _ in fs], pa.int64())}),
+               "_key_data_columns": KEY_DATA.empty_table(),
+               "_committed": dump.committed_table("key_data")}
+    for helper, table in helpers.items():
+        con.register(helper, table)
+    try:
+        yield
+    finally:
+        for helper in helpers:
+            con.unregister(helper)
+
+
+class _StatsBeside:
+    """An rlprobe dump's key-data statistics read by a thread ("rlprobe-stats-b") through a cursor of `con` (a
+    connection of its own on the same database: a TEMP table is one connection's, so the rows come back as
+    Arrow, which load_stats stores) while the calling thread loads the other run's: DuckDB's reading leaves
+    the GIL. A reading that fails (a corrupt part: DuckDB names no file) leaves the run to load_stats, which
+    reads it again and names the problem as it always did."""
+
+    def __init__(self, con: Any, dump: Dump) -> None:
+        self._read: tuple[pa.Table, list[str]] | None = None
+        self._thread = threading.Thread(target=self._run, args=(con.cursor(), dump), name="rlprobe-stats-b",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, cursor: Any, dump: Dump) -> None:
+        try:
+            errors: list[str] = []
+            parts = dump.checked_parts("key_data", errors)
+            files = [f for fs in parts.values() for f in fs]
+            if files:
+                with _stats_helpers(cursor, dump, parts):
+                    table = run(cursor, "key_data_stats.sql", files=files, columns=with_rank(KEY_DATA).names)
+                self._read = (table, errors)
+        except Exception:  # noqa: BLE001, S110 - load_stats reads the run again and reports the problem
+            pass
+        finally:
+            cursor.close()
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> tuple[pa.Table, list[str]] | None:
+        """(the rows, the parts left out as messages), or None where the thread read nothing."""
+        self.wait()
+        return self._read
 
 
 def public_key_data(key_data: pa.Table) -> pa.Table:

@@ -114,6 +114,17 @@ def test_compare_makes_the_part_an_error_row(broken, good, tmp_path):
     assert summary["first_divergence"]["status"] == "error" and str(bad) in summary["first_divergence"]["message"]
 
 
+def test_compare_makes_run_b_s_part_an_error_row(broken, good, tmp_path):
+    # run B's statistics are read by a thread beside run A's (compare/key_data.py, _StatsBeside): a part it
+    # cannot read is named as run A's is, and whatever the damage, for 1 worker and 2
+    path, bad, kind = broken
+    for workers in (1, 2):
+        summary = compare(good, path, tmp_path / f"out{workers}", workers=workers)
+        assert len(summary["read_errors"]) == 1 and summary["read_errors"][0].startswith(f"run B: {bad}: ")
+        assert summary["counts"] == {"error": 1, "match": 6}
+        assert summary["first_divergence"]["status"] == "error" and str(bad) in summary["first_divergence"]["message"]
+
+
 def test_compact_refuses_and_changes_nothing(broken):
     path, bad, kind = broken
     before = {f: f.read_bytes() for f in (path / "stats").rglob("*") if f.is_file()}
