@@ -66,14 +66,12 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
             stats_b.wait()
     load_stats(con, "stats_b", dump_b, read_errors, "B", beside=stats_b)
     execute(con, "pair_macros.sql")
-    ahead = ahead if keys is None and steps is None and ranks is None else None
-    if ahead is not None:
+    from_stats = None  # (run A's tensor addresses, their tasks) where rlprobe dumps' pairs are compared ahead
+    if ahead is not None and keys is None and steps is None and ranks is None:
         _start_ahead(ahead, dump_a, dump_b)
+        from_stats = _start_ahead_from_stats(ahead, con, dump_a, dump_b)
     if stats_read is not None:
         stats_read()
-    from_stats = None  # (run A's tensor addresses, their tasks) where rlprobe dumps' pairs are compared ahead
-    if ahead is not None:  # after stats_read: the later imports then start beside the pairs, not the SQL (GIL)
-        from_stats = _start_ahead_from_stats(ahead, con, dump_a, dump_b)
     con.register("key_order", key_order_table(order, key_map))
     run_layout = layout(con, dump_a, dump_b, read_errors)
     execute(con, "key_data_pairs.sql")
