@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -126,32 +127,39 @@ def test_comparing_ahead_that_fails_leaves_every_pair_to_the_executor(tmp_path: 
     assert taken.table().equals(run_pairs(started[0], workers=1).table())
 
 
-def test_two_workers_comparing_ahead_write_every_output_of_one_worker(tmp_path: Path):
+def _outputs_of_one_and_two_workers(a: Path, b: Path, root: Path) -> tuple[Any, dict]:
+    """(key_data, summary) of comparing `a` and `b` with 1 worker, after checking that 2 workers wrote every
+    output alike (key_data.csv and .parquet, summary.json but its times, report.xlsx but its time stamps)."""
     import zipfile
 
-    a, b = _runs(tmp_path)
-    one, two = tmp_path / "one", tmp_path / "two"
+    one, two = root / "one", root / "two"
     compare(a, b, one, workers=1)
     compare(a, b, two, workers=2)
     assert not [t.name for t in threading.enumerate() if t.name.startswith(COMPARISON_THREADS)]
     assert (one / "key_data.csv").read_bytes() == (two / "key_data.csv").read_bytes()
     key_data = pq.read_table(one / "key_data.parquet")
     assert key_data.equals(pq.read_table(two / "key_data.parquet"))
-    statuses = {(r["key"], r["step"], r["micro_step"], r["index"]): r["status"] for r in key_data.to_pylist()}
-    assert statuses[("log_prob", 2, 0, "")] != "match" and statuses[("log_prob", 1, 2, "")] == "match"
-    assert statuses[("advantages", 3, 2, "")] == "only_in_a" and statuses[("advantages", 0, 0, "extra")] == "only_in_b"
     summaries = [json.loads((out / "summary.json").read_text()) for out in (one, two)]
     for summary in summaries:
         del summary["created_at"], summary["elapsed_s"]
     assert summaries[0] == summaries[1]
-    first = summaries[0]["first_divergence"]
-    assert (first["key"], first["step"], first["index"], first["status"]) == ("advantages", 0, "extra", "only_in_b")
-    assert statuses[("advantages", 1, 1, "")] == "shape_mismatch"  # compared ahead (an error there), not picked
     with zipfile.ZipFile(one / "report.xlsx") as x, zipfile.ZipFile(two / "report.xlsx") as y:
         assert x.namelist() == y.namelist()
         for name in x.namelist():
             if name not in ("docProps/core.xml", "xl/worksheets/sheet1.xml"):  # times: written, elapsed
                 assert x.read(name) == y.read(name), name
+    return key_data, summaries[0]
+
+
+def test_two_workers_comparing_ahead_write_every_output_of_one_worker(tmp_path: Path):
+    a, b = _runs(tmp_path)
+    key_data, summary = _outputs_of_one_and_two_workers(a, b, tmp_path)
+    statuses = {(r["key"], r["step"], r["micro_step"], r["index"]): r["status"] for r in key_data.to_pylist()}
+    assert statuses[("log_prob", 2, 0, "")] != "match" and statuses[("log_prob", 1, 2, "")] == "match"
+    assert statuses[("advantages", 3, 2, "")] == "only_in_a" and statuses[("advantages", 0, 0, "extra")] == "only_in_b"
+    first = summary["first_divergence"]
+    assert (first["key"], first["step"], first["index"], first["status"]) == ("advantages", 0, "extra", "only_in_b")
+    assert statuses[("advantages", 1, 1, "")] == "shape_mismatch"  # compared ahead (an error there), not picked
 
 
 @pytest.mark.parametrize("selection", [{"keys": ["log_prob"]}, {"steps": [1, 2]}])
@@ -222,16 +230,8 @@ def test_rlprobe_pairs_started_ahead_are_run_a_s_addresses_with_run_b_s_same_add
 def test_two_workers_comparing_rlprobe_pairs_ahead_write_every_output_of_one_worker(tmp_path: Path, differ):
     # runs saved alike: every pair is taken from the pairs compared ahead at once; runs that differ (a tensor
     # missing shifts B's records): the pairs whose addresses differ are compared the usual way
-    import zipfile
-
     a, b = _rlprobe_runs(tmp_path, differ=differ)
-    one, two = tmp_path / "one", tmp_path / "two"
-    compare(a, b, one, workers=1)
-    compare(a, b, two, workers=2)
-    assert not [t.name for t in threading.enumerate() if t.name.startswith(COMPARISON_THREADS)]
-    assert (one / "key_data.csv").read_bytes() == (two / "key_data.csv").read_bytes()
-    key_data = pq.read_table(one / "key_data.parquet")
-    assert key_data.equals(pq.read_table(two / "key_data.parquet"))
+    key_data, _ = _outputs_of_one_and_two_workers(a, b, tmp_path)
     statuses = {(r["key"], r["step"]): r["status"] for r in key_data.to_pylist()}
     if differ:
         assert statuses[("log_prob", 3)] == "mismatch" and statuses[("log_prob", 2)] == "match"
@@ -239,15 +239,6 @@ def test_two_workers_comparing_rlprobe_pairs_ahead_write_every_output_of_one_wor
         assert statuses[("values", 4)] == "shape_mismatch"
     else:
         assert set(statuses.values()) == {"match"} and len(statuses) == 18
-    summaries = [json.loads((out / "summary.json").read_text()) for out in (one, two)]
-    for summary in summaries:
-        del summary["created_at"], summary["elapsed_s"]
-    assert summaries[0] == summaries[1]
-    with zipfile.ZipFile(one / "report.xlsx") as x, zipfile.ZipFile(two / "report.xlsx") as y:
-        assert x.namelist() == y.namelist()
-        for name in x.namelist():
-            if name not in ("docProps/core.xml", "xl/worksheets/sheet1.xml"):  # times: written, elapsed
-                assert x.read(name) == y.read(name), name
 
 
 def test_rlprobe_pairs_asked_as_compared_ahead_are_taken_at_once(tmp_path: Path):
