@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import os
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
@@ -52,19 +51,16 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     Runs with different layouts (micro-batches, ranks) are compared per sample (sample_alignment.py).
     `ahead(tasks)`: starts comparing pairs (PairTask) that `executor` will then be asked for, while
     the pairing SQL runs (rlprobe.compare.pairs_ahead); called without a selection for two msprobe dumps (run
-    A's files) or two rlprobe dumps (run A's tensor addresses), of AHEAD_MIN_PAIRS pairs or more. `stats_read()` is called once both runs' statistics are loaded."""
+    A's files) or two rlprobe dumps (run A's tensor addresses), of AHEAD_MIN_PAIRS pairs or more.
+    `stats_read()` is called once both runs' statistics are loaded."""
     read_errors: list[str] = []
-    # run B's statistics read by a thread while this one loads run A's, whatever `workers` (not a pair worker)
-    reading_b = _read_beside(dump_b) if dump_a.format == "msprobe" else None
-    stats_b = _StatsBeside(con, dump_b) if dump_b.format == "rlprobe" else None
+    reading_b = _read_beside(dump_b) if dump_a.format == "msprobe" else None  # whatever `workers`: not a worker
     try:
         load_stats(con, "stats_a", dump_a, read_errors, "A")
     finally:
         if reading_b is not None:
             reading_b.join()
-        if stats_b is not None:
-            stats_b.wait()
-    load_stats(con, "stats_b", dump_b, read_errors, "B", beside=stats_b)
+    load_stats(con, "stats_b", dump_b, read_errors, "B")
     execute(con, "pair_macros.sql")
     from_stats = None  # (run A's tensor addresses, their tasks) where rlprobe dumps' pairs are compared ahead
     if ahead is not None and keys is None and steps is None and ranks is None:
@@ -224,94 +220,41 @@ def _pair_task(i: int, root_a: str, address_a: str, root_b: str, address_b: str)
     return PairTask(i, root_a + file_a, root_b + file_b, record_a, record_b)
 
 
-def load_stats(con: Any, name: str, dump: Dump, read_errors: list[str], side: str,
-               beside: "_StatsBeside | None" = None) -> None:
+def load_stats(con: Any, name: str, dump: Dump, read_errors: list[str], side: str) -> None:
     """One run's key-data statistics of committed steps as the DuckDB table `name` (rank column
     included; a column that older parts lack, such as `absent`, reads as null).
 
     rlprobe dumps: parts whose footer cannot be read or whose columns are not key data's are
     left out, each a message in `read_errors`; DuckDB reads the others at once, and if that fails
-    (a corrupt data page), they are read one by one, and each unreadable one is a message too.
-    `beside`: the same rows already read by a thread (_StatsBeside); where it failed, they are read here."""
+    (a corrupt data page), they are read one by one, and each unreadable one is a message too."""
     schema = with_rank(KEY_DATA)
     if dump.format == "rlprobe":
-        read = beside.result() if beside is not None else None
-        if read is not None:
-            table, errors = read
-            store(con, name, table)
-            read_errors.extend(f"run {side}: {e}" for e in errors)
-            return
         errors: list[str] = []
         parts = dump.checked_parts("key_data", errors)
         files = [f for fs in parts.values() for f in fs]
         if files:
             import duckdb
 
+            helpers = {"_part_rank": pa.table({"filename": pa.array(files, pa.string()),
+                                               "rank": pa.array([r for r, fs in parts.items() for _ in fs],
+                                                                pa.int64())}),
+                       "_key_data_columns": KEY_DATA.empty_table(),
+                       "_committed": dump.committed_table("key_data")}  # committed steps only, as rlprobe.open
+            for helper, table in helpers.items():
+                con.register(helper, table)
             try:
-                with _stats_helpers(con, dump, parts):
-                    create_table(con, name, "key_data_stats.sql", files=files, columns=schema.names)
+                create_table(con, name, "key_data_stats.sql", files=files, columns=schema.names)
                 read_errors.extend(f"run {side}: {e}" for e in errors)
                 return
             except duckdb.Error:
                 pass  # a corrupt data page (DuckDB names no file): read part by part below, to name it
+            finally:
+                for helper in helpers:
+                    con.unregister(helper)
     errors = []  # arrow() checks the parts again and names each one it cannot read
     table = dump.arrow("key_data", errors=errors)
     read_errors.extend(f"run {side}: {e}" for e in errors)
     store(con, name, table.select(schema.names) if table.num_rows else schema.empty_table())
-
-
-@contextmanager
-def _stats_helpers(con: Any, dump: Dump, parts: dict[int, list[str]]) -> Iterator[None]:
-    """The tables key_data_stats.sql joins, registered in `con` while the block runs: each part's rank,
-    key data's columns, the committed steps of each rank (committed steps only, as rlprobe.open)."""
-    files = [f for fs in parts.values() for f in fs]
-    helpers = {"_part_rank": pa.table({"filename": pa.array(files, pa.string()),
-                                       "rank": pa.array([r for r, fs in parts.items() for _ in fs], pa.int64())}),
-               "_key_data_columns": KEY_DATA.empty_table(),
-               "_committed": dump.committed_table("key_data")}
-    for helper, table in helpers.items():
-        con.register(helper, table)
-    try:
-        yield
-    finally:
-        for helper in helpers:
-            con.unregister(helper)
-
-
-class _StatsBeside:
-    """An rlprobe dump's key-data statistics read by a thread ("rlprobe-stats-b") through a cursor of `con` (a
-    connection of its own on the same database: a TEMP table is one connection's, so the rows come back as
-    Arrow, which load_stats stores) while the calling thread loads the other run's: DuckDB's reading leaves
-    the GIL. A reading that fails (a corrupt part: DuckDB names no file) leaves the run to load_stats, which
-    reads it again and names the problem as it always did."""
-
-    def __init__(self, con: Any, dump: Dump) -> None:
-        self._read: tuple[pa.Table, list[str]] | None = None
-        self._thread = threading.Thread(target=self._run, args=(con.cursor(), dump), name="rlprobe-stats-b",
-                                        daemon=True)
-        self._thread.start()
-
-    def _run(self, cursor: Any, dump: Dump) -> None:
-        try:
-            errors: list[str] = []
-            parts = dump.checked_parts("key_data", errors)
-            files = [f for fs in parts.values() for f in fs]
-            if files:
-                with _stats_helpers(cursor, dump, parts):
-                    table = run(cursor, "key_data_stats.sql", files=files, columns=with_rank(KEY_DATA).names)
-                self._read = (table, errors)
-        except Exception:  # noqa: BLE001, S110 - load_stats reads the run again and reports the problem
-            pass
-        finally:
-            cursor.close()
-
-    def wait(self) -> None:
-        self._thread.join()
-
-    def result(self) -> tuple[pa.Table, list[str]] | None:
-        """(the rows, the parts left out as messages), or None where the thread read nothing."""
-        self.wait()
-        return self._read
 
 
 def public_key_data(key_data: pa.Table) -> pa.Table:

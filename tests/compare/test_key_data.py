@@ -38,33 +38,3 @@ def test_records_are_split_into_their_file_offset_and_length():
     assert tasks[1].path_a == "/a/t/x#y/call=1.npys" and tasks[1].record_a == Record(128, 64)
     assert tasks[0].path_b == "/b/" + WHOLE[0] and tasks[0].record_b is None
     assert [t.task_id for t in tasks] == [0, 1]
-
-
-def test_statistics_read_beside_are_the_statistics_read_here(tmp_path):
-    # run B's rows read by a thread through a cursor and stored from Arrow (_StatsBeside) are the table
-    # load_stats makes itself: the same columns, types and rows, the same messages for a part left out
-    import duckdb
-    import numpy as np
-
-    import rlprobe
-    from rlprobe.compare.key_data import _StatsBeside, load_stats
-    from rlprobe.lake.reader import open_dump
-
-    path = tmp_path / "dump"
-    with rlprobe.Probe(path) as p:
-        for step in range(3):
-            p.save({"x": np.linspace(-1, 1, 6, dtype=np.float32) * step, "n": np.arange(3) + step,
-                    "e": np.zeros(0, np.float32), "gone": None})
-            p.step()
-    (path / "stats/key_data/rank=0/part-000099.parquet").write_bytes(b"PAR1 garbage")
-    tables, messages = {}, {}
-    for how in ("here", "beside"):
-        con = duckdb.connect()
-        dump, errors = open_dump(path), []
-        load_stats(con, "stats_b", dump, errors, "B", beside=_StatsBeside(con, dump) if how == "beside" else None)
-        tables[how] = con.sql("SELECT * FROM stats_b ORDER BY ALL").fetchall()
-        tables[how + " types"] = con.sql("DESCRIBE stats_b").fetchall()
-        messages[how] = errors
-    assert len(tables["here"]) == 12 and tables["beside"] == tables["here"]
-    assert tables["beside types"] == tables["here types"]
-    assert len(messages["here"]) == 1 and messages["beside"] == messages["here"]
