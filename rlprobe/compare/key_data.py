@@ -44,15 +44,14 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
                      stats_rtol: float = 0.0, order: list[str] | None = None, progress: Progress | None = None,
                      executor: Callable[..., dict] | None = None,
                      key_map: dict[str, str] | None = None,
-                     ahead: Callable[[Sequence[Any]], None] | None = None,
+                     ahead: Callable[[list[Any]], None] | None = None,
                      stats_read: Callable[[], None] | None = None) -> KeyDataComparison:
     """Compare the key data of `dump_a` and `dump_b` in `con`, which keeps the tables stats_a,
     stats_b, key_order and key_data (and the macros of pair_macros.sql) for the queries after it.
     Runs with different layouts (micro-batches, ranks) are compared per sample (sample_alignment.py).
     `ahead(tasks)`: starts comparing pairs (PairTask) that `executor` will then be asked for, while
-    the pairing SQL runs (rlprobe.compare.pairs_ahead); called without a selection for two msprobe dumps (run
-    A's files) or two rlprobe dumps (run A's tensor addresses), of AHEAD_MIN_PAIRS pairs or more.
-    `stats_read()` is called once both runs' statistics are loaded."""
+    the statistics are read (rlprobe.compare.pairs_ahead); called for two msprobe dumps (run A of many
+    tensor files) without a selection. `stats_read()` is called once both runs' statistics are loaded."""
     read_errors: list[str] = []
     reading_b = _read_beside(dump_b) if dump_a.format == "msprobe" else None  # whatever `workers`: not a worker
     try:
@@ -61,15 +60,13 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
         if reading_b is not None:
             reading_b.join()
     load_stats(con, "stats_b", dump_b, read_errors, "B")
-    execute(con, "pair_macros.sql")
-    from_stats = None  # (run A's tensor addresses, their tasks) where rlprobe dumps' pairs are compared ahead
     if ahead is not None and keys is None and steps is None and ranks is None:
         _start_ahead(ahead, dump_a, dump_b)
-        from_stats = _start_ahead_from_stats(ahead, con, dump_a, dump_b)
     if stats_read is not None:
         stats_read()
     con.register("key_order", key_order_table(order, key_map))
     run_layout = layout(con, dump_a, dump_b, read_errors)
+    execute(con, "pair_macros.sql")
     execute(con, "key_data_pairs.sql")
     selection = {"keys": keys, "steps": steps, "ranks": ranks}
 
@@ -85,10 +82,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
         from rlprobe.compare.executor import PairTask, run_pairs
 
         root_a, root_b = os.path.join(dump_a.path, ""), os.path.join(dump_b.path, "")  # no pathlib per pair
-        if from_stats is not None and files["file_a"].equals(from_stats[0]) and files["file_b"].equals(from_stats[0]):
-            tasks = from_stats[1]  # the pairs compared ahead, as a rule: their tasks are not made twice
-        else:
-            tasks = _pair_tasks(files, root_a, root_b)
+        tasks = _pair_tasks(files, root_a, root_b)
         results = (executor or run_pairs)(tasks, workers=workers, progress=progress)
     elif progress is not None:
         progress(0, 0)
@@ -148,24 +142,6 @@ def _start_ahead(ahead: Callable[[list[Any]], None], dump_a: Dump, dump_b: Dump)
 
     root_a, root_b = os.path.join(dump_a.path, ""), os.path.join(dump_b.path, "")
     ahead([PairTask(i, root_a + f, root_b + f) for i, f in enumerate(files)])
-
-
-def _start_ahead_from_stats(ahead: Callable[[Sequence[Any]], None], con: Any, dump_a: Dump,
-                            dump_b: Dump) -> tuple[pa.ChunkedArray, Sequence[Any]] | None:
-    """`ahead` the pairs of rlprobe dump A's tensor addresses (stats_a's, tensor_addresses_a.sql) with the same
-    address in dump B, from AHEAD_MIN_PAIRS of them on, as columns (_pair_tasks): runs saved alike hold the same
-    files and records, so these are tensor_pairs.sql's pairs, compared while the layout and pairing SQL run. A pair
-    the SQL does not pick is dropped (rlprobe.compare.pairs_ahead). Returns (the addresses, their tasks), or None
-    where nothing was started."""
-    if dump_a.format != "rlprobe" or dump_b.format != "rlprobe":
-        return None
-    addresses = run(con, "tensor_addresses_a.sql")["file"]
-    if len(addresses) < AHEAD_MIN_PAIRS:
-        return None
-    root_a, root_b = os.path.join(dump_a.path, ""), os.path.join(dump_b.path, "")
-    tasks = _pair_tasks(pa.table({"file_a": addresses, "file_b": addresses}), root_a, root_b)
-    ahead(tasks)
-    return addresses, tasks
 
 
 def _pair_tasks(files: pa.Table, root_a: str, root_b: str) -> Sequence[Any]:

@@ -1,17 +1,13 @@
-"""Tensor pairs compared ahead, while this thread still reads both runs' statistics or pairs them in SQL.
+"""Tensor pairs compared ahead, while this thread still reads both runs' statistics.
 
 With more than one worker, a comparison of two msprobe dumps knows the pairs it will compare, in the
 usual case, as soon as run A's folders are listed: each tensor file of run A with the file under the same
 path in run B. The statistics files (a JSON file per tensor, read by Python, holding the GIL), run B's
 listing and the layout and pairing SQL take longer than the pairs themselves on a dump of many small
 tensors, so the pairs start on the workers (compiled, GIL-free: rlprobe.compare.small_pairs) beside that
-reading (docs/compare.md, "seventh session: two workers on the msprobe small dump"). Two rlprobe dumps know
-them once both runs' statistics are loaded: run A's tensor addresses (a file, or a record of a packed file),
-each with the same address in run B, as columns (compare/pair_columns.py), compared while the layout and
-pairing SQL run (the tenth session's).
+reading (docs/compare.md, "seventh session: two workers on the msprobe small dump").
 
-The SQL still decides which pairs are compared (tensor_pairs.sql): `take` gives them all the results computed
-ahead where they are those pairs, column for column (as a rule for rlprobe dumps), else each of its pairs
+The SQL still decides which pairs are compared (tensor_pairs.sql): `take` gives each of its pairs
 the result computed ahead where there is one - the same kernel on the same files, so the same bits -
 and compares the others (another key name in run B, say) the usual way. A pair compared ahead that
 the SQL does not pick (shapes that differ, a file run B lacks) is dropped. Where the comparing ahead failed, every pair
@@ -25,7 +21,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from rlprobe.compare.pair_columns import PairColumns, Side
 from rlprobe.compare.pair_results import PairResults
 
 __all__ = ["AHEAD_MIN_PAIRS", "PairsAhead"]
@@ -41,7 +36,7 @@ class PairsAhead:
 
     def __init__(self, tasks: Sequence[Any], workers: int, ready: Callable[[], None],
                  run_pairs: Callable[..., Any]) -> None:
-        self._tasks = tasks if isinstance(tasks, PairColumns) else list(tasks)  # columns: no PairTask a pair
+        self._tasks = list(tasks)
         self._results: PairResults | None = None
         self._progress = (0, 0)
         self._thread = threading.Thread(target=self._compare, args=(workers, ready, run_pairs),
@@ -69,12 +64,8 @@ class PairsAhead:
         """The results of `tasks` (PairTask) as run_pairs gives them: those compared ahead from there, the
         others from `run_rest(their tasks, progress)` (the executor)."""
         self.wait()
-        ahead = self._results
-        if ahead is not None and _same_pairs(tasks, self._tasks):  # as a rule for rlprobe dumps: all of them
-            if progress is not None:
-                progress(*self._progress)
-            return ahead
         tasks = list(tasks)  # once: columns (compare/pair_columns.py) make their PairTasks when iterated
+        ahead = self._results
         if ahead is None:  # the comparing ahead failed: every pair the usual way
             return run_rest(list(tasks), progress)
         ahead_rows = {tuple(t[1:]): row for row, t in enumerate(self._tasks)}  # by the files, not the id
@@ -105,20 +96,3 @@ class PairsAhead:
         elif progress is not None:
             progress(done, total)
         return results
-
-
-def _same_pairs(asked: Sequence[Any], ahead: Sequence[Any]) -> bool:
-    """Whether `asked` are the pairs compared ahead under the same task ids, both as columns (compared column by
-    column: no PairTask made)."""
-    if asked is ahead:
-        return True
-    if not (isinstance(asked, PairColumns) and isinstance(ahead, PairColumns)):
-        return False
-    return (len(asked) == len(ahead) and asked.first_id == ahead.first_id
-            and _same_side(asked.a, ahead.a) and _same_side(asked.b, ahead.b))
-
-
-def _same_side(x: Side, y: Side) -> bool:
-    if (x.offsets is None) != (y.offsets is None) or x.paths != y.paths:
-        return False
-    return x.offsets is None or (np.array_equal(x.offsets, y.offsets) and np.array_equal(x.lengths, y.lengths))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -127,39 +126,32 @@ def test_comparing_ahead_that_fails_leaves_every_pair_to_the_executor(tmp_path: 
     assert taken.table().equals(run_pairs(started[0], workers=1).table())
 
 
-def _outputs_of_one_and_two_workers(a: Path, b: Path, root: Path) -> tuple[Any, dict]:
-    """(key_data, summary) of comparing `a` and `b` with 1 worker, after checking that 2 workers wrote every
-    output alike (key_data.csv and .parquet, summary.json but its times, report.xlsx but its time stamps)."""
+def test_two_workers_comparing_ahead_write_every_output_of_one_worker(tmp_path: Path):
     import zipfile
 
-    one, two = root / "one", root / "two"
+    a, b = _runs(tmp_path)
+    one, two = tmp_path / "one", tmp_path / "two"
     compare(a, b, one, workers=1)
     compare(a, b, two, workers=2)
     assert not [t.name for t in threading.enumerate() if t.name.startswith(COMPARISON_THREADS)]
     assert (one / "key_data.csv").read_bytes() == (two / "key_data.csv").read_bytes()
     key_data = pq.read_table(one / "key_data.parquet")
     assert key_data.equals(pq.read_table(two / "key_data.parquet"))
+    statuses = {(r["key"], r["step"], r["micro_step"], r["index"]): r["status"] for r in key_data.to_pylist()}
+    assert statuses[("log_prob", 2, 0, "")] != "match" and statuses[("log_prob", 1, 2, "")] == "match"
+    assert statuses[("advantages", 3, 2, "")] == "only_in_a" and statuses[("advantages", 0, 0, "extra")] == "only_in_b"
     summaries = [json.loads((out / "summary.json").read_text()) for out in (one, two)]
     for summary in summaries:
         del summary["created_at"], summary["elapsed_s"]
     assert summaries[0] == summaries[1]
+    first = summaries[0]["first_divergence"]
+    assert (first["key"], first["step"], first["index"], first["status"]) == ("advantages", 0, "extra", "only_in_b")
+    assert statuses[("advantages", 1, 1, "")] == "shape_mismatch"  # compared ahead (an error there), not picked
     with zipfile.ZipFile(one / "report.xlsx") as x, zipfile.ZipFile(two / "report.xlsx") as y:
         assert x.namelist() == y.namelist()
         for name in x.namelist():
             if name not in ("docProps/core.xml", "xl/worksheets/sheet1.xml"):  # times: written, elapsed
                 assert x.read(name) == y.read(name), name
-    return key_data, summaries[0]
-
-
-def test_two_workers_comparing_ahead_write_every_output_of_one_worker(tmp_path: Path):
-    a, b = _runs(tmp_path)
-    key_data, summary = _outputs_of_one_and_two_workers(a, b, tmp_path)
-    statuses = {(r["key"], r["step"], r["micro_step"], r["index"]): r["status"] for r in key_data.to_pylist()}
-    assert statuses[("log_prob", 2, 0, "")] != "match" and statuses[("log_prob", 1, 2, "")] == "match"
-    assert statuses[("advantages", 3, 2, "")] == "only_in_a" and statuses[("advantages", 0, 0, "extra")] == "only_in_b"
-    first = summary["first_divergence"]
-    assert (first["key"], first["step"], first["index"], first["status"]) == ("advantages", 0, "extra", "only_in_b")
-    assert statuses[("advantages", 1, 1, "")] == "shape_mismatch"  # compared ahead (an error there), not picked
 
 
 @pytest.mark.parametrize("selection", [{"keys": ["log_prob"]}, {"steps": [1, 2]}])
@@ -169,100 +161,3 @@ def test_a_selection_compares_no_pair_ahead_and_the_same_pairs(tmp_path: Path, s
     compare(a, b, one, workers=1, **selection)
     compare(a, b, two, workers=2, **selection)
     assert pq.read_table(one / "key_data.parquet").equals(pq.read_table(two / "key_data.parquet"))
-
-
-# -- rlprobe dumps: run A's tensor addresses, each with the same address in run B (tenth session) ----------------
-def _rlprobe_runs(root: Path, steps: int = 6, differ: bool = True) -> tuple[Path, Path]:
-    """Two rlprobe dumps of 3 keys x `steps` steps (packed records); with `differ`, B differs in log_prob from step
-    3 on, lacks `advantages` at step 1 (so its later records lie elsewhere) and holds `values` of another shape."""
-    import rlprobe
-
-    a, b = root / "ra", root / "rb"
-    for run in (a, b):
-        with rlprobe.Probe(run) as probe:
-            for step in range(steps):
-                base = np.linspace(-2, -1, 64, dtype=np.float32).reshape(4, 16) + np.float32(step)
-                batch = {"log_prob": base + np.float32(1e-3 if run is b and differ and step >= 3 else 0.0),
-                         "advantages": base * np.float32(2),
-                         "values": base[:2] if run is b and differ and step == 4 else base}
-                if run is b and differ and step == 1:
-                    del batch["advantages"]
-                probe.save(batch)
-                probe.step()
-    return a, b
-
-
-def _loaded(a: Path, b: Path):
-    import duckdb
-
-    from rlprobe.compare.key_data import load_stats
-    from rlprobe.lake.sql_runner import execute
-
-    con, dumps = duckdb.connect(), (open_dump(a), open_dump(b))
-    for name, dump, side in (("stats_a", dumps[0], "A"), ("stats_b", dumps[1], "B")):
-        load_stats(con, name, dump, [], side)
-    execute(con, "pair_macros.sql")
-    return con, dumps
-
-
-def test_rlprobe_pairs_started_ahead_are_run_a_s_addresses_with_run_b_s_same_address(tmp_path: Path):
-    from rlprobe.compare.key_data import _start_ahead_from_stats
-    from rlprobe.compare.pair_columns import PairColumns
-
-    a, b = _rlprobe_runs(tmp_path)
-    con, (dump_a, dump_b) = _loaded(a, b)
-    started: list = []
-    addresses, tasks = _start_ahead_from_stats(started.append, con, dump_a, dump_b)
-    assert started == [tasks] and isinstance(tasks, PairColumns) and len(tasks) == len(addresses) == 3 * 6
-    assert addresses.to_pylist() == sorted(addresses.to_pylist()) and all("#" in f for f in addresses.to_pylist())
-    for task in tasks:
-        assert task.path_a.startswith(str(a)) and task.path_b == str(b) + task.path_a[len(str(a)):]
-        assert task.record_a == task.record_b is not None
-    few = _rlprobe_runs(tmp_path / "few", steps=(AHEAD_MIN_PAIRS - 1) // 3)
-    con_few, dumps_few = _loaded(*few)
-    assert _start_ahead_from_stats(started.append, con_few, *dumps_few) is None  # compared where the SQL picks them
-    ms_a, _ = _runs(tmp_path / "ms")
-    assert _start_ahead_from_stats(started.append, con, open_dump(ms_a), dump_b) is None  # rlprobe dumps only
-    assert len(started) == 1
-
-
-@pytest.mark.parametrize("differ", [False, True])
-def test_two_workers_comparing_rlprobe_pairs_ahead_write_every_output_of_one_worker(tmp_path: Path, differ):
-    # runs saved alike: every pair is taken from the pairs compared ahead at once; runs that differ (a tensor
-    # missing shifts B's records): the pairs whose addresses differ are compared the usual way
-    a, b = _rlprobe_runs(tmp_path, differ=differ)
-    key_data, _ = _outputs_of_one_and_two_workers(a, b, tmp_path)
-    statuses = {(r["key"], r["step"]): r["status"] for r in key_data.to_pylist()}
-    if differ:
-        assert statuses[("log_prob", 3)] == "mismatch" and statuses[("log_prob", 2)] == "match"
-        assert statuses[("advantages", 1)] == "only_in_a" and statuses[("advantages", 2)] == "match"
-        assert statuses[("values", 4)] == "shape_mismatch"
-    else:
-        assert set(statuses.values()) == {"match"} and len(statuses) == 18
-
-
-def test_rlprobe_pairs_asked_as_compared_ahead_are_taken_at_once(tmp_path: Path):
-    from rlprobe.compare.key_data import _pair_tasks, _start_ahead_from_stats
-
-    a, b = _rlprobe_runs(tmp_path, differ=False)
-    con, (dump_a, dump_b) = _loaded(a, b)
-    started: list = []
-    addresses, tasks = _start_ahead_from_stats(started.append, con, dump_a, dump_b)
-    same = _pair_tasks(__import__("pyarrow").table({"file_a": addresses, "file_b": addresses}),
-                       str(a) + "/", str(b) + "/")  # equal columns, another object
-    rest_asked: list = []
-
-    def run_rest(rest, progress):
-        rest_asked.append(rest)
-        return run_pairs(rest, workers=1, progress=progress)
-
-    expected = run_pairs(list(tasks), workers=1).table()
-    for asked in (tasks, same):
-        seen: list[tuple[int, int]] = []
-        ahead = PairsAhead(tasks, 2, lambda: None, run_pairs)
-        taken = ahead.take(asked, run_rest, lambda d, t: seen.append((d, t)))
-        assert taken is ahead._results  # handed over whole, no pair matched one by one
-        assert taken.table().equals(expected) and seen[-1][0] == seen[-1][1] > 0  # progress: all done
-    assert rest_asked == []  # nothing compared twice
-    fewer = PairsAhead(tasks, 2, lambda: None, run_pairs).take(tasks[2:], run_rest)  # other task ids: one by one
-    assert fewer.table().equals(run_pairs(list(tasks[2:]), workers=1).table()) and rest_asked == []
