@@ -29,9 +29,10 @@ blocks: a drift that is linear over a cycle cancels). The writer works once per 
 measured. The variants (--variants; one run of each a repetition):
 - `aligned` (the goal's figure): a step at a time, and the benchmark holds the writer's own timers
   back and starts its once-a-flush_interval work itself (the deferred save calls, then the commit,
-  each when due by the same interval) at the beginning of an on step, so that it runs beside that
-  step's training as it would anywhere in a run, and none of it in an off step (the writer thread's
-  CPU in on and off steps is read from /proc and printed: its share in off steps should be ~0).
+  each when due by the same interval) at the beginning of an on step that another on step follows
+  (ABBA's two on steps where cycles meet), so that it runs beside training as it would anywhere in a
+  run, and none of it in an off step, even where a burst outlasts its step (the writer thread's CPU
+  in on and off steps is read from /proc and printed: its share in off steps should be ~0).
   The interval is divided by the share of on steps (1/2), so that a batch of deferred calls and a
   commit cover as many probed steps as with the probe always on (a commit's fixed costs, Parquet
   parts and the manifest, are shared by as many steps). A figure is the on steps' time over the off
@@ -59,6 +60,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import statistics
 import sys
@@ -183,9 +185,12 @@ class Gate:
         so that a batch (and a commit) covers as many probed steps as in a run with the probe always on."""
         self.interval, self.writer.flush_interval = self.writer.flush_interval / on_share, HELD_BACK_S
 
-    def begin_step(self, on: bool) -> None:
+    def begin_step(self, on: bool, next_on: bool = True) -> None:
+        """Switch the probe for the step beginning now; aligned, start the writer's work when due, but only
+        at an on step followed by another one: a burst that outlasts its step (a writer whose thread runs at a
+        low priority spreads one over two steps) then still lands in on steps."""
         self.on = on
-        if not on or self.interval is None:
+        if not on or not next_on or self.interval is None:
             return
         writer, now = self.writer, time.monotonic()
         if writer._deferred and now - writer._deferred_since >= self.interval:
@@ -243,7 +248,7 @@ def interleaved_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path, w
             writer.append(gate.writer_cpu())
             i = len(begins) - 1 - warmup
             on = i < 0 or i >= len(plan) or plan[i]
-            gate.begin_step(on)
+            gate.begin_step(on, i + 1 < 0 or i + 1 >= len(plan) or plan[i + 1])
             # the last on step of a block ends with everything written (drained runs only)
             gate.drain = drain and on and 0 <= i < len(plan) - 1 and not plan[i + 1]
 
@@ -395,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="--interleave: steps a block of the steady run (its first half left out)")
     ap.add_argument("--cycles", type=int, default=2,
                     help="--interleave: ABBA cycles a run (the alternating run: 12 x as many)")
+    ap.add_argument("--flush-interval", type=float,
+                    help="the probe's flush_interval (rlprobe_config), seconds (default: the probe's, 1 s)")
     ap.add_argument("--smoke", action="store_true", help="1 repetition of 3 timed steps, no idle wait")
     ap.add_argument("--tmp", help="folder for the model and dumps (default: a temporary one)")
     ap.add_argument("--json", help="write the figures here")
@@ -415,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1 or (name == "steady_block" and args.steady_block < 2):
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a whole number >= "
                      f"{2 if name == 'steady_block' else 1}")
+    if args.flush_interval is not None and not 0 <= args.flush_interval < math.inf:
+        ap.error(f"--flush-interval {args.flush_interval}: expected seconds, a finite number >= 0")
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown or not args.variants:
@@ -428,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ex.load_config()
     cfg["grpo"]["max_steps"] = args.warmup + args.steps + 1
     cfg["rlprobe_config"] = {**LEVELS[args.level], "stages": []}
+    if args.flush_interval is not None:
+        cfg["rlprobe_config"]["flush_interval"] = args.flush_interval
     with tempfile.TemporaryDirectory(prefix="trl_overhead_", dir=args.tmp) as tmp:
         model_dir = ex.tiny.build_model_dir(Path(tmp) / "model")
         if not args.separate:

@@ -80,12 +80,19 @@ def test_aligned_run_starts_the_writer_s_work_in_on_steps(tmp_path, monkeypatch)
     plan = trl_overhead.schedule(8, 1, True)
     cfg["grpo"]["max_steps"] = 1 + len(plan) + 1
     model_dir = ex.tiny.build_model_dir(tmp_path / "model")
-    seen = []
+    seen, started = [], []
     original = trl_overhead.Gate.begin_step
 
-    def begin_step(gate, on):
+    def begin_step(gate, on, next_on=True):
         seen.append((on, gate.interval, gate.writer.flush_interval, len(gate.writer.sink.manifest["committed_steps"])))
-        original(gate, on)
+        submit, hand_over, calls = gate.writer.submit, gate.writer.hand_over, []
+        gate.writer.submit = lambda *a, **k: (calls.append("commit"), submit(*a, **k))
+        gate.writer.hand_over = lambda: (calls.append("calls"), hand_over())
+        try:
+            original(gate, on, next_on)
+        finally:
+            del gate.writer.submit, gate.writer.hand_over
+        started.append((on, next_on, calls))
 
     monkeypatch.setattr(trl_overhead.Gate, "begin_step", begin_step)
     steps, cpu = trl_overhead.interleaved_run(ex, cfg, model_dir, tmp_path / "dump", 1, plan, drain=False,
@@ -97,6 +104,12 @@ def test_aligned_run_starts_the_writer_s_work_in_on_steps(tmp_path, monkeypatch)
     committed = [n for *_, n in seen]
     assert committed == sorted(committed) and committed[-1] >= sum(plan)
     assert sum(w for w, on in zip(writer, plan) if on) > 0
+    # started only at an on step followed by another (a burst outlasting its step stays in on steps), and there
+    timed = started[1:1 + len(plan)]  # after the warm-up step
+    assert [(on, nxt) for on, nxt, _ in timed] == list(zip(plan, plan[1:] + [True]))
+    assert {(on, nxt) for on, nxt, calls in timed if calls} == {(True, True)}
+    assert all("calls" in calls for on, nxt, calls in timed if on and nxt)  # due at each (interval 0)
+    assert any("commit" in calls for *_, calls in timed)
     dump = open_dump(tmp_path / "dump")
     key_steps = dump.arrow("key_data").column("step").to_pylist()
     assert sorted(set(key_steps)) == list(range(1 + sum(plan) + 1))  # warm-up, on steps, the last step
