@@ -115,8 +115,8 @@ def test_compare_makes_the_part_an_error_row(broken, good, tmp_path):
 
 
 def test_compare_makes_run_b_s_part_an_error_row(broken, good, tmp_path):
-    # run B's statistics are read by a thread beside run A's (compare/key_data.py, _StatsBeside): a part it
-    # cannot read is named as run A's is, and whatever the damage, for 1 worker and 2
+    # a part of run B that cannot be read is named as run A's is, whatever the damage, with 1 worker and 2
+    # (the worker count changes what runs beside the statistics' reading: compare/key_data.py, run.py)
     path, bad, kind = broken
     for workers in (1, 2):
         summary = compare(good, path, tmp_path / f"out{workers}", workers=workers)
