@@ -187,8 +187,8 @@ class Gate:
 
     def begin_step(self, on: bool, next_on: bool = True) -> None:
         """Switch the probe for the step beginning now; aligned, start the writer's work when due, but only
-        at an on step followed by another one: a burst that outlasts its step (a writer whose thread runs at a
-        low priority spreads one over two steps) then still lands in on steps."""
+        at an on step followed by another one: a burst that outlasts its step (a batch on a busy machine) then
+        still lands in on steps."""
         self.on = on
         if not on or not next_on or self.interval is None:
             return
@@ -241,14 +241,18 @@ def interleaved_run(ex: Any, cfg: dict[str, Any], model_dir: Path, dump: Path, w
     writer: list[float | None] = []
     gate: Gate | None = None
 
+    def probed(i: int) -> bool:
+        """Whether the probe is on at timed step `i` (on through the warm-up and after the plan)."""
+        return i < 0 or i >= len(plan) or plan[i]
+
     class Switch(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
             begins.append(time.perf_counter())
             train.append(time.thread_time())
             writer.append(gate.writer_cpu())
             i = len(begins) - 1 - warmup
-            on = i < 0 or i >= len(plan) or plan[i]
-            gate.begin_step(on, i + 1 < 0 or i + 1 >= len(plan) or plan[i + 1])
+            on = probed(i)
+            gate.begin_step(on, probed(i + 1))
             # the last on step of a block ends with everything written (drained runs only)
             gate.drain = drain and on and 0 <= i < len(plan) - 1 and not plan[i + 1]
 

@@ -143,4 +143,8 @@ def test_interleave_smoke_and_bad_arguments(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         trl_overhead.main(["--writers"])
     assert "--writers is a flag of --separate runs; add --separate" in capsys.readouterr().err
+    for bad in ("-1", "inf", "nan"):
+        with pytest.raises(SystemExit):
+            trl_overhead.main(["--flush-interval", bad])
+        assert f"--flush-interval {float(bad)}: expected seconds, a finite number >= 0" in capsys.readouterr().err
     sys.modules.pop("trl_overhead", None)
