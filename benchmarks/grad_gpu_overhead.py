@@ -3,6 +3,7 @@
     python benchmarks/grad_gpu_overhead.py                          # the MLP (needs ~25 GB of GPU memory)
     python benchmarks/grad_gpu_overhead.py --workload decoder       # the LLM-shaped decoder (~30 GB)
     python benchmarks/grad_gpu_overhead.py --device cpu --smoke     # tiny models, to check the script itself
+    python benchmarks/grad_gpu_overhead.py --levels L1,L1@0        # L1 with the default flush_interval and with 0
 
 Workloads:
 - mlp (issue 4): nn.Sequential of 16 blocks Linear(2048, 8192) -> GELU -> Linear(8192, 2048)
@@ -180,8 +181,10 @@ def run(mode: str, work: Workload, args, tmp: Path) -> dict:
     probe = monitor = None
     dump = tmp / f"dump-{mode}-{time.monotonic_ns()}"
     if mode != "plain":
-        probe = rlprobe.Probe(dump, rank=0, world_size=1)
-        monitor = probe.monitor_grads(work.model, optimizer=work.opt, name=args.workload, level=mode,
+        # "L1@0": level L1 with the Probe's flush_interval=0 (a commit every step) instead of its default
+        level, _, flush = mode.partition("@")
+        probe = rlprobe.Probe(dump, rank=0, world_size=1, **({"flush_interval": float(flush)} if flush else {}))
+        monitor = probe.monitor_grads(work.model, optimizer=work.opt, name=args.workload, level=level,
                                       bounds=[-1.0, 0.0, 1.0])
 
     def step() -> None:
@@ -228,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--levels", default="L1,L2")
+    ap.add_argument("--levels", default="L1,L2",
+                    help="probe modes beside plain; LEVEL@SECONDS sets the Probe's flush_interval (e.g. L1,L1@0)")
     ap.add_argument("--smoke", action="store_true", help="a tiny model and few steps (checks the script)")
     ap.add_argument("--tmp", default=None)
     ap.add_argument("--json", default=None)
@@ -264,11 +268,11 @@ def main(argv: list[str] | None = None) -> int:
         ms = statistics.median(x["step_ms"] for x in res[mode])
         close = statistics.median(x["close_ms"] for x in res[mode])
         added = 100 * (ms / plain - 1)
-        goal = work.goals.get(mode)
+        goal = work.goals.get(mode.partition("@")[0])
         kernel = res[mode][0]["kernel"]
         summary[mode] = {"step_ms": ms, "added_pct": added, "goal_pct": goal, "close_ms": close, "kernel": kernel,
                          "sign_bytes_per_step": res[mode][0]["sign_bytes_per_step"]}
-        print(f"  rlprobe {mode}   {ms:9.1f} ms/step  {added:+.1f}%" + (f" (goal <= {goal}%)" if goal else "")
+        print(f"  rlprobe {mode:6s}{ms:9.1f} ms/step  {added:+.1f}%" + (f" (goal <= {goal}%)" if goal else "")
               + f"  close {close:.0f} ms, signs {res[mode][0]['sign_bytes_per_step'] / 1e6:.1f} MB a step, "
               f"kernel: {kernel}")
     line = json.dumps({"summary": summary, "runs": res})

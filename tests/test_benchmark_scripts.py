@@ -48,13 +48,13 @@ def test_decoder_workload_runs_on_cpu(tmp_path, monkeypatch, capsys):
 
     out = tmp_path / "r.json"
     assert grad_gpu_overhead.main(["--workload", "decoder", "--device", "cpu", "--smoke", "--tmp", str(tmp_path),
-                                   "--json", str(out)]) == 0
+                                   "--levels", "L1,L2,L2@0", "--json", str(out)]) == 0
     summary = json.loads(out.read_text())["summary"]
     # 2 layers of 9 tensors (2 norms, q/k/v/o, gate/up/down) + embedding, final norm, LM head
     dim, ffn, vocab = 64, 128, 256
     per_layer = 4 * dim * dim + 3 * dim * ffn + 2 * dim
     assert summary["tensors"] == 21 and summary["params"] == 2 * per_layer + 2 * vocab * dim + dim
-    for level, goal in (("L1", 2), ("L2", 3)):
+    for level, goal in (("L1", 2), ("L2", 3), ("L2@0", 3)):  # L2@0: level L2 with flush_interval=0
         assert summary[level]["goal_pct"] == goal and summary[level]["kernel"] == "numba (CPU)"
         assert summary[level]["sign_bytes_per_step"] > summary["params"] / 8
     assert "Llama-architecture decoder" in capsys.readouterr().out
