@@ -192,3 +192,17 @@ def test_startup_bytecode_copy_is_compiled_and_runs(tmp_path, monkeypatch):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["counts"] == {"mismatch": 1} and summary["first_divergence"]["key"] == "x"  # B is A + 1e-3
     sys.modules.pop("startup", None)
+
+
+def test_core_scaling_script_measures_one_process_against_two(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import core_scaling
+
+    out = tmp_path / "r.json"
+    assert core_scaling.main(["--repeat", "1", "--scale", "0.01", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert sorted(figures) == ["blake2b", "numpy sort", "python loop"]
+    for f in figures.values():
+        assert f["one_s"] > 0 and f["two_s"] > 0 and f["throughput_of_two"] == 2 * f["one_s"] / f["two_s"]
+    assert "two cores do" in capsys.readouterr().out
+    sys.modules.pop("core_scaling", None)

@@ -81,15 +81,24 @@ def write_key_data(writer: BackgroundWriter, layout: DumpLayout | None, step: in
     write_save_calls(writer, [SaveCall(layout, step, jobs, save_tensors, None, call)])  # type: ignore[arg-type]
 
 
-def _key_data_of_calls(writer: BackgroundWriter, calls: list[SaveCall]
-                       ) -> list[tuple[TensorPack | None, list[dict[str, Any]], list[dict[str, Any]], list[str]]]:
-    """Per call: its packed file (records written into it), its absent rows, its tensor rows and errors.
-    The small tensors of all calls are reduced together (capture/writer.py, tensor_rows_of)."""
+def _key_data_of_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> list[
+        tuple[TensorPack | None, bool, list[dict[str, Any]], list[dict[str, Any]], list[str]]]:
+    """Per call: its packed file (records written into it), whether the call renames it into place, its
+    absent rows, its tensor rows and errors. The calls of one step taken together share one packed file,
+    named after the first of them (`call=<C>`: docs/dump-format.md, change 13): a step of three calls
+    creates one file, not three. The small tensors of all calls are reduced together
+    (capture/writer.py, tensor_rows_of)."""
     sink = writer.sink
-    planned: list[tuple[TensorPack | None, list[dict[str, Any]], list[TensorRow]]] = []
+    planned: list[tuple[TensorPack | None, bool, list[dict[str, Any]], list[TensorRow]]] = []
+    packs: dict[int, tuple[str, TensorPack]] = {}  # step -> its packed file in this batch
     for c in calls:
-        pack_path = key_data_pack(c.step, sink.rank, c.call) if c.save_tensors else None
-        folder = TensorPack(os.path.join(os.fspath(sink.layout.root), pack_path)) if pack_path else None
+        pack_path, folder, owner = None, None, False
+        if c.save_tensors:
+            if c.step not in packs:
+                path = key_data_pack(c.step, sink.rank, c.call)
+                packs[c.step] = (path, TensorPack(os.path.join(os.fspath(sink.layout.root), path)))
+                owner = True
+            pack_path, folder = packs[c.step]
         absent, items = [], []
         for job in c.jobs:
             keys = {"key": job.key, "step": c.step, "micro_step": job.micro_step, "index": job.index,
@@ -103,24 +112,29 @@ def _key_data_of_calls(writer: BackgroundWriter, calls: list[SaveCall]
                 f"key {job.key!r} step {c.step} micro_step {job.micro_step}"
                 + (f" index {job.index!r}" if job.index else ""),
                 pack_path, name, folder))
-        planned.append((folder, absent, items))
+        planned.append((folder, owner, absent, items))
     errors: list[str] = []
-    done = dict(tensor_rows_of(writer, [item for _, _, items in planned for item in items], "key_data", errors))
+    done = dict(tensor_rows_of(writer, [item for *_, items in planned for item in items], "key_data", errors))
     writer.report(errors)
-    return [(folder, absent, [done[id(item)] for item in items if id(item) in done], [])
-            for folder, absent, items in planned]
+    return [(folder, owner, absent, [done[id(item)] for item in items if id(item) in done], [])
+            for folder, owner, absent, items in planned]
 
 
-def _publish(writer: BackgroundWriter, samples: pa.Table | None, folder: TensorPack | None,
+def _publish(writer: BackgroundWriter, samples: pa.Table | None, folder: TensorPack | None, owner: bool,
              absent: list[dict[str, Any]], rows: list[dict[str, Any]], errors: list[str]) -> None:
-    """One call's rows into the rank's buffers (sample rows, then key data: absent rows first), its
-    packed file renamed into place first (rows keep their statistics, without files, if it cannot be)."""
+    """One call's rows into the rank's buffers (sample rows, then key data: absent rows first). The
+    first call of its packed file (`owner`) renames it into place first, holding the records of the
+    step's later calls too (all written before any call is published); if that fails, every call's rows
+    in it keep their statistics, without files."""
     sink = writer.sink
     if samples is not None:
         sink.add_row("sample", samples)
     if folder is not None:
         try:
-            sink.commit_folder(folder)
+            if owner:
+                sink.commit_folder(folder)
+            elif folder.lost is not None:
+                raise folder.lost
         except OSError as e:
             folder_lost(folder, rows, "key_data", sink, errors, e)
     for row in absent + rows:

@@ -215,9 +215,10 @@ _ZEROS = bytes(RECORD_ALIGN)
 
 
 class TensorPack:
-    """The records of one save call, written in order into a temporary file that `commit()` renames
-    to `path` (docs/dump-format.md, "Files"). AtomicFolder's interface (save_npy, commit, discard,
-    files, nbytes), but `save_npy` returns where the record went: its offset and length."""
+    """The records of one save call (or of a step's calls written together), written in order into a
+    temporary file that `commit()` renames to `path` (docs/dump-format.md, "Files"). AtomicFolder's
+    interface (save_npy, commit, discard, files, nbytes), but `save_npy` returns where the record went:
+    its offset and length."""
 
     def __init__(self, path: str):
         self.path = path
@@ -229,6 +230,7 @@ class TensorPack:
         self.records = 0
         self.nbytes = 0
         self._failed: OSError | None = None  # a record that failed half-way: the file (and its offsets) is gone
+        self.lost: OSError | None = None  # why commit() failed: no record of the file is on disk
 
     def save_npy(self, name: str, array: np.ndarray) -> tuple[int, int]:
         """Append `array` as one .npy record; returns (offset, length). `name` is unused (the row
@@ -267,15 +269,17 @@ class TensorPack:
         failure the temporary file is removed and the error raised; a pack whose record failed raises too
         (its other records went with the temporary file)."""
         if self._failed is not None:
-            raise OSError(f"{self.path}: a record could not be written ({self._failed}); the file is not written")
+            self.lost = OSError(f"{self.path}: a record could not be written ({self._failed}); the file is not written")
+            raise self.lost
         if self._fd < 0:
             return
         try:
             os.close(self._fd)
             self._fd = -1
             os.rename(self._tmp, self.path)
-        except OSError:
+        except OSError as e:
             self.discard()
+            self.lost = e
             raise
 
     def discard(self) -> None:

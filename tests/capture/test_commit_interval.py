@@ -91,11 +91,19 @@ def test_deferred_calls_reach_the_writer_when_many_wait_and_give_the_rows_of_one
         dump = rlprobe.open(path)
         assert dump.rank_manifests[0]["committed_steps"] == [0, 1, 2, *([3] if interval else [])]
         kd = dump.key_data().collect().filter(pl.col("step") < 3).sort("step", "micro_step", "key")
+        # which packed file holds a tensor depends on how the writer took the calls (docs/dump-format.md,
+        # "Files"): the tensors themselves must be the same
+        tensors = [None if r["tensor_file"] is None else dump.tensor(r["key"], r["step"], micro_step=r["micro_step"])
+                   for r in kd.iter_rows(named=True)]
+        kd = kd.drop("tensor_file", "tensor_offset", "tensor_length")
         samples = pl.from_arrow(dump.arrow("sample")).sort("step", "micro_step", "key", "row")
-        tables[interval] = (kd, samples)
+        tables[interval] = (kd, samples, tensors)
     assert tables[3600][0].equals(tables[0][0], null_equal=True)
     assert tables[3600][1].equals(tables[0][1], null_equal=True)
     assert tables[0][1].height == 3 * 2 * 2  # a row per sample
+    assert [t is None for t in tables[0][2]] == [k == "absent" for k in tables[0][0]["key"]]
+    for a, b in zip(tables[3600][2], tables[0][2]):
+        assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b))
 
 
 def test_zero_interval_commits_every_step(tmp_path):

@@ -1,5 +1,6 @@
 """The writer process (rlprobe/capture/writer_process.py) works out key data outside the training
-process: the dump it writes is the writer thread's, byte for byte; its failures come back to the
+process: the dump it writes holds the writer thread's rows and tensors, byte for byte (the thread packs
+the save calls of a step into one file, the process a file per call); its failures come back to the
 training thread as ProbeErrors naming the file; a killed writer process is reported and the
 writer thread takes over; calls it cannot take (snapshots outside the staging ring) keep the
 sample occurrence counts right."""
@@ -59,10 +60,15 @@ def _dump(path: Path) -> tuple[list[dict], list[dict], dict[str, bytes], dict]:
     dump = rlprobe.open(path)
     order = ("step", "key", "micro_step", "index")
     rows = dump.key_data().sort(*order).collect().drop("rank").to_dicts()
+    tensors = {}  # each row's tensor as its reader gives it: the bytes, dtype and shape stored
+    for row in rows:
+        if row.pop("tensor_file") is not None:
+            array = dump.tensor(row["key"], row["step"], micro_step=row["micro_step"], index=row["index"])
+            tensors[tuple(row[c] for c in order)] = (array.tobytes(), array.dtype.str, array.shape)
+        del row["tensor_offset"], row["tensor_length"]  # where in which packed file: the files differ
     samples = dump.arrow("sample").sort_by([(c, "ascending") for c in ("step", "key", "micro_step", "row")])
-    files = {f.relative_to(path).as_posix(): f.read_bytes() for f in sorted((path / "tensors").rglob("*.npy*"))}
     manifest = json.loads((path / "rank0.json").read_text())
-    return rows, samples.drop_columns(["rank"]).to_pylist(), files, manifest
+    return rows, samples.drop_columns(["rank"]).to_pylist(), tensors, manifest
 
 
 @pytest.mark.parametrize("stats_only", [False, True])
@@ -71,18 +77,23 @@ def test_the_writer_process_writes_what_the_writer_thread_writes(tmp_path, monke
     for mode in ("0", "1"):
         monkeypatch.setenv(writer_process.ENV, mode)
         paths[mode] = tmp_path / f"dump{mode}"
-        with rlprobe.Probe(paths[mode], rank=0, world_size=1, run_id="same", stats_only=stats_only) as probe:
+        # flush_interval: the writer takes the calls together at flush(), however slow this machine is
+        with rlprobe.Probe(paths[mode], rank=0, world_size=1, run_id="same", stats_only=stats_only,
+                           flush_interval=3600) as probe:
             _workload(probe)
             probe.flush()
             in_process = probe._writer.process is not None and probe._writer.samples_remote
             assert in_process == (mode == "1")  # the work really went where the switch says
     thread, process = _dump(paths["0"]), _dump(paths["1"])
-    assert process[0] == thread[0]  # key_data rows: statistics, hashes, tensor files
+    assert process[0] == thread[0]  # key_data rows: statistics, hashes
     assert process[1] == thread[1]  # sample rows: ids, occurrences, row hashes
     assert len(process[1]) > 0 and any(r["occurrence"] == 1 for r in process[1])
-    assert process[2] == thread[2]  # .npy bytes
+    assert process[2] == thread[2]  # the tensors' bytes
     assert (len(process[2]) == 0) == stats_only
-    for field in ("committed_steps", "incomplete_steps", "rows", "tensor_files", "tensor_bytes", "errors", "lost"):
+    # the same records (each padded to 64 bytes) in fewer files: 5 save calls a step, one packed file
+    assert thread[3]["tensor_files"] == (0 if stats_only else 3)
+    assert process[3]["tensor_files"] == 5 * thread[3]["tensor_files"]
+    for field in ("committed_steps", "incomplete_steps", "rows", "tensor_bytes", "errors", "lost"):
         assert process[3][field] == thread[3][field], field
 
 

@@ -1,5 +1,6 @@
 """Key-data tensor files: one packed file per save call (each tensor a .npy record at an offset,
-seventh session), and dumps in the layouts before it.
+seventh session), the save calls of a step that the writer takes together in one (twelfth session),
+and dumps in the layouts before it.
 
 Readers follow each row's tensor_file (and tensor_offset/tensor_length where set), so a dump written
 with a folder per save call (issue 15, `tensors/key_data/step=<S>/rank=<R>/call=<C>/<key>.npy`) or a
@@ -9,6 +10,7 @@ folder per key, step, rank and micro step (`tensors/key_data/key=<k>/step=<S>/ra
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from tests.lake.layouts import unpack
 
 
 def _write(path: Path, steps: int = 3, **kw) -> None:
+    kw.setdefault("flush_interval", 3600)  # the writer takes every call at close(), however slow the machine
     with rlprobe.Probe(path, rank=0, world_size=1, **kw) as probe:
         for s in range(steps):
             probe.save({"log_prob": np.arange(6, dtype=np.float32) + s, "pair": [np.arange(3) * s, np.ones(2, bool)],
@@ -47,7 +50,7 @@ def _to_old_layout(path: Path) -> None:
         shutil.rmtree(step)
 
 
-def test_a_save_call_is_one_packed_file_of_aligned_npy_records(tmp_path):
+def test_the_save_calls_of_a_step_are_one_packed_file_of_aligned_npy_records(tmp_path):
     path = tmp_path / "dump"
     _write(path)
     dump = rlprobe.open(path)
@@ -55,33 +58,34 @@ def test_a_save_call_is_one_packed_file_of_aligned_npy_records(tmp_path):
     at = {(r["key"], r["step"], r["micro_step"], r["index"]): r for r in rows}
     assert at[("log_prob", 1, 0, "")]["tensor_file"] == "tensors/key_data/step=1/rank=0/call=0.npys"
     assert at[("pair", 1, 0, "1")]["tensor_file"] == "tensors/key_data/step=1/rank=0/call=0.npys"
-    assert at[("log_prob", 1, 1, "")]["tensor_file"] == "tensors/key_data/step=1/rank=0/call=1.npys"
+    assert at[("log_prob", 1, 1, "")]["tensor_file"] == "tensors/key_data/step=1/rank=0/call=0.npys"  # call 1
     absent = at[("old_log_prob", 1, 0, "")]
     assert absent["tensor_file"] is None and absent["tensor_offset"] is None  # absent: a row, no record
     for step in range(3):
         calls = path / "tensors" / "key_data" / f"step={step}" / "rank=0"
-        assert sorted(p.name for p in calls.iterdir()) == ["call=0.npys", "call=1.npys"]  # no temporary left
+        assert sorted(p.name for p in calls.iterdir()) == ["call=0.npys"]  # no temporary left
         records = pack_records(str(calls / "call=0.npys"))
-        # the records in the order the call saved them, each where its row says, its data 64-byte aligned
+        # the records in the order the calls saved them, each where its row says, its data 64-byte aligned
         mine = [at[(k, step, 0, i)] for k, i in (("log_prob", ""), ("pair", "0"), ("pair", "1"), ("cfg", "lr"))]
+        mine.append(at[("log_prob", step, 1, "")])
         assert [(r.offset, r.length) for r, _ in records] == [(m["tensor_offset"], m["tensor_length"]) for m in mine]
         assert all(r.offset % 64 == 0 and layout.data_offset % 64 == 0 for r, layout in records)
-        assert [layout.shape for _, layout in records] == [(6,), (3,), (2,), ()]
+        assert [layout.shape for _, layout in records] == [(6,), (3,), (2,), (), (4,)]
         np.testing.assert_array_equal(dump.tensor("log_prob", step, micro_step=1), np.full(4, -step, np.float32))
         np.testing.assert_array_equal(dump.tensor("pair", step, index="0"), np.arange(3) * step)
         assert dump.tensor("cfg", step, index="lr") == np.float64(0.5 + step)
     on_disk = sorted(p.relative_to(path).as_posix() for p in (path / "tensors").rglob("*") if p.is_file())
     assert on_disk == sorted({r["tensor_file"] for r in rows if r["tensor_file"]})
-    assert dump.rank_manifests[0]["tensor_files"] == len(on_disk) == 6  # 2 save calls a step, 3 steps
+    assert dump.rank_manifests[0]["tensor_files"] == len(on_disk) == 3  # 2 save calls a step in one file, 3 steps
     assert dump.rank_manifests[0]["tensor_bytes"] == sum((path / f).stat().st_size for f in on_disk)
 
 
-def test_files_created_a_step_are_the_save_calls(tmp_path):
+def test_a_step_creates_one_file(tmp_path):
     """The point of packing (docs/trl.md "Overhead"): a step of 3 save calls of 22 tensors (TRL's) creates
-    3 files, where a folder per call created 25 (3 folders, 22 files)."""
+    one file, where a file per call created 3 and a folder per call 25 (3 folders, 22 files)."""
     path = tmp_path / "dump"
     steps = 4
-    with rlprobe.Probe(path, rank=0, world_size=1) as probe:
+    with rlprobe.Probe(path, rank=0, world_size=1, flush_interval=3600) as probe:
         for s in range(steps):
             probe.save({f"rollout_{i}": np.full(8, s + i, np.float32) for i in range(12)})
             for micro in range(2):
@@ -90,11 +94,58 @@ def test_files_created_a_step_are_the_save_calls(tmp_path):
     tensors = path / "tensors" / "key_data"
     files = [p for p in tensors.rglob("*") if p.is_file()]
     folders = [p for p in tensors.rglob("*") if p.is_dir()]
-    assert len(files) == 3 * steps
+    assert len(files) == steps
     assert len(folders) == 2 * steps  # step=<S> and its rank=<R>
     dump = rlprobe.open(path)
     assert dump.key_data().collect().height == 22 * steps
     np.testing.assert_array_equal(dump.tensor("update_4", 3, micro_step=1), np.full(16, 1, np.float32))
+
+
+def test_a_step_the_writer_takes_in_two_batches_has_two_files_named_after_their_first_calls(tmp_path):
+    path = tmp_path / "dump"
+    with rlprobe.Probe(path, rank=0, world_size=1, flush_interval=3600) as probe:
+        probe.save({"a": np.arange(3)})
+        probe.save({"a": np.arange(4)})
+        probe.flush()  # the writer takes calls 0 and 1 now, call 2 at close()
+        probe.save({"a": np.arange(5)})
+        probe.step()
+    dump = rlprobe.open(path)
+    rows = {r["micro_step"]: r for r in dump.key_data().collect().to_dicts()}
+    step = "tensors/key_data/step=0/rank=0"
+    assert [rows[m]["tensor_file"] for m in range(3)] == [f"{step}/call=0.npys"] * 2 + [f"{step}/call=2.npys"]
+    assert [rows[m]["tensor_offset"] for m in range(3)] == [0, 192, 0]  # 128-byte header, data padded to 64
+    for m in range(3):
+        np.testing.assert_array_equal(dump.tensor("a", 0, micro_step=m), np.arange(3 + m))
+    assert dump.rank_manifests[0]["tensor_files"] == 2
+
+
+def test_a_steps_packed_file_that_cannot_be_put_in_place_keeps_every_calls_statistics(tmp_path, monkeypatch):
+    """Its rename fails (a folder is where it goes): the rows of each call in it keep their statistics, no
+    file, each named in the error; the next step's file is written."""
+    monkeypatch.delenv("RLPROBE_WRITER_PROCESS", raising=False)  # the writer thread's packing
+    path = tmp_path / "dump"
+    probe = rlprobe.Probe(path, rank=0, world_size=1, flush_interval=3600)
+    blocked = path / "tensors" / "key_data" / "step=0" / "rank=0" / "call=0.npys"
+    blocked.mkdir(parents=True)
+    (blocked / "z.npy").write_text("a folder where step 0's packed file goes")
+    probe.save({"x": np.ones(3)})
+    probe.save({"y": np.full(2, 7.0), "w": np.zeros(2)})
+    probe.step()
+    probe.save({"x": np.ones(4)})
+    with pytest.raises(rlprobe.ProbeError) as raised:
+        probe.flush()
+    assert re.search(r"key 'x' step 0 micro_step 0: tensor not written to .*step=0.*call=0\.npys.*its statistics are "
+                     r"kept \(and 2 more; see .*rank0\.json\)", str(raised.value))
+    probe.close()
+    dump = rlprobe.open(path)
+    errors = dump.rank_manifests[0]["errors"]
+    for key in ("x", "y", "w"):
+        assert any(re.search(rf"key '{key}' step 0 micro_step 0: tensor not written to .*step=0.*call=0\.npys", e)
+                   for e in errors), (key, errors)
+    rows = {(r["key"], r["step"]): r for r in dump.key_data().collect().to_dicts()}
+    assert [rows[k, 0]["tensor_file"] for k in ("x", "y", "w")] == [None] * 3
+    assert rows["y", 0]["max"] == 7.0
+    np.testing.assert_array_equal(dump.tensor("x", 1), np.ones(4))
 
 
 def test_long_and_unsafe_names_are_records_of_one_file(tmp_path):
@@ -189,7 +240,7 @@ def test_overwriting_an_old_layout_dump_removes_its_tensors(tmp_path):
         rlprobe.Probe(path, rank=0, world_size=1)
     _write(path, steps=1, mode="overwrite")
     assert not list((path / "tensors" / "key_data").glob("key=*/step=*/rank=0"))
-    assert sorted(p.name for p in (path / "tensors").rglob("*") if p.is_file()) == ["call=0.npys", "call=1.npys"]
+    assert sorted(p.name for p in (path / "tensors").rglob("*") if p.is_file()) == ["call=0.npys"]
 
 
 def test_a_hidden_call_folder_or_packed_file_is_read_by_no_one(tmp_path):
