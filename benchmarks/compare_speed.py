@@ -14,6 +14,9 @@ the child's rusage from wait4, steadier than wall time on a shared machine) are 
 start-up (two one-step dumps of one 4-element tensor). With --baseline, the same commands run from another checkout too
 (PYTHONPATH), alternating with this one, for paired ratios. Prints every target of issue 18 with
 its measured value. The dumps are written once into --cache (default: a temp folder; large: ~1.3 GB).
+Then (unless --no-core-scaling) benchmarks/core_scaling.py says what two busy processes get done on
+this machine against one: a 2-worker ratio cannot exceed it (~2.0 on two whole cores; 1.45-1.89 on the
+test VM's two vCPUs, docs/compare.md "Twelfth session").
 
 rlprobe runs as installed, as msprobe does from its virtual environment: each checkout's package (and
 its bundled sql/, pipelines/, examples/) is copied into the work folder and byte-compiled first, as pip
@@ -58,6 +61,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_workloads  # noqa: E402  (benchmarks/ is not a package)
+import core_scaling  # noqa: E402
 from startup import installed_copy  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -134,6 +138,8 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, help="another rlprobe checkout, run alternately for paired ratios")
     ap.add_argument("--source", action="store_true",
                     help="run each checkout's own sources instead of a byte-compiled copy (as installed)")
+    ap.add_argument("--no-core-scaling", action="store_true",
+                    help="skip core_scaling.py's measure of what two busy processes do against one here (~30 s)")
     args = ap.parse_args()
 
     msprobe_py = Path(os.environ.get("MSPROBE_PYTHON", HERE.parent / ".venv-msprobe" / "bin" / "python"))
@@ -208,6 +214,9 @@ def main() -> None:
                 subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
                 record("cat/large/s", time.perf_counter() - t0)
         report_targets(runs, dumps, list(versions))
+        if not args.no_core_scaling:  # the ceiling of the 2-worker ratios on this machine (docs/compare.md)
+            print("\n== this machine: two busy processes against one (benchmarks/core_scaling.py) ==")
+            core_scaling.main(["--repeat", "3"])
         print(f"timed runs that compiled a kernel (changed numba's cache): {', '.join(compiled) or 'none'}")
         print("runs:", json.dumps(runs))
     finally:
