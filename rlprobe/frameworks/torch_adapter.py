@@ -105,7 +105,8 @@ class TorchAdapter(Adapter):
         leaves: list[StagedLeaf | None] = [None] * len(values)
         on_device: dict[torch.device, list[int]] = {}
         on_host: list[int] = []
-        detached = [t.detach() for t in values]
+        # detach() makes a tensor object (~5 us, on the training thread): only where autograd tracks one
+        detached = [t.detach() if t.requires_grad else t for t in values]
         for i, t in enumerate(detached):
             _check_storage(t)
             _dtype_name(t.dtype)  # refuses complex and other unsupported dtypes
