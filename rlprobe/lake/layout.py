@@ -83,9 +83,9 @@ def key_data_call_dir(step: int, rank: int, call: int) -> str:
 
 
 def key_data_pack(step: int, rank: int, call: int) -> str:
-    """The packed file of one save call's key-data tensors, relative to the dump root, POSIX
-    separators: each tensor a .npy record at an offset (lake/tensor_pack.py), written as a hidden
-    temporary file and renamed into place once, complete."""
+    """The packed file of a step's key-data tensors from its `call`-th save call on (the calls the
+    writer takes together), relative to the dump root, POSIX separators: each tensor a .npy record at
+    an offset (lake/tensor_pack.py), written as a hidden temporary file and renamed into place once."""
     return f"tensors/key_data/step={step}/rank={rank}/call={call}{PACK_SUFFIX}"
 
 
