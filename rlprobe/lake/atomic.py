@@ -111,7 +111,15 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> int:
 
 
 def atomic_write_json(path: Path, obj: Any) -> int:
-    data = json.dumps(obj, indent=2, sort_keys=False, default=str).encode("utf-8")
+    """`obj` as JSON, a dict one key a line with each value on its line: json's C encoder (an indent
+    makes json use its Python one, ~5 x slower: a rank manifest of 100,000 committed steps took 31 ms
+    a commit, holding the GIL the training thread needs, against 8 ms)."""
+    if isinstance(obj, dict) and obj and all(isinstance(k, str) for k in obj):
+        lines = (f"  {json.dumps(k)}: {json.dumps(v, default=str)}" for k, v in obj.items())
+        text = "{\n" + ",\n".join(lines) + "\n}"
+    else:
+        text = json.dumps(obj, default=str)
+    data = text.encode("utf-8")
     return atomic_write(path, lambda f: f.write(data))
 
 

@@ -109,3 +109,24 @@ def test_a_file_that_fails_half_way_is_removed(tmp_path, monkeypatch):
     monkeypatch.undo()
     folder.commit()
     assert sorted(p.name for p in (tmp_path / "call=0").iterdir()) == ["good.npy"]
+
+
+def test_json_files_are_a_key_a_line_and_read_back_as_json_wrote_them(tmp_path):
+    """atomic_write_json uses json's C encoder (no indent) for each value: the same data, a top-level key a line."""
+    import json
+
+    from rlprobe.lake.atomic import atomic_write_json
+
+    cases = [{"run_id": "r", "committed_steps": list(range(3)), "rows": {"key_data": 3}, "errors": ['a "b"\n'],
+              "x": float("nan"), "path": tmp_path},
+             {}, [1, {"a": None}], {1: "int key", "b": 2}, "text"]
+    for obj in cases:
+        atomic_write_json(tmp_path / "m.json", obj)
+        text = (tmp_path / "m.json").read_text(encoding="utf-8")
+        assert json.dumps(json.loads(text)) == json.dumps(obj, default=str)  # NaN and all
+    atomic_write_json(tmp_path / "m.json", cases[0])
+    text = (tmp_path / "m.json").read_text(encoding="utf-8")
+    back = json.loads(text)
+    assert back["committed_steps"] == [0, 1, 2] and back["errors"] == ['a "b"\n'] and back["path"] == str(tmp_path)
+    assert back["x"] != back["x"]  # NaN, as json writes it
+    assert text.splitlines()[1:3] == ['  "run_id": "r",', '  "committed_steps": [0, 1, 2],']
