@@ -231,7 +231,7 @@ class RankWriter:
     def write_manifest(self) -> list[str]:
         self.manifest["updated_at"] = time.time()
         try:
-            atomic_write_json(self.layout.rank_manifest(self.rank), self.manifest)
+            atomic_write_json(self.layout.rank_manifest(self.rank), self.manifest, key_lines=True)
         except OSError as e:
             return [f"writing {self.layout.rank_manifest(self.rank)}: {e}"]
         return []

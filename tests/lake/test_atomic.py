@@ -112,7 +112,8 @@ def test_a_file_that_fails_half_way_is_removed(tmp_path, monkeypatch):
 
 
 def test_json_files_are_a_key_a_line_and_read_back_as_json_wrote_them(tmp_path):
-    """atomic_write_json uses json's C encoder (no indent) for each value: the same data, a top-level key a line."""
+    """atomic_write_json(key_lines=True), as rank manifests are written: json's C encoder (no indent) for each
+    value, the same data, a top-level key a line; without it, indented as before."""
     import json
 
     from rlprobe.lake.atomic import atomic_write_json
@@ -121,10 +122,12 @@ def test_json_files_are_a_key_a_line_and_read_back_as_json_wrote_them(tmp_path):
               "x": float("nan"), "path": tmp_path},
              {}, [1, {"a": None}], {1: "int key", "b": 2}, "text"]
     for obj in cases:
-        atomic_write_json(tmp_path / "m.json", obj)
-        text = (tmp_path / "m.json").read_text(encoding="utf-8")
-        assert json.dumps(json.loads(text)) == json.dumps(obj, default=str)  # NaN and all
-    atomic_write_json(tmp_path / "m.json", cases[0])
+        for key_lines in (True, False):
+            atomic_write_json(tmp_path / "m.json", obj, key_lines=key_lines)
+            text = (tmp_path / "m.json").read_text(encoding="utf-8")
+            assert json.dumps(json.loads(text)) == json.dumps(obj, default=str)  # NaN and all
+    assert text == json.dumps(cases[-1], indent=2)
+    atomic_write_json(tmp_path / "m.json", cases[0], key_lines=True)
     text = (tmp_path / "m.json").read_text(encoding="utf-8")
     back = json.loads(text)
     assert back["committed_steps"] == [0, 1, 2] and back["errors"] == ['a "b"\n'] and back["path"] == str(tmp_path)
