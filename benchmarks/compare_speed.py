@@ -15,7 +15,7 @@ start-up (two one-step dumps of one 4-element tensor). With --baseline, the same
 (PYTHONPATH), alternating with this one, for paired ratios. Prints every target of issue 18 with
 its measured value. The dumps are written once into --cache (default: a temp folder; large: ~1.3 GB).
 Then (unless --no-core-scaling) benchmarks/core_scaling.py says what two busy processes get done on
-this machine against one: a 2-worker ratio cannot exceed it (~2.0 on two whole cores; 1.45-1.89 on the
+this machine against one: a 2-worker ratio cannot exceed it (~2.0 on two whole cores; 1.45-1.92 on the
 test VM's two vCPUs, docs/compare.md "Twelfth session").
 
 rlprobe runs as installed, as msprobe does from its virtual environment: each checkout's package (and
