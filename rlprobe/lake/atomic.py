@@ -222,13 +222,19 @@ class AtomicFolder:
 
 RECORD_ALIGN = 64  # a packed file's records start at multiples of this (numpy pads its header to it too)
 _ZEROS = bytes(RECORD_ALIGN)
+# records smaller than this are copied into the pack's buffer and written with the others in one write
+# (a key-data record is typically a few hundred bytes: two system calls each cost more than the copy);
+# the buffer is written out when it reaches PACK_BUFFER_BYTES, before a larger record, and at commit()
+PACK_BUFFERED_BELOW = 64 << 10
+PACK_BUFFER_BYTES = 1 << 20
 
 
 class TensorPack:
-    """The records of one save call (or of a step's calls written together), written in order into a
-    temporary file that `commit()` renames to `path` (docs/dump-format.md, "Files"). AtomicFolder's
-    interface (save_npy, commit, discard, files, nbytes), but `save_npy` returns where the record went:
-    its offset and length."""
+    """The records of the save calls the writer takes together, written in order into a temporary file
+    that `commit()` renames to `path` (docs/dump-format.md, "Files"). AtomicFolder's interface (save_npy,
+    commit, discard, files, nbytes), but `save_npy` returns where the record went: its offset and length.
+    Small records are buffered and reach the file at the latest in `commit()`, which raises (and removes
+    the file) if any write failed."""
 
     def __init__(self, path: str):
         self.path = path
@@ -236,10 +242,11 @@ class TensorPack:
         self._tmp = path[:at] + _tmp_name(path[at:])
         self._fd = -1
         self._at = 0  # where the next record starts (a multiple of RECORD_ALIGN)
+        self._buffer = bytearray()  # small records not yet written (they end at self._at)
         self.files = 0  # pack files written: 1 once a record is
         self.records = 0
         self.nbytes = 0
-        self._failed: OSError | None = None  # a record that failed half-way: the file (and its offsets) is gone
+        self._failed: OSError | None = None  # a write failed: the file (and its offsets) is gone
         self.lost: OSError | None = None  # why commit() failed: no record of the file is on disk
 
     def save_npy(self, name: str, array: np.ndarray) -> tuple[int, int]:
@@ -248,9 +255,6 @@ class TensorPack:
         if self._failed is not None:  # the records before it went with the file: none can be written after it
             raise OSError(f"{self.path}: an earlier record could not be written ({self._failed})")
         array = np.asarray(array, order="C")
-        if self._fd < 0:
-            self._fd = _open_new_fd(self._tmp)
-            self.files = 1
         header = _npy_header(array)
         if header is None:  # an object dtype or a header too long for format 1.0: numpy's own bytes
             out = io.BytesIO()
@@ -261,12 +265,22 @@ class TensorPack:
         length = len(header) + data.nbytes
         pad = -length % RECORD_ALIGN
         try:
-            _write_all(self._fd, header, data)
-            if pad:
-                os.write(self._fd, _ZEROS[:pad])
+            if self._fd < 0:
+                self._fd = _open_new_fd(self._tmp)
+                self.files = 1
+            if length < PACK_BUFFERED_BELOW:
+                self._buffer += header
+                self._buffer += memoryview(data)  # not `+= data`: numpy's own + would take over
+                self._buffer += _ZEROS[:pad]
+                if len(self._buffer) >= PACK_BUFFER_BYTES:
+                    self._write_buffer()
+            else:
+                self._write_buffer()
+                _write_all(self._fd, header, data)
+                if pad:
+                    os.write(self._fd, _ZEROS[:pad])
         except BaseException as e:
-            self.discard()
-            self._failed = e if isinstance(e, OSError) else OSError(repr(e))
+            self._fail(e)
             raise
         offset = self._at
         self._at += length + pad
@@ -274,10 +288,27 @@ class TensorPack:
         self.nbytes += length + pad
         return offset, length
 
+    def _write_buffer(self) -> None:
+        if self._buffer:
+            with memoryview(self._buffer) as view:  # released before the buffer is cleared, also on an error
+                done = 0
+                while done < len(view):  # a short write (a signal): the rest
+                    done += os.write(self._fd, view[done:])
+            self._buffer.clear()
+
+    def _fail(self, e: BaseException) -> None:
+        self.discard()
+        self._failed = e if isinstance(e, OSError) else OSError(repr(e))
+
     def commit(self) -> None:
-        """Close the file and rename it into place (nothing to do when no record was written); on
-        failure the temporary file is removed and the error raised; a pack whose record failed raises too
-        (its other records went with the temporary file)."""
+        """Write what is buffered, close the file and rename it into place (nothing to do when no record
+        was written); on failure the temporary file is removed and the error raised; a pack whose record
+        failed raises too (its other records went with the temporary file)."""
+        if self._failed is None and self._fd >= 0:
+            try:
+                self._write_buffer()
+            except OSError as e:
+                self._fail(e)
         if self._failed is not None:
             self.lost = OSError(f"{self.path}: a record could not be written ({self._failed}); the file is not written")
             raise self.lost
@@ -294,6 +325,7 @@ class TensorPack:
 
     def discard(self) -> None:
         """Remove the temporary file and what was written into it."""
+        self._buffer.clear()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

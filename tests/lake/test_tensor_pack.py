@@ -17,6 +17,7 @@ from rlprobe.check.run import check_dump
 from rlprobe.compare.executor import PairTask, run_pairs
 from rlprobe.compare.run import compare_dumps
 from rlprobe.errors import DumpReadError
+from rlprobe.lake.atomic import PACK_BUFFERED_BELOW
 from rlprobe.lake.tensor_pack import Record, TensorPack, TensorRecordError, load_record, pack_records, record_layout
 
 from tests.lake.layouts import unpack
@@ -188,14 +189,14 @@ def test_a_truncated_pack_is_an_error_row_of_compare_naming_file_and_offset(smal
     with rlprobe.Probe(other, rank=0, world_size=1) as probe:
         probe.save({"first": np.arange(4, dtype=np.float32), "log_prob": np.arange(100, dtype=np.float32)})
         probe.step()
-    pack = other / "tensors/key_data/step=0/rank=0/call=0.npys"
+    pack = other / "tensors/key_data/rank=0/steps=0-0.call=0.npys"
     with open(pack, "r+b") as f:
         f.truncate(pack.stat().st_size - 100)
     tables, _ = compare_dumps(rlprobe.open(small), rlprobe.open(other), workers=1)
     rows = {r["key"]: r for r in tables["key_data"].to_pylist()}
     assert rows["first"]["status"] == "match"
     assert rows["log_prob"]["status"] == "error"
-    assert "call=0.npys at offset 192" in rows["log_prob"]["message"]  # the first record: 144 bytes, padded
+    assert "steps=0-0.call=0.npys at offset 192" in rows["log_prob"]["message"]  # the first record: 144 bytes, padded
     assert "beyond the file's end" in rows["log_prob"]["message"]
 
 
@@ -216,25 +217,58 @@ def test_the_executor_reads_a_record_and_names_a_bad_one(tmp_path):
         load_record(path, Record(places[2][0] + 16, places[2][1]))
 
 
-def test_a_record_that_fails_half_way_takes_the_pack_with_it(tmp_path):
-    """A file-size limit (a full disk, in effect) stops the second record: the pack is never renamed into
-    place, later records are refused, and no temporary is left, so no row can name a record that is gone."""
+@pytest.fixture
+def file_size_limit():
+    """RLIMIT_FSIZE of 4096 bytes (a full disk, in effect: a write beyond it fails with EFBIG) while the test
+    writes; put back before it checks."""
     import resource
     import signal
 
-    pack = TensorPack(str(tmp_path / "call=0.npys"))
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of a signal
+
+    def limit(on: bool) -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard) if on else (soft, hard))
+
     try:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
-        assert pack.save_npy("a", np.zeros(8, np.float32)) == (0, 160)
-        with pytest.raises(OSError):
-            pack.save_npy("b", np.zeros(4096, np.float32))
+        yield limit
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, previous)
+
+
+def test_a_record_that_fails_half_way_takes_the_pack_with_it(tmp_path, file_size_limit):
+    """A large record (written at once) fails: the pack is never renamed into place, later records are refused,
+    and no temporary is left, so no row can name a record that is gone."""
+    pack = TensorPack(str(tmp_path / "call=0.npys"))
+    file_size_limit(True)
+    assert pack.save_npy("a", np.zeros(8, np.float32)) == (0, 160)
+    with pytest.raises(OSError):
+        pack.save_npy("b", np.zeros(PACK_BUFFERED_BELOW // 4, np.float32))
+    file_size_limit(False)
     with pytest.raises(OSError, match="an earlier record could not be written"):
         pack.save_npy("c", np.zeros(2, np.float32))
     with pytest.raises(OSError, match=r"call=0\.npys: a record could not be written"):
         pack.commit()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_small_records_are_written_at_commit_whose_failure_takes_the_pack_with_it(tmp_path, file_size_limit):
+    """Small records wait in the pack's buffer and reach the file in one write at commit() (or when the
+    buffer fills): the file is not there before; a failed write at commit raises, and nothing is left."""
+    pack = TensorPack(str(tmp_path / "call=0.npys"))
+    places = [pack.save_npy(str(n), np.full(n, n, np.float32)) for n in (3, 600, 5)]
+    assert [p for p in tmp_path.iterdir()][0].stat().st_size == 0  # the hidden temporary, nothing written yet
+    pack.commit()
+    for n, place in zip((3, 600, 5), places):
+        np.testing.assert_array_equal(load_record(str(tmp_path / "call=0.npys"), Record(*place)),
+                                      np.full(n, n, np.float32))
+    failing = TensorPack(str(tmp_path / "other.npys"))
+    file_size_limit(True)
+    for n in (3, 1200, 5):  # more than 4,096 bytes: beyond the limit, none written yet
+        failing.save_npy(str(n), np.full(n, n, np.float32))
+    with pytest.raises(OSError, match=r"other\.npys: a record could not be written"):
+        failing.commit()
+    file_size_limit(False)
+    assert failing.lost is not None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["call=0.npys"]  # the failed file's temporary is gone
