@@ -84,21 +84,20 @@ def write_key_data(writer: BackgroundWriter, layout: DumpLayout | None, step: in
 def _key_data_of_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> list[
         tuple[TensorPack | None, bool, list[dict[str, Any]], list[dict[str, Any]], list[str]]]:
     """Per call: its packed file (records written into it), whether the call renames it into place, its
-    absent rows, its tensor rows and errors. The calls of one step taken together share one packed file,
-    named after the first of them (`call=<C>`: docs/dump-format.md, change 13): a step of three calls
-    creates one file, not three. The small tensors of all calls are reduced together
+    absent rows, its tensor rows and errors. The calls taken together share one packed file, named after
+    the first of them and the last step (docs/dump-format.md, change 14): the steps of a commit create one
+    file, not a file and two folders each. The small tensors of all calls are reduced together
     (capture/writer.py, tensor_rows_of)."""
     sink = writer.sink
     planned: list[tuple[TensorPack | None, bool, list[dict[str, Any]], list[TensorRow]]] = []
-    packs: dict[int, tuple[str, TensorPack]] = {}  # step -> its packed file in this batch
+    with_tensors = [c for c in calls if c.save_tensors]
+    pack_path, pack = None, None
+    if with_tensors:
+        first = with_tensors[0]
+        pack_path = key_data_pack(sink.rank, first.step, first.call, with_tensors[-1].step)
+        pack = TensorPack(os.path.join(os.fspath(sink.layout.root), pack_path))
     for c in calls:
-        pack_path, folder, owner = None, None, False
-        if c.save_tensors:
-            if c.step not in packs:
-                path = key_data_pack(c.step, sink.rank, c.call)
-                packs[c.step] = (path, TensorPack(os.path.join(os.fspath(sink.layout.root), path)))
-                owner = True
-            pack_path, folder = packs[c.step]
+        folder, owner = (pack, c is with_tensors[0]) if c.save_tensors else (None, False)
         absent, items = [], []
         for job in c.jobs:
             keys = {"key": job.key, "step": c.step, "micro_step": job.micro_step, "index": job.index,
@@ -106,12 +105,12 @@ def _key_data_of_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> list[
             if job.leaf is None:
                 absent.append({**keys, "absent": True})
                 continue
-            name = key_data_file_name(job.key, job.index) if pack_path else None
+            name = key_data_file_name(job.key, job.index) if folder else None
             items.append(TensorRow(
                 job.leaf, {**keys, "absent": False},
                 f"key {job.key!r} step {c.step} micro_step {job.micro_step}"
                 + (f" index {job.index!r}" if job.index else ""),
-                pack_path, name, folder))
+                pack_path if folder else None, name, folder))
         planned.append((folder, owner, absent, items))
     errors: list[str] = []
     done = dict(tensor_rows_of(writer, [item for *_, items in planned for item in items], "key_data", errors))

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from rlprobe.check import npy_layout
 from rlprobe.check.pair_part import Part, float_dtype
+from rlprobe.lake.layout import PACK_SUFFIX
 
 #: pair kinds in the order of their names (token_tables sorts keys by name, step, rank)
 KINDS = ("on_policy", "rollout_vs_log_prob", "rollout_vs_old")
@@ -24,8 +25,6 @@ _NAMES = ("log_prob", "old_log_prob", "rollout_log_prob", "response_mask")
 _LOG_PROB, _OLD, _ROLLOUT, _MASK = range(4)
 _ROW = ("canonical", "step", "rank", "micro_step", "index", "dtype", "shape", "tensor_file", "tensor_offset",
         "tensor_length")
-# a tensor file's folder (opened once a job) and its name, the last 4 parts (token_batch._split)
-_SPLIT = r"^(?:(?P<folder>.*?)/)??(?P<name>(?:[^/]*/){0,3}[^/]*)$"
 
 
 class PairIndex(NamedTuple):
@@ -195,9 +194,15 @@ def _files(column: pa.ChunkedArray) -> tuple[Any, ...]:
     starts, ends = ends[:-1], ends[1:]
     slash = np.flatnonzero(data[:ends[-1]] == ord("/"))
     last = np.searchsorted(slash, ends)  # slashes before each name's end
-    cut = starts - 1  # the slash before the name: none with fewer than 4 (token_batch._split)
-    four = last - np.searchsorted(slash, starts) >= 4
+    cut = starts - 1  # the slash before the name (token_batch._split): none with fewer than 4
+    within = last - np.searchsorted(slash, starts)  # slashes in each name
+    four = within >= 4
     cut[four] = slash[last[four] - 4]
+    suffix = np.frombuffer(PACK_SUFFIX.encode(), np.uint8)  # a packed file: its base name
+    long = np.flatnonzero(ends - starts >= len(suffix))
+    packed = long[(data[ends[long, None] - len(suffix) + np.arange(len(suffix))] == suffix).all(axis=1)]
+    packed = packed[within[packed] >= 1]
+    cut[packed] = slash[last[packed] - 1]
     joined = pc.binary_join_element_wise(names, "", "\0")  # each path and a NUL, the name its last part
     at = np.frombuffer(joined.buffers()[1], np.int32)[joined.offset:joined.offset + len(joined) + 1]
     paths = np.frombuffer(joined.buffers()[2], np.uint8)[at[0]:at[-1]]

@@ -25,6 +25,7 @@ from rlprobe.check.pair_part import Part
 from rlprobe.check.token_batch_tables import BatchFigures, figures_tables
 from rlprobe.check.token_figures import (BLOCK_BITS, LOG_THRESHOLDS, N_BINS, N_POSITIONS, N_PROBABILITY,
                                          PROBABILITY_OF, TABLE_BITS, as_rows, check_shapes, mask_bytes)
+from rlprobe.lake.layout import PACK_SUFFIX
 from rlprobe.lake.reader import Dump
 
 SMALL = 1 << 20  # tokens: a larger pair goes to the kernel mapped (its own job, or cut into row ranges)
@@ -147,9 +148,13 @@ def _offset(row: dict) -> int:
 
 
 def _split(tensor_file: str) -> tuple[str, str]:
-    """(folder, name) of a tensor file: the name is its last 4 parts (step=…/rank=…/micro_step=…/_.npy),
-    the folder the key's, shared by its files: opened from there, a file's open walks 4 names where one
-    from the dump's folder walked 7 (a third of the time of an open)."""
+    """(folder, name) of a tensor file, the folder shared by many files: opened from there, a file's open
+    walks fewer names (one from the dump's folder walked 7 in the layout before issue 15, a third of the
+    time of an open). A packed file: its base name, in its rank's folder (or its step's, change 13); a whole
+    .npy: its last 4 parts (step=…/rank=…/micro_step=…/_.npy), in its key's folder."""
+    if tensor_file.endswith(PACK_SUFFIX):
+        folder, _, name = tensor_file.rpartition("/")
+        return folder, name
     parts = tensor_file.split("/")
     return "/".join(parts[:-4]), "/".join(parts[-4:])
 

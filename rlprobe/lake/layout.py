@@ -82,11 +82,22 @@ def key_data_call_dir(step: int, rank: int, call: int) -> str:
     return f"tensors/key_data/step={step}/rank={rank}/call={call}"
 
 
-def key_data_pack(step: int, rank: int, call: int) -> str:
-    """The packed file of a step's key-data tensors from its `call`-th save call on (the calls the
-    writer takes together), relative to the dump root, POSIX separators: each tensor a .npy record at
-    an offset (lake/tensor_pack.py), written as a hidden temporary file and renamed into place once."""
-    return f"tensors/key_data/step={step}/rank={rank}/call={call}{PACK_SUFFIX}"
+def key_data_pack(rank: int, first_step: int, call: int, last_step: int) -> str:
+    """The packed file of the key-data tensors of the save calls the writer takes together, from the
+    `call`-th of `first_step` to one of `last_step` (docs/dump-format.md, change 14), relative to the dump
+    root, POSIX separators: each tensor a .npy record at an offset (lake/tensor_pack.py), written as a
+    hidden temporary file and renamed into place once. One folder a rank, no folder a step: creating two
+    folders a step cost the writer more than the rest of its file work."""
+    return f"tensors/key_data/rank={rank}/steps={first_step}-{last_step}.call={call}{PACK_SUFFIX}"
+
+
+_PACK_NAME = re.compile(r"^steps=(\d+)-(\d+)\.call=\d+" + re.escape(PACK_SUFFIX) + "$")
+
+
+def pack_steps(name: str) -> tuple[int, int] | None:
+    """(first step, last step) of a packed file named by key_data_pack; None for another name."""
+    m = _PACK_NAME.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def key_data_file_name(key: str, index: str) -> str:
@@ -181,12 +192,18 @@ class DumpLayout:
         return {rank for kind in kinds for rank in self.rank_dirs(kind)}
 
     def first_tensor_dir(self, rank: int) -> Path | None:
-        """A `tensors/<kind>/[<name>/]step=<S>/rank=<rank>` directory, if there is one: stops at the first."""
+        """A `tensors/key_data/rank=<rank>` or `tensors/<kind>/[<name>/]step=<S>/rank=<rank>` directory, if there
+        is one: stops at the first."""
         base = self.root / "tensors"
         if not base.is_dir():
             return None
+        packs = base / "key_data" / f"rank={rank}"
+        if packs.is_dir():
+            return packs
         for kind in base.iterdir():
             for child in kind.iterdir() if kind.is_dir() else ():
+                if child.name.startswith("rank="):  # another rank's packed key data
+                    continue
                 # key data: step=<S>/rank=<R>; module, grad_sign and older key data: <name>/step=<S>/rank=<R>
                 steps = [child] if child.name.startswith("step=") else child.iterdir() if child.is_dir() else ()
                 for step in steps:

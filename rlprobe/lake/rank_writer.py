@@ -12,6 +12,7 @@ readers, which show committed steps only, leave its other rows out too.
 
 from __future__ import annotations
 
+import bisect
 import os
 import shutil
 import socket
@@ -25,7 +26,7 @@ import pyarrow as pa
 from rlprobe._version import __version__
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.atomic import AtomicFolder, TensorPack, atomic_save_npy, atomic_write_json
-from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout
+from rlprobe.lake.layout import FORMAT_VERSION, PACK_SUFFIX, DumpLayout, pack_steps
 from rlprobe.lake.parts import PartStore
 from rlprobe.lake.rank_lock import RankLock
 from rlprobe.lake.schema import schema_for, step_column
@@ -197,9 +198,18 @@ class RankWriter:
             stale_files.extend(files)
             if dropped and kind in self.manifest["rows"]:
                 self.manifest["rows"][kind] = max(0, self.manifest["rows"][kind] - dropped)
+        # a packed file of key data can hold committed steps beside dropped ones: it goes below, by its steps
         for f in stale_files:
-            (self.layout.root / f).unlink(missing_ok=True)
+            if not f.endswith(PACK_SUFFIX):
+                (self.layout.root / f).unlink(missing_ok=True)
         tensors = self.layout.root / "tensors"
+        packs = tensors / "key_data" / f"rank={self.rank}"
+        done = sorted(committed)
+        for f in packs.glob(f"steps=*{PACK_SUFFIX}") if packs.is_dir() else ():
+            steps = pack_steps(f.name)
+            at = bisect.bisect_left(done, steps[0]) if steps is not None else 0
+            if steps is not None and not (at < len(done) and done[at] <= steps[1]):  # none of its steps committed
+                f.unlink(missing_ok=True)
         for kind in ("key_data", "module"):  # their step= directories count probe steps
             # key data: step=<S>/rank=<R>; module (and key data written before issue 15): <name>/step=<S>/rank=<R>
             for d in [*(tensors / kind).glob(f"step=*/rank={self.rank}"),

@@ -165,10 +165,12 @@ def _check_dump(path: Path, run_id: str, mode: str) -> None:
                     want = expected.astype(np.float32) if dtype == "bfloat16" else expected
                     assert got.dtype == want.dtype, (key, index, where)
                     np.testing.assert_array_equal(got, want, err_msg=str((key, index, where)))
-                    # the step's packed file that the writer took this call (here the micro-batch) in: named
-                    # after the first call in it
-                    assert re.fullmatch(rf"tensors/key_data/step={step}/rank={r}/call=[0-{micro}]\.npys",
-                                        row["tensor_file"]), row["tensor_file"]
+                    # the rank's packed file of the calls the writer took with this one (here the micro-batch):
+                    # named after the first call in it and the last step
+                    m = re.fullmatch(rf"tensors/key_data/rank={r}/steps=(\d+)-(\d+)\.call=(\d+)\.npys",
+                                     row["tensor_file"])
+                    assert m and int(m[1]) <= step <= int(m[2]), row["tensor_file"]
+                    assert int(m[1]) < step or int(m[3]) <= micro, row["tensor_file"]
         if mode == "pg":
             for step in range(STEPS):
                 total = float(sum(q + 1 + step for q in range(WORLD)))

@@ -53,7 +53,7 @@ def test_tensors_alone_are_found_too(tmp_path):
     for kind in ("key_data", "scalar"):
         for f in (path / "stats" / kind / "rank=1").iterdir():
             f.unlink()
-    with pytest.raises(ProbeError, match=r"tensors/key_data/step=\d/rank=1"):
+    with pytest.raises(ProbeError, match=r"tensors/key_data/rank=1\b"):
         rlprobe.Probe(path, rank=1, world_size=2)
 
 
@@ -70,7 +70,7 @@ def test_overwrite_clears_a_rank_without_its_manifest(tmp_path):
     assert rows.select("rank", "step", "max").rows() == [(0, 0, 100.0), (0, 1, 101.0), (0, 2, 102.0), (1, 0, -7.0)]
     np.testing.assert_array_equal(dump.tensor("x", 0, rank=1), np.full(4, -7.0, np.float32))
     np.testing.assert_array_equal(dump.tensor("x", 2, rank=0), np.full(4, 102.0, np.float32))
-    assert not list((path / "tensors" / "key_data").glob("step=[12]/rank=1"))
+    assert [p.name for p in (path / "tensors" / "key_data" / "rank=1").iterdir()] == ["steps=0-0.call=0.npys"]
     assert sorted(dump.scalars().collect().filter(rank=1)["step"].to_list()) == []
     assert dump.rank_manifests[1]["committed_steps"] == [0]
 

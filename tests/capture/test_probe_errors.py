@@ -543,9 +543,13 @@ def _plant_temporaries(path: Path) -> None:
     (stats / ".part-000077.parquet.tmp-1234-deadbeef").write_bytes(b"PAR1 half a parquet file")
     (stats / ".rank0.json.tmp-1234-deadbeef").write_bytes(b"{")
     (path / ".rank0.json.tmp-1234-cafef00d").write_bytes(b'{"closed": tr')
-    # a save call's tensor folder is written hidden and renamed into place once (docs/dump-format.md)
+    # a packed file of key data is written hidden and renamed into place once (docs/dump-format.md)
+    packs = path / "tensors" / "key_data" / "rank=0"
+    packs.mkdir(parents=True, exist_ok=True)
+    (packs / ".steps=1-2.call=0.npys.tmp-1234-deadbeef").write_bytes(b"\x93NUMPY garbage")
+    # so was a save call's folder, from issue 15 to the seventh session
     t = path / "tensors" / "key_data" / "step=1" / "rank=0" / ".call=0.tmp-1234-deadbeef"
-    t.mkdir()
+    t.mkdir(parents=True)
     (t / "x.npy").write_bytes(b"\x93NUMPY garbage")
     (t.parent / ".call=0.tmp-1234-cafef00d").mkdir()  # killed before its first file
 

@@ -90,9 +90,9 @@ def test_the_writer_process_writes_what_the_writer_thread_writes(tmp_path, monke
     assert len(process[1]) > 0 and any(r["occurrence"] == 1 for r in process[1])
     assert process[2] == thread[2]  # the tensors' bytes
     assert (len(process[2]) == 0) == stats_only
-    # the same records (each padded to 64 bytes) in fewer files: 5 save calls a step, one packed file
-    assert thread[3]["tensor_files"] == (0 if stats_only else 3)
-    assert process[3]["tensor_files"] == 5 * thread[3]["tensor_files"]
+    # the same records (each padded to 64 bytes) in fewer files: 5 save calls a step, 3 steps, one packed file
+    assert thread[3]["tensor_files"] == (0 if stats_only else 1)
+    assert process[3]["tensor_files"] == 15 * thread[3]["tensor_files"]
     for field in ("committed_steps", "incomplete_steps", "rows", "tensor_bytes", "errors", "lost"):
         assert process[3][field] == thread[3][field], field
 
@@ -102,11 +102,11 @@ def test_a_tensor_the_writer_process_cannot_write_raises_naming_the_file(tmp_pat
     probe = rlprobe.Probe(path, rank=0, world_size=1)
     assert probe._writer.process is not None
     probe.save({"x": torch.ones(3)})  # call 0: written
-    blocked = path / "tensors" / "key_data" / "step=0" / "rank=0" / "call=1.npys"
+    blocked = path / "tensors" / "key_data" / "rank=0" / "steps=0-0.call=1.npys"
     blocked.mkdir(parents=True)
     (blocked / "z.npy").write_text("a folder where call 1's packed file goes")  # its rename into place fails
     probe.save({"y": torch.full((3,), 7.0), "w": torch.zeros(2)})
-    with pytest.raises(ProbeError, match=r"key 'y' step 0 micro_step 0: tensor not written to .*step=0.*call=1.*"
+    with pytest.raises(ProbeError, match=r"key 'y' step 0 micro_step 0: tensor not written to .*steps=0-0\.call=1.*"
                                          r"its statistics are kept"):
         probe.flush()
     probe.step()

@@ -1,11 +1,12 @@
 """Key-data tensor files: one packed file per save call (each tensor a .npy record at an offset,
-seventh session), the save calls of a step that the writer takes together in one (twelfth session),
-and dumps in the layouts before it.
+seventh session), the save calls of a step that the writer takes together in one (twelfth session), the
+save calls of all the steps it takes together in one, in a folder per rank (thirteenth session:
+`tensors/key_data/rank=<R>/steps=<S0>-<S1>.call=<C>.npys`), and dumps in the layouts before it.
 
 Readers follow each row's tensor_file (and tensor_offset/tensor_length where set), so a dump written
-with a folder per save call (issue 15, `tensors/key_data/step=<S>/rank=<R>/call=<C>/<key>.npy`) or a
-folder per key, step, rank and micro step (`tensors/key_data/key=<k>/step=<S>/rank=<R>/micro_step=<M>/
-<index>.npy`) reads as before.
+with a packed file a step (`tensors/key_data/step=<S>/rank=<R>/call=<C>.npys`), a folder per save call
+(issue 15, `tensors/key_data/step=<S>/rank=<R>/call=<C>/<key>.npy`) or a folder per key, step, rank and
+micro step (`tensors/key_data/key=<k>/step=<S>/rank=<R>/micro_step=<M>/<index>.npy`) reads as before.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rlprobe.lake.dump_info import dump_info
 from rlprobe.lake.layout import safe_component
 from rlprobe.lake.tensor_pack import pack_records
 
-from tests.lake.layouts import unpack
+from tests.lake.layouts import step_packs, unpack
 
 
 def _write(path: Path, steps: int = 3, **kw) -> None:
@@ -46,43 +47,42 @@ def _old_file(row: dict) -> str:
 def _to_old_layout(path: Path) -> None:
     """Rewrite a dump as the format wrote it before issue 15: files moved, tensor_file rewritten."""
     unpack(path, _old_file)
-    for step in (path / "tensors" / "key_data").glob("step=*"):
-        shutil.rmtree(step)
+    for folder in [*(path / "tensors" / "key_data").glob("step=*"), *(path / "tensors" / "key_data").glob("rank=*")]:
+        shutil.rmtree(folder)
 
 
-def test_the_save_calls_of_a_step_are_one_packed_file_of_aligned_npy_records(tmp_path):
+def test_the_save_calls_the_writer_takes_together_are_one_packed_file_of_aligned_npy_records(tmp_path):
     path = tmp_path / "dump"
-    _write(path)
+    _write(path)  # the writer takes the calls of all 3 steps at close()
     dump = rlprobe.open(path)
     rows = dump.key_data().collect().to_dicts()
     at = {(r["key"], r["step"], r["micro_step"], r["index"]): r for r in rows}
-    assert at[("log_prob", 1, 0, "")]["tensor_file"] == "tensors/key_data/step=1/rank=0/call=0.npys"
-    assert at[("pair", 1, 0, "1")]["tensor_file"] == "tensors/key_data/step=1/rank=0/call=0.npys"
-    assert at[("log_prob", 1, 1, "")]["tensor_file"] == "tensors/key_data/step=1/rank=0/call=0.npys"  # call 1
+    pack = "tensors/key_data/rank=0/steps=0-2.call=0.npys"
+    assert {r["tensor_file"] for r in rows} == {pack, None}
     absent = at[("old_log_prob", 1, 0, "")]
     assert absent["tensor_file"] is None and absent["tensor_offset"] is None  # absent: a row, no record
+    assert sorted(p.name for p in (path / pack).parent.iterdir()) == ["steps=0-2.call=0.npys"]  # no temporary
+    records = pack_records(str(path / pack))
+    # the records in the order the calls saved them, each where its row says, its data 64-byte aligned
+    mine = [at[(k, step, m, i)] for step in range(3)
+            for k, m, i in (("log_prob", 0, ""), ("pair", 0, "0"), ("pair", 0, "1"), ("cfg", 0, "lr"), ("log_prob", 1, ""))]
+    assert [(r.offset, r.length) for r, _ in records] == [(m["tensor_offset"], m["tensor_length"]) for m in mine]
+    assert all(r.offset % 64 == 0 and layout.data_offset % 64 == 0 for r, layout in records)
+    assert [layout.shape for _, layout in records] == [(6,), (3,), (2,), (), (4,)] * 3
     for step in range(3):
-        calls = path / "tensors" / "key_data" / f"step={step}" / "rank=0"
-        assert sorted(p.name for p in calls.iterdir()) == ["call=0.npys"]  # no temporary left
-        records = pack_records(str(calls / "call=0.npys"))
-        # the records in the order the calls saved them, each where its row says, its data 64-byte aligned
-        mine = [at[(k, step, 0, i)] for k, i in (("log_prob", ""), ("pair", "0"), ("pair", "1"), ("cfg", "lr"))]
-        mine.append(at[("log_prob", step, 1, "")])
-        assert [(r.offset, r.length) for r, _ in records] == [(m["tensor_offset"], m["tensor_length"]) for m in mine]
-        assert all(r.offset % 64 == 0 and layout.data_offset % 64 == 0 for r, layout in records)
-        assert [layout.shape for _, layout in records] == [(6,), (3,), (2,), (), (4,)]
         np.testing.assert_array_equal(dump.tensor("log_prob", step, micro_step=1), np.full(4, -step, np.float32))
         np.testing.assert_array_equal(dump.tensor("pair", step, index="0"), np.arange(3) * step)
         assert dump.tensor("cfg", step, index="lr") == np.float64(0.5 + step)
     on_disk = sorted(p.relative_to(path).as_posix() for p in (path / "tensors").rglob("*") if p.is_file())
-    assert on_disk == sorted({r["tensor_file"] for r in rows if r["tensor_file"]})
-    assert dump.rank_manifests[0]["tensor_files"] == len(on_disk) == 3  # 2 save calls a step in one file, 3 steps
-    assert dump.rank_manifests[0]["tensor_bytes"] == sum((path / f).stat().st_size for f in on_disk)
+    assert on_disk == [pack]
+    assert dump.rank_manifests[0]["tensor_files"] == 1
+    assert dump.rank_manifests[0]["tensor_bytes"] == (path / pack).stat().st_size
 
 
-def test_a_step_creates_one_file(tmp_path):
-    """The point of packing (docs/trl.md "Overhead"): a step of 3 save calls of 22 tensors (TRL's) creates
-    one file, where a file per call created 3 and a folder per call 25 (3 folders, 22 files)."""
+def test_steps_create_no_folders(tmp_path):
+    """The point of packing (docs/trl.md "Overhead"): steps of 3 save calls of 22 tensors (TRL's) create one
+    file for the steps the writer takes together and no folder a step, where a file a step and two folders
+    (step=<S>/rank=<R>) cost the writer more than the rest of its file work on the test VM."""
     path = tmp_path / "dump"
     steps = 4
     with rlprobe.Probe(path, rank=0, world_size=1, flush_interval=3600) as probe:
@@ -91,14 +91,17 @@ def test_a_step_creates_one_file(tmp_path):
             for micro in range(2):
                 probe.save({f"update_{i}": np.full(16, micro, np.float32) for i in range(5)})
             probe.step()
+            if s == 1:
+                probe.flush()  # the writer takes steps 0-1 now, 2-3 at close()
     tensors = path / "tensors" / "key_data"
-    files = [p for p in tensors.rglob("*") if p.is_file()]
-    folders = [p for p in tensors.rglob("*") if p.is_dir()]
-    assert len(files) == steps
-    assert len(folders) == 2 * steps  # step=<S> and its rank=<R>
+    files = sorted(p.relative_to(tensors).as_posix() for p in tensors.rglob("*") if p.is_file())
+    folders = [p.relative_to(tensors).as_posix() for p in tensors.rglob("*") if p.is_dir()]
+    assert files == ["rank=0/steps=0-1.call=0.npys", "rank=0/steps=2-3.call=0.npys"]
+    assert folders == ["rank=0"]
     dump = rlprobe.open(path)
     assert dump.key_data().collect().height == 22 * steps
     np.testing.assert_array_equal(dump.tensor("update_4", 3, micro_step=1), np.full(16, 1, np.float32))
+    np.testing.assert_array_equal(dump.tensor("rollout_11", 1), np.full(8, 12, np.float32))
 
 
 def test_a_step_the_writer_takes_in_two_batches_has_two_files_named_after_their_first_calls(tmp_path):
@@ -106,46 +109,55 @@ def test_a_step_the_writer_takes_in_two_batches_has_two_files_named_after_their_
     with rlprobe.Probe(path, rank=0, world_size=1, flush_interval=3600) as probe:
         probe.save({"a": np.arange(3)})
         probe.save({"a": np.arange(4)})
-        probe.flush()  # the writer takes calls 0 and 1 now, call 2 at close()
+        probe.flush()  # the writer takes calls 0 and 1 now, call 2 and step 1 at close()
         probe.save({"a": np.arange(5)})
         probe.step()
+        probe.save({"a": np.arange(6)})
+        probe.step()
     dump = rlprobe.open(path)
-    rows = {r["micro_step"]: r for r in dump.key_data().collect().to_dicts()}
-    step = "tensors/key_data/step=0/rank=0"
-    assert [rows[m]["tensor_file"] for m in range(3)] == [f"{step}/call=0.npys"] * 2 + [f"{step}/call=2.npys"]
-    assert [rows[m]["tensor_offset"] for m in range(3)] == [0, 192, 0]  # 128-byte header, data padded to 64
+    rows = {(r["step"], r["micro_step"]): r for r in dump.key_data().collect().to_dicts()}
+    rank = "tensors/key_data/rank=0"
+    assert [rows[0, m]["tensor_file"] for m in range(3)] == [f"{rank}/steps=0-0.call=0.npys"] * 2 + [
+        f"{rank}/steps=0-1.call=2.npys"]
+    assert rows[1, 0]["tensor_file"] == f"{rank}/steps=0-1.call=2.npys"
+    assert [rows[0, m]["tensor_offset"] for m in range(3)] == [0, 192, 0]  # 128-byte header, data padded to 64
+    assert rows[1, 0]["tensor_offset"] == 192
     for m in range(3):
         np.testing.assert_array_equal(dump.tensor("a", 0, micro_step=m), np.arange(3 + m))
+    np.testing.assert_array_equal(dump.tensor("a", 1), np.arange(6))
     assert dump.rank_manifests[0]["tensor_files"] == 2
 
 
-def test_a_steps_packed_file_that_cannot_be_put_in_place_keeps_every_calls_statistics(tmp_path, monkeypatch):
-    """Its rename fails (a folder is where it goes): the rows of each call in it keep their statistics, no
-    file, each named in the error; the next step's file is written."""
+def test_a_packed_file_that_cannot_be_put_in_place_keeps_every_calls_statistics(tmp_path, monkeypatch):
+    """Its rename fails (a folder is where it goes): the rows of each call in it, of every step, keep their
+    statistics, no file, each named in the error; the next batch's file is written."""
     monkeypatch.delenv("RLPROBE_WRITER_PROCESS", raising=False)  # the writer thread's packing
     path = tmp_path / "dump"
     probe = rlprobe.Probe(path, rank=0, world_size=1, flush_interval=3600)
-    blocked = path / "tensors" / "key_data" / "step=0" / "rank=0" / "call=0.npys"
+    blocked = path / "tensors" / "key_data" / "rank=0" / "steps=0-1.call=0.npys"
     blocked.mkdir(parents=True)
-    (blocked / "z.npy").write_text("a folder where step 0's packed file goes")
+    (blocked / "z.npy").write_text("a folder where the packed file of steps 0-1 goes")
     probe.save({"x": np.ones(3)})
     probe.save({"y": np.full(2, 7.0), "w": np.zeros(2)})
     probe.step()
-    probe.save({"x": np.ones(4)})
+    probe.save({"x": np.full(2, 5.0)})
+    probe.step()
     with pytest.raises(rlprobe.ProbeError) as raised:
         probe.flush()
-    assert re.search(r"key 'x' step 0 micro_step 0: tensor not written to .*step=0.*call=0\.npys.*its statistics are "
-                     r"kept \(and 2 more; see .*rank0\.json\)", str(raised.value))
+    assert re.search(r"key 'x' step 0 micro_step 0: tensor not written to .*steps=0-1\.call=0\.npys.*its statistics "
+                     r"are kept \(and 3 more; see .*rank0\.json\)", str(raised.value))
+    probe.save({"x": np.ones(4)})
     probe.close()
     dump = rlprobe.open(path)
     errors = dump.rank_manifests[0]["errors"]
-    for key in ("x", "y", "w"):
-        assert any(re.search(rf"key '{key}' step 0 micro_step 0: tensor not written to .*step=0.*call=0\.npys", e)
-                   for e in errors), (key, errors)
+    for key, step in (("x", 0), ("y", 0), ("w", 0), ("x", 1)):
+        assert any(re.search(rf"key '{key}' step {step} micro_step 0: tensor not written to .*steps=0-1\.call=0\.npys",
+                             e) for e in errors), (key, errors)
     rows = {(r["key"], r["step"]): r for r in dump.key_data().collect().to_dicts()}
-    assert [rows[k, 0]["tensor_file"] for k in ("x", "y", "w")] == [None] * 3
-    assert rows["y", 0]["max"] == 7.0
-    np.testing.assert_array_equal(dump.tensor("x", 1), np.ones(4))
+    assert [rows[k][("tensor_file")] for k in (("x", 0), ("y", 0), ("w", 0), ("x", 1))] == [None] * 4
+    assert rows["y", 0]["max"] == 7.0 and rows["x", 1]["max"] == 5.0
+    assert dump.rank_manifests[0]["committed_steps"] == [0, 1, 2]  # statistics kept: the steps are complete
+    np.testing.assert_array_equal(dump.tensor("x", 2), np.ones(4))
 
 
 def test_long_and_unsafe_names_are_records_of_one_file(tmp_path):
@@ -156,7 +168,7 @@ def test_long_and_unsafe_names_are_records_of_one_file(tmp_path):
                     "a.b": np.ones(1), "a": {"b": np.zeros(1)}, "x/y": np.full(2, 7)})
     dump = rlprobe.open(path)
     rows = dump.key_data().collect().to_dicts()
-    assert {r["tensor_file"] for r in rows} == {"tensors/key_data/step=0/rank=0/call=0.npys"}
+    assert {r["tensor_file"] for r in rows} == {"tensors/key_data/rank=0/steps=0-0.call=0.npys"}
     assert len({r["tensor_offset"] for r in rows}) == 5
     np.testing.assert_array_equal(dump.tensor(long_key, 0, index=long_index + "x"), np.arange(3))
     np.testing.assert_array_equal(dump.tensor("a.b", 0), np.ones(1))
@@ -228,7 +240,68 @@ def test_appending_to_an_old_layout_dump_removes_its_uncommitted_step(tmp_path):
     dump = rlprobe.open(path)
     np.testing.assert_array_equal(dump.tensor("log_prob", 2), np.full(6, 42.0, np.float32))
     np.testing.assert_array_equal(dump.tensor("log_prob", 1, micro_step=1), np.full(4, -1, np.float32))
-    assert (path / "tensors" / "key_data" / "step=2" / "rank=0" / "call=0.npys").is_file()
+    assert (path / "tensors" / "key_data" / "rank=0" / "steps=2-2.call=0.npys").is_file()
+
+
+def _killed_after(path: Path, committed: list[int]) -> None:
+    """Make the dump's rank 0 look as if its writer was killed with only `committed` committed."""
+    import json
+
+    manifest = json.loads((path / "rank0.json").read_text())
+    manifest["committed_steps"] = committed
+    manifest["closed"] = False
+    (path / "rank0.json").write_text(json.dumps(manifest))
+
+
+def test_a_dump_with_a_packed_file_a_step_reads_and_resumes_as_before(tmp_path):
+    """The layout of the twelfth session (change 13): `step=<S>/rank=<R>/call=<C>.npys`. It reads as today's,
+    and resuming it removes the folder of its uncommitted step."""
+    new, old = tmp_path / "new", tmp_path / "old"
+    _write(new)
+    _write(old)
+    step_packs(old)
+    assert sorted(p.relative_to(old / "tensors").as_posix() for p in (old / "tensors").rglob("*.npys")) == [
+        f"key_data/step={s}/rank=0/call=0.npys" for s in range(3)]
+    a, b = rlprobe.open(new), rlprobe.open(old)
+    _same_tensors_and_bytes(a, b, b.key_data().collect().to_dicts())
+    _killed_after(old, [0, 1])
+    with rlprobe.Probe(old, rank=0, world_size=1, mode="append") as probe:
+        assert probe.current_step == 2
+        probe.save({"log_prob": np.full(6, 42.0, np.float32)})
+        probe.step()
+    assert not (old / "tensors" / "key_data" / "step=2" / "rank=0").exists()
+    dump = rlprobe.open(old)
+    np.testing.assert_array_equal(dump.tensor("log_prob", 2), np.full(6, 42.0, np.float32))
+    np.testing.assert_array_equal(dump.tensor("log_prob", 1, micro_step=1), np.full(4, -1, np.float32))
+
+
+@pytest.mark.parametrize("committed", [[0, 1, 2], [0, 1]])
+def test_resuming_keeps_a_packed_file_with_a_committed_step_and_removes_one_without(tmp_path, committed):
+    """A killed writer's packed file of steps 2-3: with step 2 committed it stays (step 2's records are read from
+    it; step 3's rows are dropped), with neither committed it goes. The resumed steps' file has its own name."""
+    path = tmp_path / "dump"
+    with rlprobe.Probe(path, rank=0, world_size=1, flush_interval=3600) as probe:
+        for s in range(4):
+            probe.save({"log_prob": np.full(3, s, np.float32)})
+            probe.step()
+            if s == 1:
+                probe.flush()
+    packs = path / "tensors" / "key_data" / "rank=0"
+    assert sorted(p.name for p in packs.iterdir()) == ["steps=0-1.call=0.npys", "steps=2-3.call=0.npys"]
+    _killed_after(path, committed)
+    with rlprobe.Probe(path, rank=0, world_size=1, mode="append") as probe:
+        assert probe.current_step == len(committed)
+        probe.save({"log_prob": np.full(3, 40.0 + probe.current_step, np.float32)})
+        probe.step()
+    resumed = len(committed)
+    kept = ["steps=0-1.call=0.npys"] + (["steps=2-3.call=0.npys"] if 2 in committed else [])
+    assert sorted(p.name for p in packs.iterdir()) == sorted(kept + [f"steps={resumed}-{resumed}.call=0.npys"])
+    dump = rlprobe.open(path)
+    assert dump.key_data().collect()["step"].to_list() == list(range(resumed + 1))
+    for s in range(resumed):
+        np.testing.assert_array_equal(dump.tensor("log_prob", s), np.full(3, s, np.float32))
+    np.testing.assert_array_equal(dump.tensor("log_prob", resumed), np.full(3, 40.0 + resumed, np.float32))
+    assert dump_info(dump)["problems"] == []
 
 
 def test_overwriting_an_old_layout_dump_removes_its_tensors(tmp_path):
@@ -240,7 +313,7 @@ def test_overwriting_an_old_layout_dump_removes_its_tensors(tmp_path):
         rlprobe.Probe(path, rank=0, world_size=1)
     _write(path, steps=1, mode="overwrite")
     assert not list((path / "tensors" / "key_data").glob("key=*/step=*/rank=0"))
-    assert sorted(p.name for p in (path / "tensors").rglob("*") if p.is_file()) == ["call=0.npys"]
+    assert sorted(p.name for p in (path / "tensors").rglob("*") if p.is_file()) == ["steps=0-0.call=0.npys"]
 
 
 def test_a_hidden_call_folder_or_packed_file_is_read_by_no_one(tmp_path):
@@ -249,7 +322,7 @@ def test_a_hidden_call_folder_or_packed_file_is_read_by_no_one(tmp_path):
     path = tmp_path / "dump"
     _write(path, steps=1)
     before = dump_info(rlprobe.open(path))
-    calls = path / "tensors" / "key_data" / "step=0" / "rank=0"
+    calls = path / "tensors" / "key_data" / "rank=0"
     hidden = calls / ".call=2.tmp-1234-deadbeef"
     hidden.mkdir()
     for i in range(40):  # more than a small comparison's numpy path takes, each of many elements
