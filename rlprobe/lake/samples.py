@@ -256,7 +256,10 @@ def sample_tables_of_calls(calls: Sequence[tuple[CallIdentity, Sequence[Any], in
     counts (tensors of one layout are reduced together: numpy reduces each row of a stack
     exactly as the row alone)."""
     entries: list[tuple[Any, int]] = []  # (job, rows) per batch tensor, in call order
-    ids_parts, text_parts, group_parts, steps = [], [], [], []
+    ids_parts, steps = [], []
+    text_parts: list[str | None] = []  # each call's n ids as given (None: derived), once a call
+    group_parts: list[str | None] = []
+    call_start: list[int] = []  # per batch tensor: where its call's ids start in text_parts
     call_rows = [0] * len(calls)
     _resolve_together([identity for identity, _, _ in calls])
     counted: list[tuple[int, list[tuple[str, str]], np.ndarray]] = []  # occurrences count through the calls in order
@@ -278,8 +281,9 @@ def sample_tables_of_calls(calls: Sequence[tuple[CallIdentity, Sequence[Any], in
         call_rows[c] = k * n
         counted.append((step, [(job.key, job.index) for job in batch], ids))
         ids_parts += [ids.view(np.int64)] * k
-        text_parts.append(text * k if text is not None else [None] * (k * n))
-        group_parts.append(identity.groups * k if identity.groups is not None else [None] * (k * n))
+        call_start.extend([len(text_parts)] * k)  # where the call's n ids start among every call's
+        text_parts += text if text is not None else [None] * n
+        group_parts += identity.groups if identity.groups is not None else [None] * n
     if not entries:
         return [SAMPLE.empty_table()] * len(calls)
     occurrence_parts = counter.occurrences_of_calls(counted)
@@ -303,25 +307,32 @@ def sample_tables_of_calls(calls: Sequence[tuple[CallIdentity, Sequence[Any], in
             values = widen(rows, entries[members[0]][0].leaf.dtype).astype(np.float64, copy=False)
             sums[where], mins[where], maxs[where] = (values.sum(axis=2).reshape(-1), values.min(axis=2).reshape(-1),
                                                      values.max(axis=2).reshape(-1))
-    # Python lists, not object arrays: pyarrow converts those through pandas (imported on first use)
-    keys, indexes, dtypes = [], [], []
-    for job, n in entries:
-        keys += [job.key] * n
-        indexes += [job.index] * n
-        dtypes += [job.leaf.dtype] * n
-    text = [t for part in text_parts for t in part]
-    groups = [g for part in group_parts for g in part]
+    # the text columns converted once a batch tensor (key, index, dtype) or once a call (the ids as given),
+    # then repeated by Arrow's take: a Python string a row cost ~6 % of the writer's CPU (docs/trl.md)
+    entry = np.repeat(np.arange(len(entries)), counts)
+    row = np.arange(total) - np.repeat(offsets, counts)
+    given = np.repeat(np.array(call_start, np.int64), counts) + row
     columns = {
-        "key": keys, "index": indexes, "step": np.repeat(np.array(steps, np.int64), counts),
+        "key": _text([job.key for job, _ in entries]).take(entry),
+        "index": _text([job.index for job, _ in entries]).take(entry),
+        "step": np.repeat(np.array(steps, np.int64), counts),
         "micro_step": np.repeat(np.array([job.micro_step for job, _ in entries], np.int64), counts),
-        "row": np.arange(total) - np.repeat(offsets, counts), "sample": np.concatenate(ids_parts),
-        "sample_id": text, "occurrence": np.concatenate(occurrence_parts),
-        "group_id": groups, "dtype": dtypes, "row_numel": np.repeat(widths, counts),
+        "row": row, "sample": np.concatenate(ids_parts),
+        "sample_id": _text(text_parts).take(given), "occurrence": np.concatenate(occurrence_parts),
+        "group_id": _text(group_parts).take(given), "dtype": _text([job.leaf.dtype for job, _ in entries]).take(entry),
+        "row_numel": np.repeat(widths, counts),
         "row_hash": hashes.view(np.int64), "row_sum": sums, "row_min": mins, "row_max": maxs,
     }
-    table = pa.Table.from_arrays([pa.array(columns[f.name], f.type) for f in SAMPLE], schema=SAMPLE)
+    table = pa.Table.from_arrays([c if isinstance(c, pa.Array) else pa.array(c, f.type)
+                                  for f, c in ((f, columns[f.name]) for f in SAMPLE)], schema=SAMPLE)
     starts = np.cumsum([0, *call_rows]).tolist()
     return [table.slice(start, rows) for start, rows in zip(starts, call_rows)]
+
+
+def _text(values: list[str | None]) -> pa.Array:
+    """A Python list of strings (None: null) as an Arrow string array. A list, not an object array, which
+    pyarrow converts through pandas."""
+    return pa.array(values, pa.string())
 
 
 def _resolve_together(identities: Sequence[CallIdentity]) -> None:
