@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rlprobe.lake.atomic import AtomicFolder, TensorPack
+from rlprobe.lake.atomic import AtomicFolder
+from rlprobe.lake.tensor_pack import TensorPack
 
 
 def _cpu() -> tuple[float, float]:

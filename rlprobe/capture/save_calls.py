@@ -16,7 +16,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from rlprobe.capture.writer import TensorRow, folder_lost, tensor_rows_of
-from rlprobe.lake.atomic import TensorPack
+from rlprobe.lake.tensor_pack import TensorPack
 from rlprobe.lake.layout import DumpLayout, key_data_file_name, key_data_pack
 from rlprobe.lake.samples import CallIdentity, sample_tables_of_calls
 

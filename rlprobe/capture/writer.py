@@ -10,9 +10,7 @@ Memory in flight is bounded by `max_inflight_bytes`; when the bound is reached `
 never raised on this thread; the probe reports them on its next call.
 
 With RLPROBE_WRITER_PROCESS=1 a call's key data is worked out by the writer process
-(capture/writer_process.py) when its snapshots lie in the host staging ring.
-
-Ended steps are committed (their stats part and the rank manifest written) at most once per
+(capture/writer_process.py) when its snapshots lie in the host staging ring. Ended steps are committed (their stats part and the rank manifest written) at most once per
 `flush_interval` seconds: after the job that makes a commit due, or when the interval runs out
 while the queue is idle.
 """
@@ -32,7 +30,7 @@ import numpy as np
 from rlprobe.capture.switch_interval import short_switch_interval
 from rlprobe.frameworks.base import StagedLeaf
 from rlprobe.lake.encoding import narrow_integers, widen
-from rlprobe.lake.atomic import AtomicFolder, TensorPack
+from rlprobe.lake.atomic import AtomicFolder
 from rlprobe.lake.rank_writer import RankWriter
 from rlprobe.lake.samples import OccurrenceCounter
 from rlprobe.lake.statistics import STACK_BYTES, STATISTICS, bitwise_hash, host_statistics, host_statistics_many
@@ -40,6 +38,7 @@ from rlprobe.lake.statistics import STACK_BYTES, STATISTICS, bitwise_hash, host_
 if TYPE_CHECKING:
     from rlprobe.capture.save_calls import SaveCall
     from rlprobe.capture.writer_process import WriterProcess
+    from rlprobe.lake.tensor_pack import TensorPack
 
 RETRY_S = 1.0  # the least wait before retrying a failed commit
 # save calls go to the writer together: at a step's end (or any other job), or once this many bytes or

@@ -23,10 +23,10 @@ TMP_MARK = ".tmp-"
 
 
 def _tmp_path(path: Path) -> Path:
-    return path.with_name(_tmp_name(path.name))
+    return path.with_name(tmp_name(path.name))
 
 
-def _tmp_name(name: str) -> str:
+def tmp_name(name: str) -> str:
     # unique within the process without a system call per file: a random start, then a count
     return f".{name}{TMP_MARK}{os.getpid()}-{next(_tmp_count):08x}"
 
@@ -78,7 +78,7 @@ def _forget_dirs(directory: str) -> None:
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
-def _open_new_fd(tmp: str) -> int:
+def open_new_fd(tmp: str) -> int:
     directory = _parent(tmp)
     make_dirs(directory)
     try:
@@ -90,7 +90,7 @@ def _open_new_fd(tmp: str) -> int:
 
 
 def _open_new(tmp: Path) -> BinaryIO:
-    return os.fdopen(_open_new_fd(str(tmp)), "wb")
+    return os.fdopen(open_new_fd(str(tmp)), "wb")
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> int:
@@ -129,14 +129,14 @@ def atomic_save_npy(path: Path | str, array: np.ndarray) -> int:
     """np.save's bytes (format 1.0 header), written atomically with one open, one writev and one
     rename; returns the bytes written."""
     array = np.asarray(array, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
-    header = _npy_header(array)
+    header = npy_header(array)
     if header is None:  # a header too long for format 1.0, say: numpy picks the format
         return atomic_write(Path(path), lambda f: np.lib.format.write_array(f, array, allow_pickle=False))
     target = os.fspath(path)
     at = target.rfind(os.sep) + 1
-    tmp = target[:at] + _tmp_name(target[at:]) if not os.altsep else str(_tmp_path(Path(target)))
+    tmp = target[:at] + tmp_name(target[at:]) if not os.altsep else str(_tmp_path(Path(target)))
     try:
-        size = _write_npy(_open_new_fd(tmp), header, array)
+        size = _write_npy(open_new_fd(tmp), header, array)
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -151,7 +151,7 @@ def _write_npy(fd: int, header: bytes, array: np.ndarray) -> int:
     """Write the .npy bytes of a C-ordered `array` to `fd` and close it; returns the bytes written."""
     data = array.reshape(-1).view(np.uint8)
     try:
-        _write_all(fd, header, data)
+        write_all(fd, header, data)
     finally:
         os.close(fd)
     return len(header) + data.nbytes
@@ -166,7 +166,7 @@ class AtomicFolder:
     def __init__(self, path: str):
         self.path = path
         at = path.rfind(os.sep) + 1
-        self._tmp = path[:at] + _tmp_name(path[at:]) if not os.altsep else str(_tmp_path(Path(path)))
+        self._tmp = path[:at] + tmp_name(path[at:]) if not os.altsep else str(_tmp_path(Path(path)))
         self._made = False
         self.files = 0
         self.nbytes = 0
@@ -184,7 +184,7 @@ class AtomicFolder:
                 os.mkdir(self._tmp)
             self._made = True
         target = f"{self._tmp}{os.sep}{name}"  # not os.path.join: ~1.5 us a file, a name is never absolute
-        header = _npy_header(array)
+        header = npy_header(array)
         try:
             if header is None:
                 with open(target, "xb") as f:
@@ -220,125 +220,10 @@ class AtomicFolder:
             self._made = False
 
 
-RECORD_ALIGN = 64  # a packed file's records start at multiples of this (numpy pads its header to it too)
-_ZEROS = bytes(RECORD_ALIGN)
-# records smaller than this are copied into the pack's buffer and written with the others in one write
-# (a key-data record is typically a few hundred bytes: two system calls each cost more than the copy);
-# the buffer is written out when it reaches PACK_BUFFER_BYTES, before a larger record, and at commit()
-PACK_BUFFERED_BELOW = 64 << 10
-PACK_BUFFER_BYTES = 1 << 20
-
-
-class TensorPack:
-    """The records of the save calls the writer takes together, written in order into a temporary file
-    that `commit()` renames to `path` (docs/dump-format.md, "Files"). AtomicFolder's interface (save_npy,
-    commit, discard, files, nbytes), but `save_npy` returns where the record went: its offset and length.
-    Small records are buffered and reach the file at the latest in `commit()`, which raises (and removes
-    the file) if any write failed."""
-
-    def __init__(self, path: str):
-        self.path = path
-        at = path.rfind(os.sep) + 1
-        self._tmp = path[:at] + _tmp_name(path[at:])
-        self._fd = -1
-        self._at = 0  # where the next record starts (a multiple of RECORD_ALIGN)
-        self._buffer = bytearray()  # small records not yet written (they end at self._at)
-        self.files = 0  # pack files written: 1 once a record is
-        self.records = 0
-        self.nbytes = 0
-        self._failed: OSError | None = None  # a write failed: the file (and its offsets) is gone
-        self.lost: OSError | None = None  # why commit() failed: no record of the file is on disk
-
-    def save_npy(self, name: str, array: np.ndarray) -> tuple[int, int]:
-        """Append `array` as one .npy record; returns (offset, length). `name` is unused (the row
-        names its record); it keeps AtomicFolder's signature."""
-        if self._failed is not None:  # the records before it went with the file: none can be written after it
-            raise OSError(f"{self.path}: an earlier record could not be written ({self._failed})")
-        array = np.asarray(array, order="C")
-        header = _npy_header(array)
-        if header is None:  # an object dtype or a header too long for format 1.0: numpy's own bytes
-            out = io.BytesIO()
-            np.lib.format.write_array(out, array, allow_pickle=False)
-            header, data = out.getvalue(), np.empty(0, np.uint8)
-        else:
-            data = array.reshape(-1).view(np.uint8)
-        length = len(header) + data.nbytes
-        pad = -length % RECORD_ALIGN
-        try:
-            if self._fd < 0:
-                self._fd = _open_new_fd(self._tmp)
-                self.files = 1
-            if length < PACK_BUFFERED_BELOW:
-                self._buffer += header
-                self._buffer += memoryview(data)  # not `+= data`: numpy's own + would take over
-                self._buffer += _ZEROS[:pad]
-                if len(self._buffer) >= PACK_BUFFER_BYTES:
-                    self._write_buffer()
-            else:
-                self._write_buffer()
-                _write_all(self._fd, header, data)
-                if pad:
-                    os.write(self._fd, _ZEROS[:pad])
-        except BaseException as e:
-            self._fail(e)
-            raise
-        offset = self._at
-        self._at += length + pad
-        self.records += 1
-        self.nbytes += length + pad
-        return offset, length
-
-    def _write_buffer(self) -> None:
-        if self._buffer:
-            with memoryview(self._buffer) as view:  # released before the buffer is cleared, also on an error
-                done = 0
-                while done < len(view):  # a short write (a signal): the rest
-                    done += os.write(self._fd, view[done:])
-            self._buffer.clear()
-
-    def _fail(self, e: BaseException) -> None:
-        self.discard()
-        self._failed = e if isinstance(e, OSError) else OSError(repr(e))
-
-    def commit(self) -> None:
-        """Write what is buffered, close the file and rename it into place (nothing to do when no record
-        was written); on failure the temporary file is removed and the error raised; a pack whose record
-        failed raises too (its other records went with the temporary file)."""
-        if self._failed is None and self._fd >= 0:
-            try:
-                self._write_buffer()
-            except OSError as e:
-                self._fail(e)
-        if self._failed is not None:
-            self.lost = OSError(f"{self.path}: a record could not be written ({self._failed}); the file is not written")
-            raise self.lost
-        if self._fd < 0:
-            return
-        try:
-            os.close(self._fd)
-            self._fd = -1
-            os.rename(self._tmp, self.path)
-        except OSError as e:
-            self.discard()
-            self.lost = e
-            raise
-
-    def discard(self) -> None:
-        """Remove the temporary file and what was written into it."""
-        self._buffer.clear()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        try:
-            os.unlink(self._tmp)
-        except OSError:
-            pass
-
-
 _headers: dict[tuple[np.dtype, tuple[int, ...]], bytes | None] = {}
 
 
-def _npy_header(array: np.ndarray) -> bytes | None:
+def npy_header(array: np.ndarray) -> bytes | None:
     """The .npy header np.save writes for a C-ordered `array`, once per (dtype, shape)."""
     key = (array.dtype, array.shape)
     header = _headers.get(key, b"")
@@ -358,7 +243,7 @@ def _npy_header(array: np.ndarray) -> bytes | None:
     return header
 
 
-def _write_all(fd: int, header: bytes, data: np.ndarray) -> None:
+def write_all(fd: int, header: bytes, data: np.ndarray) -> None:
     done = os.writev(fd, [header, data]) if data.nbytes and hasattr(os, "writev") else 0
     while done < len(header):  # a short write (a signal, a huge array) or no writev: the rest
         done += os.write(fd, header[done:])
@@ -371,9 +256,12 @@ def _write_all(fd: int, header: bytes, data: np.ndarray) -> None:
 # grad part of a few rows) costs more than it saves; the merged parts, which are what stays, are
 # compressed.
 COMPRESS_FROM_BYTES = 64 << 10
+# Below this size (a commit's part, most merges) a Parquet file is made in memory and written at once
+PARQUET_BUFFERED_BELOW = 32 << 20
 
 
 def atomic_write_parquet(path: Path, table: "Any") -> int:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     # the buffers' total size, not Table.nbytes, which works out each chunk's share of its buffers: ~30 ms
@@ -385,9 +273,19 @@ def atomic_write_parquet(path: Path, table: "Any") -> int:
         # with its own set-up, ~0.2 ms each, where copying them into one costs a few microseconds a chunk
         table = table.combine_chunks()
     # an uncompressed part is a commit's few hundred rows, merged away later: dictionary encoding
-    # (~30 % of its write time, ~0.4 ms a part of key data) only pays where zstd follows it
-    return atomic_write(path, lambda f: pq.write_table(table, f, compression=compression,
-                                                       use_dictionary=compression != "none"))
+    # (~30 % of its write time, ~0.4 ms a part of key data) only pays where zstd follows it, and the
+    # columns' min/max statistics (~15 %, for readers' row-group pruning) only in the parts that stay
+    kept = compression != "none"
+    options = {"compression": compression, "use_dictionary": kept, "write_statistics": kept}
+    if table.get_total_buffer_size() >= PARQUET_BUFFERED_BELOW:
+        return atomic_write(path, lambda f: pq.write_table(table, f, **options))
+    # Parquet writes a Python file object a page and a column chunk at a time, each write a Python call
+    # holding the GIL: a commit's part made in memory and then written at once took 0.5-0.9 ms where it
+    # took 0.7-1.8 ms (docs/trl.md, "Eleventh pass")
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, **options)
+    data = sink.getvalue()
+    return atomic_write(path, lambda f: f.write(data))
 
 
 def is_temporary(path: Path) -> bool:

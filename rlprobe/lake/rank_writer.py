@@ -25,7 +25,8 @@ import pyarrow as pa
 
 from rlprobe._version import __version__
 from rlprobe.errors import DumpReadError
-from rlprobe.lake.atomic import AtomicFolder, TensorPack, atomic_save_npy, atomic_write_json
+from rlprobe.lake.atomic import AtomicFolder, atomic_save_npy, atomic_write_json
+from rlprobe.lake.tensor_pack import TensorPack
 from rlprobe.lake.layout import FORMAT_VERSION, PACK_SUFFIX, DumpLayout, pack_steps
 from rlprobe.lake.parts import PartStore
 from rlprobe.lake.rank_lock import RankLock

@@ -1,30 +1,146 @@
-"""Packed key-data tensor files: one file per step and rank for the save calls the writer takes
-together (a file per call from the writer process), each tensor a complete `.npy` record (numpy's
-header, then the data) at a byte offset, so that a step creates one file instead of one per tensor
-(file creation was the unsteady part of the capture's cost, docs/trl.md "Overhead"). Records start at multiples of 64 bytes and numpy pads its header to 64, so
+"""Packed key-data tensor files: one file per rank for the save calls the writer takes together (a
+file per call from the writer process), each tensor a complete `.npy` record (numpy's header, then the
+data) at a byte offset, so that the steps of a commit create one file instead of one per tensor (file
+creation was the unsteady part of the capture's cost, docs/trl.md "Overhead"). Records start at multiples of 64 bytes and numpy pads its header to 64, so
 every record's data is 64-byte aligned. A key-data row names its record by `tensor_file`,
 `tensor_offset` (bytes into the file) and `tensor_length` (the record's bytes, header and data);
 a null offset means the file is one whole `.npy` (dumps written before packing, module tensors,
 imported msprobe dumps). docs/dump-format.md, "Files".
 
-Writing: lake/atomic.py's `TensorPack` writes the records into a hidden temporary file beside the pack
-and renames it into place once, complete. Reading (here): `record_layout`, `load_record` and
+Writing (here): `TensorPack` writes the records into a hidden temporary file beside the pack and renames
+it into place once, complete (lake/atomic.py's temporary names). Reading (here): `record_layout`, `load_record` and
 `read_tensor_file` are the one way every reader turns (file, offset, length) into a header or an array.
 """
 
 from __future__ import annotations
 
+import io
 import os
 from typing import NamedTuple
 
 import numpy as np
 
-from rlprobe.lake.atomic import RECORD_ALIGN, TensorPack
+from rlprobe.lake.atomic import npy_header, open_new_fd, tmp_name, write_all
 from rlprobe.lake.layout import PACK_SUFFIX
 from rlprobe.lake.npy_header import plain_header
 
 __all__ = ["PACK_SUFFIX", "RECORD_ALIGN", "Record", "TensorPack", "TensorRecordError", "describe_row", "load_record",
            "pack_records", "read_tensor_file", "record_layout", "record_of", "split_address"]
+
+
+RECORD_ALIGN = 64  # a packed file's records start at multiples of this (numpy pads its header to it too)
+_ZEROS = bytes(RECORD_ALIGN)
+# records smaller than this are copied into the pack's buffer and written with the others in one write
+# (a key-data record is typically a few hundred bytes: two system calls each cost more than the copy);
+# the buffer is written out when it reaches PACK_BUFFER_BYTES, before a larger record, and at commit()
+PACK_BUFFERED_BELOW = 64 << 10
+PACK_BUFFER_BYTES = 1 << 20
+
+
+class TensorPack:
+    """The records of the save calls the writer takes together, written in order into a temporary file
+    that `commit()` renames to `path` (docs/dump-format.md, "Files"). AtomicFolder's interface (save_npy,
+    commit, discard, files, nbytes), but `save_npy` returns where the record went: its offset and length.
+    Small records are buffered and reach the file at the latest in `commit()`, which raises (and removes
+    the file) if any write failed."""
+
+    def __init__(self, path: str):
+        self.path = path
+        at = path.rfind(os.sep) + 1
+        self._tmp = path[:at] + tmp_name(path[at:])
+        self._fd = -1
+        self._at = 0  # where the next record starts (a multiple of RECORD_ALIGN)
+        self._buffer = bytearray()  # small records not yet written (they end at self._at)
+        self.files = 0  # pack files written: 1 once a record is
+        self.records = 0
+        self.nbytes = 0
+        self._failed: OSError | None = None  # a write failed: the file (and its offsets) is gone
+        self.lost: OSError | None = None  # why commit() failed: no record of the file is on disk
+
+    def save_npy(self, name: str, array: np.ndarray) -> tuple[int, int]:
+        """Append `array` as one .npy record; returns (offset, length). `name` is unused (the row
+        names its record); it keeps AtomicFolder's signature."""
+        if self._failed is not None:  # the records before it went with the file: none can be written after it
+            raise OSError(f"{self.path}: an earlier record could not be written ({self._failed})")
+        array = np.asarray(array, order="C")
+        header = npy_header(array)
+        if header is None:  # an object dtype or a header too long for format 1.0: numpy's own bytes
+            out = io.BytesIO()
+            np.lib.format.write_array(out, array, allow_pickle=False)
+            header, data = out.getvalue(), np.empty(0, np.uint8)
+        else:
+            data = array.reshape(-1).view(np.uint8)
+        length = len(header) + data.nbytes
+        pad = -length % RECORD_ALIGN
+        try:
+            if self._fd < 0:
+                self._fd = open_new_fd(self._tmp)
+                self.files = 1
+            if length < PACK_BUFFERED_BELOW:
+                self._buffer += header
+                self._buffer += memoryview(data)  # not `+= data`: numpy's own + would take over
+                self._buffer += _ZEROS[:pad]
+                if len(self._buffer) >= PACK_BUFFER_BYTES:
+                    self._write_buffer()
+            else:
+                self._write_buffer()
+                write_all(self._fd, header, data)
+                if pad:
+                    os.write(self._fd, _ZEROS[:pad])
+        except BaseException as e:
+            self._fail(e)
+            raise
+        offset = self._at
+        self._at += length + pad
+        self.records += 1
+        self.nbytes += length + pad
+        return offset, length
+
+    def _write_buffer(self) -> None:
+        if self._buffer:
+            with memoryview(self._buffer) as view:  # released before the buffer is cleared, also on an error
+                done = 0
+                while done < len(view):  # a short write (a signal): the rest
+                    done += os.write(self._fd, view[done:])
+            self._buffer.clear()
+
+    def _fail(self, e: BaseException) -> None:
+        self.discard()
+        self._failed = e if isinstance(e, OSError) else OSError(repr(e))
+
+    def commit(self) -> None:
+        """Write what is buffered, close the file and rename it into place (nothing to do when no record
+        was written); on failure the temporary file is removed and the error raised; a pack whose record
+        failed raises too (its other records went with the temporary file)."""
+        if self._failed is None and self._fd >= 0:
+            try:
+                self._write_buffer()
+            except OSError as e:
+                self._fail(e)
+        if self._failed is not None:
+            self.lost = OSError(f"{self.path}: a record could not be written ({self._failed}); the file is not written")
+            raise self.lost
+        if self._fd < 0:
+            return
+        try:
+            os.close(self._fd)
+            self._fd = -1
+            os.rename(self._tmp, self.path)
+        except OSError as e:
+            self.discard()
+            self.lost = e
+            raise
+
+    def discard(self) -> None:
+        """Remove the temporary file and what was written into it."""
+        self._buffer.clear()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        try:
+            os.unlink(self._tmp)
+        except OSError:
+            pass
 
 
 class TensorRecordError(ValueError):

@@ -103,7 +103,7 @@ def test_a_file_that_fails_half_way_is_removed(tmp_path, monkeypatch):
         os.write(fd, header)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(atomic, "_write_all", fail)
+    monkeypatch.setattr(atomic, "write_all", fail)
     with pytest.raises(OSError, match="No space"):
         folder.save_npy("bad.npy", np.arange(4))
     monkeypatch.undo()

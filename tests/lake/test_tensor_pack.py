@@ -17,8 +17,7 @@ from rlprobe.check.run import check_dump
 from rlprobe.compare.executor import PairTask, run_pairs
 from rlprobe.compare.run import compare_dumps
 from rlprobe.errors import DumpReadError
-from rlprobe.lake.atomic import PACK_BUFFERED_BELOW
-from rlprobe.lake.tensor_pack import Record, TensorPack, TensorRecordError, load_record, pack_records, record_layout
+from rlprobe.lake.tensor_pack import PACK_BUFFERED_BELOW, Record, TensorPack, TensorRecordError, load_record, pack_records, record_layout
 
 from tests.lake.layouts import unpack
 
