@@ -10,9 +10,9 @@ Memory in flight is bounded by `max_inflight_bytes`; when the bound is reached `
 never raised on this thread; the probe reports them on its next call.
 
 With RLPROBE_WRITER_PROCESS=1 a call's key data is worked out by the writer process
-(capture/writer_process.py) when its snapshots lie in the host staging ring. Ended steps are committed (their stats part and the rank manifest written) at most once per
-`flush_interval` seconds: after the job that makes a commit due, or when the interval runs out
-while the queue is idle.
+(capture/writer_process.py) when its snapshots lie in the host staging ring. Ended steps are committed
+(their stats part and the rank manifest written) at most once per `flush_interval` seconds: after the job
+that makes a commit due, or when the interval runs out while the queue is idle.
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ class DumpLayout:
         if not base.is_dir():
             return None
         packs = base / "key_data" / f"rank={rank}"
-        if packs.is_dir():
+        if packs.is_dir() and next(packs.iterdir(), None) is not None:
             return packs
         for kind in base.iterdir():
             for child in kind.iterdir() if kind.is_dir() else ():

@@ -208,8 +208,10 @@ class RankWriter:
         done = sorted(committed)
         for f in packs.glob(f"steps=*{PACK_SUFFIX}") if packs.is_dir() else ():
             steps = pack_steps(f.name)
-            at = bisect.bisect_left(done, steps[0]) if steps is not None else 0
-            if steps is not None and not (at < len(done) and done[at] <= steps[1]):  # none of its steps committed
+            if steps is None:
+                continue
+            at = bisect.bisect_left(done, steps[0])
+            if at == len(done) or done[at] > steps[1]:  # none of its steps committed
                 f.unlink(missing_ok=True)
         for kind in ("key_data", "module"):  # their step= directories count probe steps
             # key data: step=<S>/rank=<R>; module (and key data written before issue 15): <name>/step=<S>/rank=<R>

@@ -281,7 +281,7 @@ def sample_tables_of_calls(calls: Sequence[tuple[CallIdentity, Sequence[Any], in
         call_rows[c] = k * n
         counted.append((step, [(job.key, job.index) for job in batch], ids))
         ids_parts += [ids.view(np.int64)] * k
-        call_start.extend([len(text_parts)] * k)  # where the call's n ids start among every call's
+        call_start.extend([len(text_parts)] * k)
         text_parts += text if text is not None else [None] * n
         group_parts += identity.groups if identity.groups is not None else [None] * n
     if not entries:
@@ -319,12 +319,13 @@ def sample_tables_of_calls(calls: Sequence[tuple[CallIdentity, Sequence[Any], in
         "micro_step": np.repeat(np.array([job.micro_step for job, _ in entries], np.int64), counts),
         "row": row, "sample": np.concatenate(ids_parts),
         "sample_id": _text(text_parts).take(given), "occurrence": np.concatenate(occurrence_parts),
-        "group_id": _text(group_parts).take(given), "dtype": _text([job.leaf.dtype for job, _ in entries]).take(entry),
-        "row_numel": np.repeat(widths, counts),
+        "group_id": _text(group_parts).take(given),
+        "dtype": _text([job.leaf.dtype for job, _ in entries]).take(entry), "row_numel": np.repeat(widths, counts),
         "row_hash": hashes.view(np.int64), "row_sum": sums, "row_min": mins, "row_max": maxs,
     }
-    table = pa.Table.from_arrays([c if isinstance(c, pa.Array) else pa.array(c, f.type)
-                                  for f, c in ((f, columns[f.name]) for f in SAMPLE)], schema=SAMPLE)
+    arrays = [(f, columns[f.name]) for f in SAMPLE]
+    table = pa.Table.from_arrays([a if isinstance(a, pa.Array) else pa.array(a, f.type) for f, a in arrays],
+                                 schema=SAMPLE)
     starts = np.cumsum([0, *call_rows]).tolist()
     return [table.slice(start, rows) for start, rows in zip(starts, call_rows)]
 

@@ -1,8 +1,8 @@
 """Packed key-data tensor files: one file per rank for the save calls the writer takes together (a
 file per call from the writer process), each tensor a complete `.npy` record (numpy's header, then the
 data) at a byte offset, so that the steps of a commit create one file instead of one per tensor (file
-creation was the unsteady part of the capture's cost, docs/trl.md "Overhead"). Records start at multiples of 64 bytes and numpy pads its header to 64, so
-every record's data is 64-byte aligned. A key-data row names its record by `tensor_file`,
+creation was the unsteady part of the capture's cost, docs/trl.md "Overhead"). Records start at
+multiples of 64 bytes and numpy pads its header to 64, so every record's data is 64-byte aligned. A key-data row names its record by `tensor_file`,
 `tensor_offset` (bytes into the file) and `tensor_length` (the record's bytes, header and data);
 a null offset means the file is one whole `.npy` (dumps written before packing, module tensors,
 imported msprobe dumps). docs/dump-format.md, "Files".
