@@ -59,9 +59,18 @@ _DTYPE_NAMES: dict[torch.dtype, str] = {}  # the supported dtypes seen, by name 
 
 
 def _host_view(t: torch.Tensor) -> np.ndarray:
-    """numpy view of a CPU tensor's bytes in the storage dtype of lake.encoding."""
+    """numpy view of a CPU tensor's bytes in the storage dtype of lake.encoding. A view with torch's
+    negative (or conjugate) bit set, which numpy() and view() refuse, is resolved first: asked only then,
+    since is_neg() and is_conj() give up the GIL like every torch call (each can wait up to a switch
+    interval beside a busy writer thread)."""
     storage = _STORAGE.get(t.dtype)
-    arr = (t.view(storage) if storage is not None else t).numpy()
+    try:
+        arr = (t.view(storage) if storage is not None else t).numpy()
+    except RuntimeError:
+        if not (t.is_neg() or t.is_conj()):
+            raise
+        t = t.resolve_conj().resolve_neg()
+        arr = (t.view(storage) if storage is not None else t).numpy()
     return arr.view(np.uint16) if t.dtype == torch.bfloat16 else arr
 
 
@@ -125,7 +134,7 @@ class TorchAdapter(Adapter):
         """Snapshots of CPU tensors, copied into one slot of the host staging ring with numpy's
         single-threaded copy (torch's parallel copy stalls in its thread pool for milliseconds
         when the writer thread holds the other core; fresh memory would page-fault)."""
-        views = [_host_view(t.resolve_conj().resolve_neg() if t.is_conj() or t.is_neg() else t) for t in tensors]
+        views = [_host_view(t) for t in tensors]
         sizes = [aligned(v.nbytes) for v in views]
         slot = host_ring().alloc(sum(sizes))
         release = None

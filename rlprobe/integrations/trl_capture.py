@@ -32,8 +32,13 @@ OLD_LOG_PROB = "_rlprobe_old_log_prob"  # per-token old log-probs where TRL keep
 def save_rows(probe: Any, data: dict[str, Any], sample_ids: Any, group_ids: Any = None) -> None:
     """One save call whose batch rows carry their sample (and GRPO group) ids: the dump's `sample`
     rows (docs/dump-format.md), which align the rollout with TRL's shuffled micro-batches."""
-    probe.save(data, sample_ids=sample_ids.detach().cpu(),
-               group_ids=None if group_ids is None else group_ids.detach().cpu())
+    probe.save(data, sample_ids=_on_host(sample_ids), group_ids=None if group_ids is None else _on_host(group_ids))
+
+
+def _on_host(ids: torch.Tensor) -> torch.Tensor:
+    """The ids on the host: as they are when they already are (each torch call gives up the GIL, which
+    beside a busy writer thread can cost a switch interval)."""
+    return ids if ids.is_cpu and not ids.requires_grad else ids.detach().cpu()
 
 
 class StepCallback(TrainerCallback):

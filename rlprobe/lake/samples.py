@@ -121,7 +121,10 @@ def _int_array(ids: Any) -> np.ndarray | None:
         arr = ids
     elif type(ids).__module__.startswith("torch") and hasattr(ids, "numpy"):
         try:
-            arr = ids.detach().cpu().numpy()
+            # torch calls give up the GIL (each can wait up to a switch interval beside a busy writer):
+            # a host tensor autograd does not track (integer ids never are) needs only numpy()
+            host = getattr(ids, "is_cpu", False) and not getattr(ids, "requires_grad", True)
+            arr = ids.numpy() if host else ids.detach().cpu().numpy()
         except (RuntimeError, TypeError):
             return None
     else:

@@ -301,3 +301,22 @@ def test_a_row_no_part_can_hold_is_lost_alone(tmp_path):
     table = rlprobe.open(path, include_uncommitted=True).arrow("scalar")
     assert sorted(table["value"].to_pylist()) == [1.0, 3.0, 4.0]
     assert sorted(rlprobe.open(path).arrow("scalar")["value"].to_pylist()) == [1.0, 4.0]  # step 1 is incomplete
+
+
+def test_views_with_torch_negative_bit_are_saved_with_their_values(tmp_path):
+    """The imaginary part of a conjugated complex tensor is a real view with torch's negative bit set, which
+    numpy() and a dtype view refuse: saved with the values it reads as (float32, and float16 from chalf)."""
+    z = torch.tensor([1 + 2j, -3 - 4j, 5 + 0.5j], dtype=torch.complex64)
+    neg32 = z.conj().imag
+    neg16 = z.to(torch.complex32).conj().imag
+    ids = torch.arange(3)
+    assert neg32.is_neg() and neg16.is_neg()
+    with rlprobe.Probe(tmp_path / "d", rank=0, world_size=1) as probe:
+        probe.save({"neg32": neg32, "neg16": neg16, "plain": torch.ones(3)}, sample_ids=ids)
+        probe.step()
+    dump = rlprobe.open(tmp_path / "d")
+    np.testing.assert_array_equal(dump.tensor("neg32", 0), np.array([-2.0, 4.0, -0.5], np.float32))
+    np.testing.assert_array_equal(dump.tensor("neg16", 0), np.array([-2.0, 4.0, -0.5], np.float16))
+    rows = {r["key"]: r for r in dump.key_data().collect().to_dicts()}
+    assert rows["neg32"]["min"] == -2.0 and rows["neg32"]["max"] == 4.0
+    assert ids.numpy().tolist() == [0, 1, 2]  # the caller's ids are left as they were
