@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
-from rlprobe.capture.writer import TensorRow, folder_lost, tensor_rows_of
+from rlprobe.capture.key_data_rows import key_data_tables, null_lost_files
 from rlprobe.lake.tensor_pack import TensorPack
-from rlprobe.lake.layout import DumpLayout, key_data_file_name, key_data_pack
+from rlprobe.lake.layout import DumpLayout, key_data_pack
 from rlprobe.lake.samples import CallIdentity, sample_tables_of_calls
 
 if TYPE_CHECKING:
@@ -82,60 +82,41 @@ def write_key_data(writer: BackgroundWriter, layout: DumpLayout | None, step: in
 
 
 def _key_data_of_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> list[
-        tuple[TensorPack | None, bool, list[dict[str, Any]], list[dict[str, Any]], list[str]]]:
-    """Per call: its packed file (records written into it), whether the call renames it into place, its
-    absent rows, its tensor rows and errors. The calls taken together share one packed file, named after
+        tuple[TensorPack | None, str | None, bool, pa.Table]]:
+    """Per call: its packed file (records written into it) and path, whether the call renames it into place,
+    and its rows (capture/key_data_rows.py). The calls taken together share one packed file, named after
     the first of them and the last step (docs/dump-format.md, change 14): the steps of a commit create one
-    file, not a file and two folders each. The small tensors of all calls are reduced together
-    (capture/writer.py, tensor_rows_of)."""
+    file, not a file and two folders each."""
     sink = writer.sink
-    planned: list[tuple[TensorPack | None, bool, list[dict[str, Any]], list[TensorRow]]] = []
     with_tensors = [c for c in calls if c.save_tensors]
     pack_path, pack = None, None
     if with_tensors:
         first = with_tensors[0]
         pack_path = key_data_pack(sink.rank, first.step, first.call, with_tensors[-1].step)
         pack = TensorPack(os.path.join(os.fspath(sink.layout.root), pack_path))
-    for c in calls:
-        folder, owner = (pack, c is with_tensors[0]) if c.save_tensors else (None, False)
-        absent, items = [], []
-        for job in c.jobs:
-            keys = {"key": job.key, "step": c.step, "micro_step": job.micro_step, "index": job.index,
-                    "framework": job.framework}
-            if job.leaf is None:
-                absent.append({**keys, "absent": True})
-                continue
-            name = key_data_file_name(job.key, job.index) if folder else None
-            items.append(TensorRow(
-                job.leaf, {**keys, "absent": False},
-                f"key {job.key!r} step {c.step} micro_step {job.micro_step}"
-                + (f" index {job.index!r}" if job.index else ""),
-                pack_path if folder else None, name, folder))
-        planned.append((folder, owner, absent, items))
-    errors: list[str] = []
-    done = dict(tensor_rows_of(writer, [item for *_, items in planned for item in items], "key_data", errors))
-    writer.report(errors)
-    return [(folder, owner, absent, [done[id(item)] for item in items if id(item) in done], [])
-            for folder, owner, absent, items in planned]
+    tables = key_data_tables(writer, calls, pack, pack_path)
+    return [(pack, pack_path, c is with_tensors[0], table) if c.save_tensors else (None, None, False, table)
+            for c, table in zip(calls, tables)]
 
 
-def _publish(writer: BackgroundWriter, samples: pa.Table | None, folder: TensorPack | None, owner: bool,
-             absent: list[dict[str, Any]], rows: list[dict[str, Any]], errors: list[str]) -> None:
-    """One call's rows into the rank's buffers (sample rows, then key data: absent rows first). The
-    first call of its packed file (`owner`) renames it into place first, holding the records of the
-    step's later calls too (all written before any call is published); if that fails, every call's rows
-    in it keep their statistics, without files."""
+def _publish(writer: BackgroundWriter, samples: pa.Table | None, pack: TensorPack | None, pack_path: str | None,
+             owner: bool, rows: pa.Table) -> None:
+    """One call's rows into the rank's buffers (sample rows, then key data). The first call of its packed
+    file (`owner`) renames it into place first, holding the records of the batch's later calls too (all
+    written before any call is published); if that fails, every call's rows in it keep their statistics,
+    without files."""
     sink = writer.sink
     if samples is not None:
         sink.add_row("sample", samples)
-    if folder is not None:
+    if pack is not None:
+        errors: list[str] = []
         try:
             if owner:
-                sink.commit_folder(folder)
-            elif folder.lost is not None:
-                raise folder.lost
+                sink.commit_folder(pack)
+            elif pack.lost is not None:
+                raise pack.lost
         except OSError as e:
-            folder_lost(folder, rows, "key_data", sink, errors, e)
-    for row in absent + rows:
-        sink.add_row("key_data", row)
-    writer.report(errors)
+            rows = null_lost_files(rows, pack, pack_path, sink, errors, e)  # type: ignore[arg-type]
+        writer.report(errors)
+    if rows.num_rows:
+        sink.add_row("key_data", rows)

@@ -9,8 +9,9 @@ Before that steady state, plain memory is fresh: the first copy into each page f
 (~17 ms for the 66 MB of the first 8 saves of benchmarks/save_overhead.py --cold). The host
 ring therefore faults its pages in ahead of use on a thread of its own: from creation, the
 first PREFAULT_AHEAD bytes, and then always PREFAULT_AHEAD past the furthest slot handed
-out, so only what the first steps use (plus that margin) is ever made resident, not the whole
-ring. Linux's MADV_POPULATE_WRITE does it without writing a byte, so a page the training
+out, rounded up to a whole _PREFAULT_STEP (so the thread wakes once per 4 MiB of snapshots, not
+at every save), so only what the first steps use (plus that margin) is ever made resident, not
+the whole ring. Linux's MADV_POPULATE_WRITE does it without writing a byte, so a page the training
 thread is filling at that moment is left as it is; where it is missing, pages fault on first
 use as before.
 
@@ -73,7 +74,9 @@ class StagingRing:
             self._live.append(slot)
             self._head = start + size
         if self._prefault is not None and start + size + self._ahead > self._target:
-            self._fault_in_to(start + size + self._ahead)
+            # a whole step further: waking the ring's thread for each save's few KiB made it take the GIL
+            # (twice) at every save call, each time a wait for the training thread beside a busy writer
+            self._fault_in_to(-(-(start + size + self._ahead) // _PREFAULT_STEP) * _PREFAULT_STEP)
         return self.buffer[start:start + nbytes], lambda: self._release(slot)
 
     def _fault_in_to(self, end: int) -> None:

@@ -16,8 +16,10 @@ INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "u
 WIDENED_FLOATS = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 NATIVE_FLOATS = ("float32", "float64")
 SUPPORTED = ("bool", *INT_DTYPES, *WIDENED_FLOATS, *NATIVE_FLOATS)
+_EXACT = float(2 ** 53)  # float64 holds every integer below this exactly (and rounds larger ones to >= it)
 # narrowest first; a value range picks the first that holds it
 _NARROW_ORDER = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "int64", "uint64")
+_NARROW = [(np.dtype(name), int(np.iinfo(name).min), int(np.iinfo(name).max)) for name in _NARROW_ORDER]
 
 
 def _fp8_table(exp_bits: int, man_bits: int, finite_only: bool) -> np.ndarray:
@@ -69,13 +71,13 @@ def narrow_integers(values: np.ndarray, lo: float | None, hi: float | None) -> n
     """Integers in the narrowest integer dtype that holds [lo, hi]; other arrays unchanged."""
     if values.dtype.kind not in "iu" or values.size == 0 or lo is None or hi is None:
         return values
-    lo_i, hi_i = int(values.min()), int(values.max())  # exact: float stats lose precision past 2**53
-    for name in _NARROW_ORDER:
-        info = np.iinfo(name)
-        if info.min <= lo_i and hi_i <= info.max:
-            if np.dtype(name).itemsize >= values.dtype.itemsize:
-                return values
-            return values.astype(name)
+    if -_EXACT < lo < _EXACT and -_EXACT < hi < _EXACT:  # the float64 statistics are these integers
+        lo_i, hi_i = int(lo), int(hi)
+    else:  # float statistics lose precision past 2**53
+        lo_i, hi_i = int(values.min()), int(values.max())
+    for dtype, least, most in _NARROW:
+        if least <= lo_i and hi_i <= most:
+            return values if dtype.itemsize >= values.dtype.itemsize else values.astype(dtype)
     return values
 
 

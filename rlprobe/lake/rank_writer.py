@@ -134,7 +134,7 @@ class RankWriter:
                 unwritten = True
                 continue
             self.manifest["rows"][kind] = self.manifest["rows"].get(kind, 0) + table.num_rows
-            self.written_steps.update(s for s in table[step_column(kind)].to_pylist() if s is not None)
+            self.written_steps.update(s for s in table[step_column(kind)].unique().to_pylist() if s is not None)
             self.buffers[kind] = []
             try:
                 store.merge_tiered()

@@ -86,7 +86,7 @@ def call_identity(keys: Sequence[tuple[str, str, tuple[int, ...] | None]], sampl
         explicit = text = None
     else:
         int_ids = _int_array(sample_ids)
-        if int_ids is not None and len(np.unique(int_ids)) == len(int_ids):
+        if int_ids is not None and _distinct(int_ids):
             rows, explicit, text = len(int_ids), None, None
         else:  # strings, a list, or a duplicate (refused below with the id it repeats)
             int_ids = None
@@ -112,6 +112,14 @@ def call_identity(keys: Sequence[tuple[str, str, tuple[int, ...] | None]], sampl
             raise ProbeError(f"{where}: group_ids has {count} ids but the batch has {rows} rows "
                              "(the leading dimension of its tensors); give one group id per row")
     return CallIdentity(rows, prompt, explicit, text, groups, int_ids, int_groups)
+
+
+def _distinct(ids: np.ndarray) -> bool:
+    """Whether no id repeats. A batch's few ids through a Python set: np.unique sorts, and numpy's sort
+    gives up the GIL, which beside a busy writer thread can take a switch interval to get back."""
+    if len(ids) <= 1 << 16:
+        return len(set(ids.tolist())) == len(ids)
+    return len(np.unique(ids)) == len(ids)
 
 
 def _int_array(ids: Any) -> np.ndarray | None:

@@ -229,22 +229,16 @@ def test_a_step_whose_rows_could_not_be_written_is_never_committed(tmp_path, mon
     """A writer job that fails (here statistics of one tensor, by fault injection) loses that
     row: the step is recorded as incomplete and lost in rank0.json, never committed, hidden by
     readers, and removed when the run is resumed."""
-    from rlprobe.capture import writer as writer_module
+    from rlprobe.capture import key_data_rows
 
-    real, real_many = writer_module.host_statistics, writer_module.host_statistics_many
+    real = key_data_rows.host_statistics_columns
 
-    def failing(values):
-        if values.size and np.all(values == 13.0):
+    def failing(arrays):  # the stacked statistics of a call fail: the writer retries one by one
+        if any(values.size and np.all(values == 13.0) for values in arrays):
             raise MemoryError("injected")
-        return real(values)
+        return real(arrays)
 
-    def failing_many(arrays):  # the stacked statistics of a call fail too: the writer retries one by one
-        for values in arrays:
-            failing(values)
-        return real_many(arrays)
-
-    monkeypatch.setattr(writer_module, "host_statistics", failing)
-    monkeypatch.setattr(writer_module, "host_statistics_many", failing_many)
+    monkeypatch.setattr(key_data_rows, "host_statistics_columns", failing)
     # the fault is injected into this process: the writer thread does the work (the writer
     # process's failures: tests/capture/test_writer_process.py)
     monkeypatch.setenv("RLPROBE_WRITER_PROCESS", "0")

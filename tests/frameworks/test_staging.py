@@ -79,16 +79,20 @@ def test_host_ring_faults_in_only_a_bounded_margin_past_what_is_used():
     resident = _resident(buffer)
     page = buffer.size // resident.size
     assert resident[: 8 * mib // page].all() and not resident[(8 * mib + slack) // page:].any()  # not the ring
-    _, free_a = ring.alloc(5 * mib)
-    _, free_b = ring.alloc(5 * mib)  # furthest slot ends at 10 MiB: resident up to 18 MiB, no further
-    assert ring.wait_prefaulted(18 * mib, timeout=10)
+    _, free_a = ring.alloc(5 * mib)  # to 5 + 8 MiB, a whole 4 MiB step further: 16 MiB
+    assert ring.wait_prefaulted(16 * mib, timeout=10)
+    _, free_b = ring.alloc(5 * mib)  # furthest slot ends at 10 MiB: resident up to 18 MiB, rounded to 20
+    assert ring.wait_prefaulted(20 * mib, timeout=10)
     resident = _resident(buffer)
-    assert resident[: 18 * mib // page].all() and not resident[(18 * mib + slack) // page:].any()
+    assert resident[: 20 * mib // page].all() and not resident[(20 * mib + slack) // page:].any()
+    _, free_c = ring.alloc(1 * mib)  # ends at 11 MiB: 19 MiB lies within the target, the thread is not woken
+    assert ring._target == 20 * mib
     free_a()
     free_b()
+    free_c()
     ring.alloc(5 * mib)  # wrapped to the start: nothing new to fault in
     time.sleep(0.2)
-    assert ring.faulted == 18 * mib and not _resident(buffer)[(18 * mib + slack) // page:].any()
+    assert ring.faulted == 20 * mib and not _resident(buffer)[(20 * mib + slack) // page:].any()
 
 
 def test_prefaulting_never_changes_bytes_already_written():
