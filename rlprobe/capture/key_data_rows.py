@@ -22,7 +22,8 @@ import pyarrow as pa
 
 from rlprobe.lake.encoding import narrow_integers, widen
 from rlprobe.lake.schema import KEY_DATA
-from rlprobe.lake.statistics import STACK_BYTES, STATISTICS, bitwise_hash, host_statistics_columns
+from rlprobe.lake.statistics import (STACK_BYTES, STATISTICS, bitwise_hash, consecutive_chunks,
+                                     host_statistics_columns)
 
 if TYPE_CHECKING:
     from rlprobe.capture.save_calls import SaveCall
@@ -127,16 +128,8 @@ def key_data_tables(writer: BackgroundWriter, calls: list[SaveCall], pack: Tenso
 
 def _chunks(entries: list[tuple[int, SaveCall, LeafJob, np.ndarray | None]]) -> list[list[Any]]:
     """Consecutive entries of at most STACK_BYTES of host copies in all (a larger one alone)."""
-    chunks: list[list[Any]] = []
-    size = STACK_BYTES + 1
-    for entry in entries:
-        nbytes = entry[2].leaf.nbytes  # type: ignore[union-attr]
-        if size + nbytes > STACK_BYTES:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(entry)
-        size += nbytes
-    return chunks
+    runs = consecutive_chunks([entry[2].leaf.nbytes for entry in entries], STACK_BYTES)  # type: ignore[union-attr]
+    return [[entries[i] for i in run] for run in runs]
 
 
 def _chunk_rows(writer: BackgroundWriter, chunk: list[tuple[int, SaveCall, LeafJob, np.ndarray | None]],

@@ -33,7 +33,8 @@ from rlprobe.lake.encoding import narrow_integers, widen
 from rlprobe.lake.atomic import AtomicFolder
 from rlprobe.lake.rank_writer import RankWriter
 from rlprobe.lake.samples import OccurrenceCounter
-from rlprobe.lake.statistics import STACK_BYTES, STATISTICS, bitwise_hash, host_statistics, host_statistics_many
+from rlprobe.lake.statistics import (STACK_BYTES, STATISTICS, bitwise_hash, consecutive_chunks, host_statistics,
+                                     host_statistics_many)
 
 if TYPE_CHECKING:
     from rlprobe.capture.save_calls import SaveCall
@@ -309,16 +310,7 @@ def folder_lost(folder: AtomicFolder | TensorPack, rows: list[dict[str, Any]], k
 
 def _chunks(items: list[TensorRow]) -> list[list[TensorRow]]:
     """Consecutive items of at most STACK_BYTES of host copies in all (a larger one alone)."""
-    chunks: list[list[TensorRow]] = []
-    size = STACK_BYTES + 1
-    for item in items:
-        nbytes = item.leaf.nbytes
-        if size + nbytes > STACK_BYTES:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(item)
-        size += nbytes
-    return chunks
+    return [[items[i] for i in run] for run in consecutive_chunks([item.leaf.nbytes for item in items], STACK_BYTES)]
 
 
 def _tensor_rows(chunk: list[TensorRow], kind: str, sink: RankWriter, errors: list[str],

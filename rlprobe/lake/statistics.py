@@ -143,6 +143,20 @@ def host_statistics_columns(arrays: Sequence[np.ndarray]) -> tuple[dict[str, np.
     return values, null
 
 
+def consecutive_chunks(sizes: Sequence[int], limit: int) -> list[list[int]]:
+    """Positions cut into runs of consecutive items of at most `limit` bytes in all (a larger item alone):
+    the writer's batches of host copies, released a run at a time."""
+    chunks: list[list[int]] = []
+    size = limit + 1
+    for i, nbytes in enumerate(sizes):
+        if size + nbytes > limit:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(i)
+        size += nbytes
+    return chunks
+
+
 def stack_groups(layouts: Sequence[object], sizes: Sequence[int], limit: int) -> list[list[int]]:
     """Positions grouped by equal layout, each group at most `limit` bytes; a larger item is a
     group of its own. Groups keep the items' order."""

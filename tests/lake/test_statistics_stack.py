@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from rlprobe.lake.encoding import narrow_integers
-from rlprobe.lake.statistics import (bitwise_hash, host_statistics, host_statistics_columns, host_statistics_many,
+from rlprobe.lake.statistics import (bitwise_hash, consecutive_chunks, host_statistics, host_statistics_columns, host_statistics_many,
                                      stack_groups)
 
 
@@ -93,3 +93,12 @@ def test_groups_keep_one_layout_and_their_size_limit():
         assert len({layouts[i] for i in g}) == 1
         assert len(g) == 1 or sum(sizes[i] for i in g) <= 100
     assert [5] in groups  # larger than the limit: alone
+
+
+def test_chunks_are_consecutive_runs_within_the_limit():
+    sizes = [40, 10, 60, 200, 0, 30, 70, 100]
+    runs = consecutive_chunks(sizes, 100)
+    assert [i for run in runs for i in run] == list(range(len(sizes)))  # every item once, in order
+    assert runs == [[0, 1], [2], [3], [4, 5, 6], [7]]  # 0 + 30 + 70: exactly the limit
+    assert all(len(run) == 1 or sum(sizes[i] for i in run) <= 100 for run in runs)
+    assert consecutive_chunks([], 100) == []
