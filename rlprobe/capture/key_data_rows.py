@@ -161,7 +161,7 @@ def _chunk_rows(writer: BackgroundWriter, chunk: list[tuple[int, SaveCall, LeafJ
         lo = None if null["min"][row] else stats["min"][row]
         hi = None if null["max"][row] else stats["max"][row]
         try:
-            cols.records[row] = pack.save_npy("", narrow_integers(values, lo, hi))
+            cols.records[row] = sink.write_into(pack, "", narrow_integers(values, lo, hi))
         except OSError as e:
             where = _where(c, job)
             msg = f"{where}: tensor not written to {pack.path}: {e}; its statistics are kept"

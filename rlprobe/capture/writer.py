@@ -30,7 +30,6 @@ import numpy as np
 from rlprobe.capture.switch_interval import short_switch_interval
 from rlprobe.frameworks.base import StagedLeaf
 from rlprobe.lake.encoding import narrow_integers, widen
-from rlprobe.lake.atomic import AtomicFolder
 from rlprobe.lake.rank_writer import RankWriter
 from rlprobe.lake.samples import OccurrenceCounter
 from rlprobe.lake.statistics import (STACK_BYTES, STATISTICS, bitwise_hash, consecutive_chunks, host_statistics,
@@ -39,7 +38,6 @@ from rlprobe.lake.statistics import (STACK_BYTES, STATISTICS, bitwise_hash, cons
 if TYPE_CHECKING:
     from rlprobe.capture.save_calls import SaveCall
     from rlprobe.capture.writer_process import WriterProcess
-    from rlprobe.lake.tensor_pack import TensorPack
 
 RETRY_S = 1.0  # the least wait before retrying a failed commit
 # save calls go to the writer together: at a step's end (or any other job), or once this many bytes or
@@ -252,60 +250,31 @@ class TensorRow:
     keys: dict[str, Any]  # the row key and the other columns that are not statistics (framework, ...)
     where: str  # for messages: "key 'x' step 3 micro_step 0"
     tensor_path: Path | str | None  # a str is relative to the dump root; None: statistics only
-    file_name: str | None = None  # with a folder: the file's name in it (tensor_path is where it ends up)
-    folder: AtomicFolder | TensorPack | None = None  # where it is written (else write_tensor_rows' folder)
 
 
-def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow],
-                      folder: AtomicFolder | None = None) -> None:
+def write_tensor_rows(writer: BackgroundWriter, kind: str, items: list[TensorRow]) -> None:
     """Writer-thread job: statistics, hash and (optionally) the .npy of each tensor, one row each.
 
     Small tensors are taken a few at a time (STACK_BYTES in all), so that their statistics are
     one numpy call per statistic for the lot (lake/statistics.py). A tensor whose statistics
     cannot be computed is recorded as lost; one whose file cannot be written keeps its
     statistics row (tensor_file null). Host copies are released as soon as their chunk is done, so staging
-    memory returns to the ring in order. With `folder`, items with a `file_name` go into it, renamed into place first."""
+    memory returns to the ring in order. (Key data, whose tensors go into packed files, is written as
+    columns: capture/key_data_rows.py.)"""
     sink = writer.sink
     errors: list[str] = []
-    rows = [row for _, row in tensor_rows_of(writer, items, kind, errors, folder)]
-    if folder is not None:
-        try:
-            sink.commit_folder(folder)
-        except OSError as e:
-            folder_lost(folder, rows, kind, sink, errors, e)
-    for row in rows:
-        sink.add_row(kind, row)
-    writer.report(errors)
-
-
-def tensor_rows_of(writer: BackgroundWriter, items: list[TensorRow], kind: str, errors: list[str],
-               folder: AtomicFolder | None = None) -> list[tuple[int, dict[str, Any]]]:
-    """(id(item), row) of each item whose row could be made, in order; files written, copies released."""
-    out: list[tuple[int, dict[str, Any]]] = []
+    rows: list[dict[str, Any]] = []
     for chunk in _chunks(items):
         try:
-            out.extend(_tensor_rows(chunk, kind, writer.sink, errors, folder))
+            rows.extend(_tensor_rows(chunk, kind, sink, errors))
         finally:
             for item in chunk:
                 item.leaf.raw = None
                 if item.leaf.release is not None:
                     item.leaf.release()
-    return out
-
-
-def folder_lost(folder: AtomicFolder | TensorPack, rows: list[dict[str, Any]], kind: str, sink: RankWriter,
-                errors: list[str], e: OSError) -> None:
-    """The call's folder or packed file could not be renamed into place: its rows keep statistics, no files."""
     for row in rows:
-        if row.get("tensor_file") is None:
-            continue
-        where = f"key {row['key']!r} step {row['step']} micro_step {row['micro_step']}" + (
-            f" index {row['index']!r}" if row["index"] else "")
-        msg = f"{where}: tensor not written to {folder.path}: {e}; its statistics are kept"
-        sink.record_error(msg, {"kind": kind, "key": row["key"], "step": row["step"], "micro_step": row["micro_step"],
-                                "index": row["index"], "what": "tensor"})
-        errors.append(msg)
-        row["tensor_file"] = row["tensor_offset"] = row["tensor_length"] = None
+        sink.add_row(kind, row)
+    writer.report(errors)
 
 
 def _chunks(items: list[TensorRow]) -> list[list[TensorRow]]:
@@ -313,8 +282,7 @@ def _chunks(items: list[TensorRow]) -> list[list[TensorRow]]:
     return [[items[i] for i in run] for run in consecutive_chunks([item.leaf.nbytes for item in items], STACK_BYTES)]
 
 
-def _tensor_rows(chunk: list[TensorRow], kind: str, sink: RankWriter, errors: list[str],
-                 folder: AtomicFolder | None) -> list[tuple[int, dict[str, Any]]]:
+def _tensor_rows(chunk: list[TensorRow], kind: str, sink: RankWriter, errors: list[str]) -> list[dict[str, Any]]:
     ready: list[tuple[TensorRow, np.ndarray | None]] = []
     for item in chunk:
         try:
@@ -330,9 +298,9 @@ def _tensor_rows(chunk: list[TensorRow], kind: str, sink: RankWriter, errors: li
         host[i] = stats
     rows = []
     for (item, values), stats in zip(ready, host):
-        row = _tensor_row(item, values, stats, kind, sink, errors, item.folder or folder)
+        row = _tensor_row(item, values, stats, kind, sink, errors)
         if row is not None:
-            rows.append((id(item), row))
+            rows.append(row)
     return rows
 
 
@@ -358,7 +326,7 @@ def _lose(item: TensorRow, kind: str, sink: RankWriter, errors: list[str], e: Ba
 
 
 def _tensor_row(item: TensorRow, values: np.ndarray | None, host: dict[str, Any] | Exception | None, kind: str,
-                sink: RankWriter, errors: list[str], folder: Any) -> dict[str, Any] | None:
+                sink: RankWriter, errors: list[str]) -> dict[str, Any] | None:
     leaf = item.leaf
     try:
         if isinstance(host, Exception):
@@ -376,12 +344,7 @@ def _tensor_row(item: TensorRow, values: np.ndarray | None, host: dict[str, Any]
     if item.tensor_path is not None and values is not None:
         try:
             stored = narrow_integers(values, stats.get("min"), stats.get("max"))
-            if folder is not None and item.file_name is not None:
-                placed = sink.write_into(folder, item.file_name, stored)  # a packed file's: (offset, length)
-                row["tensor_file"] = item.tensor_path
-                row["tensor_offset"], row["tensor_length"] = placed if isinstance(placed, tuple) else (None, None)
-            else:
-                row["tensor_file"] = sink.write_tensor(item.tensor_path, stored)
+            row["tensor_file"] = sink.write_tensor(item.tensor_path, stored)
         except OSError as e:
             path = item.tensor_path if isinstance(item.tensor_path, Path) else sink.layout.root / item.tensor_path
             msg = f"{item.where}: tensor not written to {path}: {e}; its statistics are kept"
