@@ -15,7 +15,8 @@ written keeps its statistics with a null tensor_file.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -51,7 +52,7 @@ class _Columns:
             self.rows.append((job.key, job.index, job.framework, None, c.step, job.micro_step, None, None, True))
         else:
             self.rows.append((job.key, job.index, job.framework, leaf.dtype, c.step, job.micro_step,
-                              tuple(leaf.shape), _numel(leaf.shape), False))
+                              tuple(leaf.shape), math.prod(leaf.shape), False))
         self.hash.append(None)
         return len(self.rows) - 1
 
@@ -68,15 +69,16 @@ class _Columns:
                                      else pa.array(columns[f.name], f.type) for f in KEY_DATA], schema=KEY_DATA)
 
 
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+def _where(key: str, step: int, micro_step: int, index: str) -> str:
+    return f"key {key!r} step {step} micro_step {micro_step}" + (f" index {index!r}" if index else "")
 
 
-def _where(c: SaveCall, job: LeafJob) -> str:
-    return f"key {job.key!r} step {c.step} micro_step {job.micro_step}" + (f" index {job.index!r}" if job.index else "")
+def _not_written(sink: Any, errors: list[str], key: str, step: int, micro_step: int, index: str, pack: TensorPack,
+                 e: OSError) -> None:
+    msg = f"{_where(key, step, micro_step, index)}: tensor not written to {pack.path}: {e}; its statistics are kept"
+    sink.record_error(msg, {"kind": "key_data", "key": key, "step": step, "micro_step": micro_step, "index": index,
+                            "what": "tensor"})
+    errors.append(msg)
 
 
 def key_data_tables(writer: BackgroundWriter, calls: list[SaveCall], pack: TensorPack | None,
@@ -163,11 +165,7 @@ def _chunk_rows(writer: BackgroundWriter, chunk: list[tuple[int, SaveCall, LeafJ
         try:
             cols.records[row] = sink.write_into(pack, "", narrow_integers(values, lo, hi))
         except OSError as e:
-            where = _where(c, job)
-            msg = f"{where}: tensor not written to {pack.path}: {e}; its statistics are kept"
-            sink.record_error(msg, {"kind": "key_data", "key": job.key, "step": c.step, "micro_step": job.micro_step,
-                                    "index": job.index, "what": "tensor"})
-            errors.append(msg)
+            _not_written(sink, errors, job.key, c.step, job.micro_step, job.index, pack, e)
 
 
 def _device_has_all(device_stats: dict[str, Any] | None) -> bool:
@@ -199,7 +197,7 @@ def _host_statistics(wanted: list[tuple[int, SaveCall, LeafJob, np.ndarray | Non
 
 
 def _lose(sink: Any, errors: list[str], c: SaveCall, job: LeafJob, e: BaseException) -> None:
-    msg = f"{_where(c, job)}: could not compute statistics: {type(e).__name__}: {e}"
+    msg = f"{_where(job.key, c.step, job.micro_step, job.index)}: could not compute statistics: {type(e).__name__}: {e}"
     sink.record_error(msg, {"kind": "key_data", "key": job.key, "step": c.step, "micro_step": job.micro_step,
                             "index": job.index, "what": "row"}, incomplete_step=c.step)
     errors.append(msg)
@@ -224,12 +222,8 @@ def null_lost_files(table: pa.Table, pack: TensorPack, pack_path: str, sink: Any
     if not any(gone):
         return table
     for i in np.flatnonzero(gone).tolist():
-        row = {name: table.column(name)[i].as_py() for name in ("key", "step", "micro_step", "index")}
-        where = f"key {row['key']!r} step {row['step']} micro_step {row['micro_step']}" + (
-            f" index {row['index']!r}" if row["index"] else "")
-        msg = f"{where}: tensor not written to {pack.path}: {e}; its statistics are kept"
-        sink.record_error(msg, {"kind": "key_data", **row, "what": "tensor"})
-        errors.append(msg)
+        _not_written(sink, errors, *(table.column(name)[i].as_py() for name in ("key", "step", "micro_step", "index")),
+                     pack, e)
     for name, type_ in (("tensor_file", pa.string()), ("tensor_offset", pa.int64()), ("tensor_length", pa.int64())):
         at = table.schema.get_field_index(name)
         values = table.column(name).to_pylist()
