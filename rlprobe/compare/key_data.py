@@ -174,7 +174,9 @@ def _pair_tasks(files: pa.Table, root_a: str, root_b: str) -> Sequence[Any]:
                                            pc.and_(pc.greater(size, 0), pc.less_equal(size, 18))))
         if not pc.all(taken).as_py():
             return _pair_tasks_one_by_one(files, root_a, root_b)
-        sides.append(Side([root + f for f in file.to_pylist()],
+        distinct = pc.dictionary_encode(file)  # a packed file holds many records: its path made once
+        prefixed = [root + f for f in distinct.dictionary.to_pylist()]
+        sides.append(Side(list(map(prefixed.__getitem__, distinct.indices.to_numpy().tolist())),
                           offset.cast(pa.int64()).to_numpy(zero_copy_only=False),
                           length.cast(pa.int64()).to_numpy(zero_copy_only=False)))
     return PairColumns(*sides)

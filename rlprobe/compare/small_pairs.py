@@ -58,19 +58,24 @@ def _aligned(nbytes: int, align: int) -> np.ndarray:
 
 
 def path_bytes(paths: Sequence[Any]) -> tuple[np.ndarray, np.ndarray] | None:
-    """All paths NUL-terminated in one array, and where each starts (None: a path holds a NUL)."""
-    encoded = "\0".join(map(os.fspath, paths)).encode() if paths and isinstance(os.fspath(paths[0]), str) \
+    """Every distinct path NUL-terminated in one array, and where each pair side's path starts (equal
+    paths, such as the records of one packed file, share their start: batch_kernels.read_files opens
+    such a file once); None where a path holds a NUL."""
+    first: dict[Any, int] = {}  # path -> its position among the distinct paths
+    codes = [first.setdefault(p, len(first)) for p in paths]
+    distinct = list(first)
+    encoded = "\0".join(map(os.fspath, distinct)).encode() if distinct and isinstance(os.fspath(distinct[0]), str) \
         else None
     if encoded is None:  # bytes paths or a mix: encode one by one
-        encoded = b"\0".join(os.fsencode(p) for p in paths)
+        encoded = b"\0".join(os.fsencode(p) for p in distinct)
     arr = np.frombuffer(encoded + b"\0", np.uint8)
     nul = np.flatnonzero(arr == 0)
-    if nul.size != len(paths):
+    if nul.size != len(distinct):
         return None
-    starts = np.empty(len(paths), np.int64)
-    starts[0] = 0
+    starts = np.empty(len(distinct), np.int64)
+    starts[0:1] = 0
     starts[1:] = nul[:-1] + 1
-    return arr, starts
+    return arr, starts[np.array(codes, np.int64)]
 
 
 def record_arrays(tasks: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
