@@ -125,7 +125,9 @@ def numba_cache_files(base: str) -> dict[str, int]:
 
 def rlprobe_env(checkout: Path) -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(checkout)
+    # the checkout first; a PYTHONPATH already set stays after it (packages carried to a machine as wheels
+    # and installed into a folder of their own: benchmarks/gpu_checks.sh)
+    env["PYTHONPATH"] = os.pathsep.join([str(checkout), *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
 
 
@@ -138,6 +140,7 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, help="another rlprobe checkout, run alternately for paired ratios")
     ap.add_argument("--source", action="store_true",
                     help="run each checkout's own sources instead of a byte-compiled copy (as installed)")
+    ap.add_argument("--json", default=None, help="write each workload's figures (and every run) here")
     ap.add_argument("--no-core-scaling", action="store_true",
                     help="skip core_scaling.py's measure of what two busy processes do against one here (~30 s)")
     args = ap.parse_args()
@@ -213,7 +216,9 @@ def main() -> None:
                 t0 = time.perf_counter()
                 subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
                 record("cat/large/s", time.perf_counter() - t0)
-        report_targets(runs, dumps, list(versions))
+        figures = report_targets(runs, dumps, list(versions))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"figures": figures, "runs": runs}, indent=1), encoding="utf-8")
         if not args.no_core_scaling:  # the ceiling of the 2-worker ratios on this machine (docs/compare.md)
             print("\n== this machine: two busy processes against one (benchmarks/core_scaling.py) ==")
             core_scaling.main(["--repeat", "3"])
@@ -223,8 +228,10 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def report_targets(runs: dict[str, list], dumps: dict, labels: list[str]) -> None:
+def report_targets(runs: dict[str, list], dumps: dict, labels: list[str]) -> dict[str, dict]:
+    """Prints every target with its value; returns, per checkout label and workload, the figures behind them."""
     med = {k: statistics.median(v) for k, v in runs.items()}
+    figures: dict[str, dict] = {}
     print(json.dumps({"medians": med}, indent=1))
     print(f"load average: {os.getloadavg()} now; 1-minute load at each repeat's start: {runs['load_average_1min']}")
     for label in labels:
@@ -237,6 +244,9 @@ def report_targets(runs: dict[str, list], dumps: dict, labels: list[str]) -> Non
             peak = max(runs[f"{label}/{wl}/w2/peak_MB"] + runs[f"{label}/{wl}/w1/peak_MB"])
             beyond = w2 - start
             cpu1, cpu2, cpu0 = (med[f"{label}/{w}/cpu_s"] for w in (f"{wl}/w1", f"{wl}/w2", "tiny/w2"))
+            figures.setdefault(label, {"start_up_s": start})[wl] = {
+                "whole_w2_s": w2, "whole_w1_s": w1, "peak_MB": peak,
+                "w2_over_w1_beyond_start_up": (w1 - start) / beyond if beyond > 0 else None}
             line = (f"{wl}: whole {w2:.2f} s (workers 2), {w1:.2f} s (workers 1); beyond start-up, 2 workers "
                     f"{(w1 - start) / beyond if beyond > 0 else float('nan'):.2f} x faster than 1 (target >= 1.7); "
                     f"peak {peak:.0f} MB; CPU (user + system) {cpu2:.2f} s (workers 2), {cpu1:.2f} s (workers 1), "
@@ -265,6 +275,7 @@ def report_targets(runs: dict[str, list], dumps: dict, labels: list[str]) -> Non
                 twin = other + key[len(label):]
                 ratios = [o / m for o, m in zip(runs[twin], runs[key])]
                 print(f"  {key[len(label) + 1:]}: {statistics.median(ratios):.2f} x")
+    return figures
 
 
 if __name__ == "__main__":

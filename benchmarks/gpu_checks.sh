@@ -7,6 +7,9 @@
 #   4. grad decoder       the same on the 953M-parameter Llama-architecture decoder
 #   5. kernel sweep       the Triton kernel alone per BLOCK x num_warps, GB/s vs a device copy
 #   6. save               `save` blocking from the GPU (96 x 1 MB)
+#   7. compare 2 cores    issue 18's `rlprobe compare` 2-vs-1-worker ratio on two whole cores of this machine
+#                         (taskset; the test VM's two vCPUs do 1.4-2.1 x the work of one): needs duckdb, which the
+#                         machine lacks: carry its wheel (docs/compare.md, "Fifteenth session"), else skipped
 # Each section runs under its own time limit and none stops the others (no `set -e`); a summary
 # with every section's status and the headline figures ends the run. With $OUT set, every
 # section's JSON and the summary (gpu_checks.json) are written there.
@@ -75,6 +78,17 @@ if [ "${GPU_CHECKS_CPU_SMOKE:-}" != 1 ]; then
     section "save" 25 "$PY" benchmarks/save_overhead.py --device cuda --repeat 3 --json "$RESULTS/save_gpu.json"
 fi
 
+if [ "${GPU_CHECKS_CPU_SMOKE:-}" != 1 ]; then
+    if ! "$PY" -c "import duckdb" 2>/dev/null; then
+        echo; echo "=== compare 2 cores: skipped (no duckdb here: docs/compare.md, 'Fifteenth session') ==="
+    elif ! command -v taskset >/dev/null; then
+        echo; echo "=== compare 2 cores: skipped (no taskset here) ==="
+    elif CORES=$("$PY" benchmarks/core_scaling.py --two-cores); then
+        section "compare 2 cores" 240 taskset -c "$CORES" "$PY" benchmarks/compare_speed.py \
+            --workloads msprobe_small,rlprobe_small --repeat 3 --json "$RESULTS/compare_2cores.json"
+    fi
+fi
+
 echo
 echo "=== summary ($((SECONDS - STARTED)) s in all) ==="
 "$PY" - "$RESULTS" "$((SECONDS - STARTED))" "${STATUS[@]}" <<'PYEOF'
@@ -133,6 +147,16 @@ if save is not None:
     summary["save"] = save
     for r in save:
         print(f"  save ({r['mode']}): blocked {r['save_blocking_ms']:.1f} ms, {r['ratio_to_msprobe_121ms']:.3f} x msprobe")
+two = load("compare_2cores.json")
+if two is not None:
+    figures = two["figures"].get("rlprobe", {})
+    summary["compare_2cores"] = figures
+    for wl in ("msprobe_small", "rlprobe_small"):
+        if wl in figures:
+            f = figures[wl]
+            print(f"  compare on two cores, {wl}: whole {f['whole_w2_s']:.2f} s (2 workers), {f['whole_w1_s']:.2f} s (1); "
+                  f"2 workers {f['w2_over_w1_beyond_start_up'] or float('nan'):.2f} x faster beyond start-up "
+                  f"({figures['start_up_s']:.2f} s; goal >= 1.7)")
 (out / "gpu_checks.json").write_text(json.dumps(summary, indent=2))
 print(f"  results: {out}")
 PYEOF

@@ -206,3 +206,37 @@ def test_core_scaling_script_measures_one_process_against_two(tmp_path, monkeypa
         assert f["one_s"] > 0 and f["two_s"] > 0 and f["throughput_of_two"] == 2 * f["one_s"] / f["two_s"]
     assert "two cores do" in capsys.readouterr().out
     sys.modules.pop("core_scaling", None)
+
+
+def test_two_cores_are_two_physical_cores(monkeypatch):
+    """core_scaling.py --two-cores (benchmarks/gpu_checks.sh runs the comparison on them with taskset)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import core_scaling
+
+    siblings = {0: (0, 0), 1: (0, 0), 2: (0, 1), 3: (0, 1)}  # two hyper-threads a core
+    assert core_scaling.two_cores([0, 1, 2, 3], siblings) == [0, 2]
+    assert core_scaling.two_cores([1, 3], siblings) == [1, 3]
+    assert core_scaling.two_cores([0, 1], siblings) is None  # one core's two threads
+    assert core_scaling.two_cores([4, 5], {}) == [4, 5]  # no topology: each CPU its own core
+    assert core_scaling.two_cores([7], siblings) is None and core_scaling.two_cores([], siblings) is None
+    assert set(core_scaling.topology()) <= set(range(4096))
+    sys.modules.pop("core_scaling", None)
+
+
+def test_compare_speed_keeps_a_carried_pythonpath_and_returns_its_figures(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import compare_speed
+
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site")
+    assert compare_speed.rlprobe_env(Path("/c")).get("PYTHONPATH") == os.pathsep.join(["/c", "/tmp/site"])
+    monkeypatch.delenv("PYTHONPATH")
+    assert compare_speed.rlprobe_env(Path("/c"))["PYTHONPATH"] == "/c"
+    runs = {"load_average_1min": [1.0]}
+    for kind, values in (("s", (0.5, 1.5, 1.0)), ("cpu_s", (0.6, 2.0, 1.8)), ("peak_MB", (100, 300, 310))):
+        for name, value in zip(("tiny/w2", "rlprobe_small/w1", "rlprobe_small/w2"), values):
+            runs[f"rlprobe/{name}/{kind}"] = [value]
+    figures = compare_speed.report_targets(runs, {"tiny": None, "rlprobe_small": None}, ["rlprobe"])
+    assert figures == {"rlprobe": {"start_up_s": 0.5, "rlprobe_small": {
+        "whole_w2_s": 1.0, "whole_w1_s": 1.5, "peak_MB": 310, "w2_over_w1_beyond_start_up": 2.0}}}
+    assert "2 workers 2.00 x faster than 1" in capsys.readouterr().out
+    sys.modules.pop("compare_speed", None)
