@@ -161,8 +161,9 @@ class Gate:
     callback does nothing; `drain` makes an on step end with probe.flush(). With `align()` the
     writer's own timers are held back and its once-per-flush_interval work (the deferred save calls,
     the commit) is started by `begin_step` at the beginning of an on step instead, when it is due (by
-    the probe's interval over the share of on steps): it then runs beside that step's training, as it
-    would anywhere in a run."""
+    the probe's interval over the share of on steps, or CALL_BATCH_COUNT save calls wait): it then runs
+    beside that step's training, as the probe's own `step_ended` starts it at a step's end in a run (which
+    the gate switches off: it could start work before an off step)."""
 
     def __init__(self, handle: Any):
         from rlprobe.integrations import trl_guard
@@ -184,6 +185,9 @@ class Gate:
         """Hold the writer's timers back; its work becomes due after flush_interval / on_share seconds,
         so that a batch (and a commit) covers as many probed steps as in a run with the probe always on."""
         self.interval, self.writer.flush_interval = self.writer.flush_interval / on_share, HELD_BACK_S
+        # the probe hands due work over when a step ends (BackgroundWriter.step_ended): here begin_step does
+        # that, and only before an on step that another follows, so that the work stays in on steps
+        self.writer.step_ended = lambda: None
 
     def begin_step(self, on: bool, next_on: bool = True) -> None:
         """Switch the probe for the step beginning now; aligned, start the writer's work when due, but only
@@ -192,8 +196,11 @@ class Gate:
         self.on = on
         if not on or not next_on or self.interval is None:
             return
+        from rlprobe.capture.writer import CALL_BATCH_COUNT
+
         writer, now = self.writer, time.monotonic()
-        if writer._deferred and now - writer._deferred_since >= self.interval:
+        if writer._deferred and (now - writer._deferred_since >= self.interval
+                                 or writer._deferred_calls >= CALL_BATCH_COUNT):
             writer.hand_over()
         if writer.sink.pending_steps and now - writer.sink.last_flush >= self.interval:
             writer.submit(writer._commit)

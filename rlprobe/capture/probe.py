@@ -365,6 +365,7 @@ class Probe:
     def _commit(self, step: int) -> None:
         """End `step`; the writer commits it within flush_interval seconds (flush()/close(): at once)."""
         self._writer.defer(partial(self._writer.sink.end_step, step))
+        self._writer.step_ended()  # work due before the next step ends starts now, at the step boundary
 
     def _usable(self, where: str) -> bool:
         if self._closed:

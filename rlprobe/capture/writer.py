@@ -13,6 +13,12 @@ With RLPROBE_WRITER_PROCESS=1 a call's key data is worked out by the writer proc
 (capture/writer_process.py) when its snapshots lie in the host staging ring. Ended steps are committed
 (their stats part and the rank manifest written) at most once per `flush_interval` seconds: after the job
 that makes a commit due, or when the interval runs out while the queue is idle.
+
+When a step ends (`step_ended`), work that would fall due before the next step ends (at the last step's
+pace) is started at once: the writer's burst then runs at the beginning of a step, which for RL trainers is
+the rollout's many small single-threaded ops, instead of wherever its timer happened to run out (in a
+backward pass, whose larger ops use both cores, it cost more: docs/trl.md, "Thirteenth pass"). Work is never
+started later than its own time, so what a crash can lose is as before.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ if TYPE_CHECKING:
 
 RETRY_S = 1.0  # the least wait before retrying a failed commit
 # save calls go to the writer together: at a step's end (or any other job), or once this many bytes or
-# calls wait (their snapshots hold staging memory until the writer is done)
+# calls wait (their snapshots hold staging memory until the writer is done); once a step has ended, the
+# calls over CALL_BATCH_COUNT wait for the next step's end, up to twice as many (step_ended)
 CALL_BATCH_BYTES = 1 << 20
 CALL_BATCH_COUNT = 64
 
@@ -82,8 +89,10 @@ class BackgroundWriter:
         # and a step's fixed costs (a sample table, a statistics pass) are shared by its steps
         self._deferred: list[tuple[Any, int | None, bool]] = []  # (save call or job, step, is a save call)
         self._deferred_bytes = 0
+        self._deferred_calls = 0  # save calls among the deferred work
         self._deferred_since = 0.0
         self._deferred_lock = threading.Lock()
+        self._last_step_end: float | None = None  # when the training thread last ended a step (step_ended)
         self._thread = threading.Thread(target=self._run, name=f"rlprobe-writer-rank{sink.rank}", daemon=True)
         self._thread.start()
 
@@ -96,24 +105,46 @@ class BackgroundWriter:
             first = not self._deferred
             self._deferred.append((item, step, call))
             self._deferred_bytes += nbytes
+            self._deferred_calls += call
             if first:
                 self._deferred_since = time.monotonic()
-            full = self._deferred_bytes >= CALL_BATCH_BYTES or len(self._deferred) >= CALL_BATCH_COUNT
+            # once steps end, a count over the limit waits for the next step's end (step_ended), up to twice it
+            count = CALL_BATCH_COUNT if self._last_step_end is None else 2 * CALL_BATCH_COUNT
+            full = self._deferred_bytes >= CALL_BATCH_BYTES or self._deferred_calls >= count
         if full:
             self.hand_over()
         elif first:
             self._queue.put((_wake, 0, None))  # the writer's next wait ends when these are due
 
-    def hand_over(self) -> None:
-        """Queue the deferred work as one job (any other job first does this: jobs keep their order)."""
+    def hand_over(self, horizon: float = 0.0) -> None:
+        """Queue the deferred work as one job (any other job first does this: jobs keep their order);
+        `horizon`: a commit due by then (time.monotonic()) is made at the end of that job."""
         items, nbytes = self._take_deferred()
         if items:
-            self._put(lambda: self._run_deferred(items), nbytes, None)
+            self._put(lambda: self._run_deferred(items, horizon), nbytes, None)
+
+    def step_ended(self) -> None:
+        """Training thread, once a step's end is deferred: hand over now the work (and the commit) that would
+        fall due before the next step ends, if that one takes as long as this one did (at most
+        flush_interval), and CALL_BATCH_COUNT save calls or more, so that the writer works at the step
+        boundary rather than in the middle of a step."""
+        now = time.monotonic()
+        last, self._last_step_end = self._last_step_end, now
+        if last is None or not self.flush_interval:
+            return
+        horizon = now + min(now - last, self.flush_interval)
+        with self._deferred_lock:
+            waiting = bool(self._deferred)
+            due = waiting and (self._deferred_since + self.flush_interval <= horizon
+                               or self._deferred_calls >= CALL_BATCH_COUNT)
+        # last_flush is the writer thread's (a float: read as it is); the ended step is among the deferred work
+        if due or (waiting and self.sink.last_flush + self.flush_interval <= horizon):
+            self.hand_over(horizon)
 
     def _take_deferred(self) -> tuple[list[tuple[Any, int | None, bool]], int]:
         with self._deferred_lock:
             items, nbytes = self._deferred, self._deferred_bytes
-            self._deferred, self._deferred_bytes = [], 0
+            self._deferred, self._deferred_bytes, self._deferred_calls = [], 0, 0
         return items, nbytes
 
     def submit(self, job: Callable[[], None], nbytes: int = 0, step: int | None = None) -> None:
@@ -162,10 +193,10 @@ class BackgroundWriter:
                 return None
             return max(0.0, self._deferred_since + self.flush_interval - time.monotonic())
 
-    def _run_deferred(self, items: list[tuple[Any, int | None, bool]]) -> None:
+    def _run_deferred(self, items: list[tuple[Any, int | None, bool]], horizon: float = 0.0) -> None:
         """The deferred work: its save calls worked out together (`prepare_calls`), then each call's
         rows published and each small job run in the order they came, committing when due after
-        each, as when each was a job of its own."""
+        each, as when each was a job of its own; at its end, also when due by `horizon` (step_ended)."""
         calls = [item for item, _, is_call in items if is_call]
         publish: dict[int, Callable[[], None]] = {}
         if calls:
@@ -182,6 +213,8 @@ class BackgroundWriter:
                 self._run_job(item, step)
             if self._commit_wait() == 0.0:
                 self._commit()
+        if horizon and self._commit_wait(horizon) == 0.0:
+            self._commit()
 
     def _run_job(self, job: Callable[[], None], *steps: int | None) -> None:
         """Run `job`; when it fails, `steps` (the probe steps whose rows it adds) are not committed."""
@@ -195,12 +228,13 @@ class BackgroundWriter:
                                        incomplete_step=step)
                 self.report([message])
 
-    def _commit_wait(self) -> float | None:
-        """Seconds until the ended steps are due to be committed; None when none are waiting."""
+    def _commit_wait(self, horizon: float = 0.0) -> float | None:
+        """Seconds until the ended steps are due to be committed (counted from `horizon` when it is later
+        than now); None when none are waiting."""
         if not self.sink.pending_steps:
             return None
         due = max(self.sink.last_flush + self.flush_interval, self._retry_at)
-        return max(0.0, due - time.monotonic())
+        return max(0.0, due - max(time.monotonic(), horizon))
 
     def _commit(self) -> None:
         try:

@@ -84,9 +84,13 @@ def test_deferred_calls_reach_the_writer_when_many_wait_and_give_the_rows_of_one
             probe.step()
         if interval:
             assert len(probe._writer._deferred) == 3 * 2 + 3  # six calls, three ends of steps
-            for _ in range(CALL_BATCH_COUNT - 9):
+            for _ in range(CALL_BATCH_COUNT - 6):
                 probe.save({"x": np.zeros(2)})
-            assert probe._writer._deferred == []  # handed over without waiting for the interval
+            # CALL_BATCH_COUNT calls: once a step has ended, they wait for the next end (step_ended) ...
+            assert len(probe._writer._deferred) == CALL_BATCH_COUNT + 3
+            for _ in range(CALL_BATCH_COUNT):
+                probe.save({"x": np.zeros(2)})
+            assert probe._writer._deferred == []  # ... up to twice as many: handed over without waiting
         probe.close()
         dump = rlprobe.open(path)
         assert dump.rank_manifests[0]["committed_steps"] == [0, 1, 2, *([3] if interval else [])]
@@ -203,3 +207,40 @@ def test_a_failed_merge_still_commits_the_steps_whose_parts_were_written(tmp_pat
     monkeypatch.undo()
     probe.close()
     assert sorted(rlprobe.open(path).key_data().collect()["step"].to_list()) == [0, 1]
+
+
+def test_work_due_before_the_next_step_ends_starts_at_the_step_boundary(tmp_path, monkeypatch):
+    """The writer's burst starts when a step ends if it would fall due before the next one ends (at the
+    last step's pace), not in the middle of that step; never later than its own time (the clock is the
+    test's: rlprobe reads time.monotonic)."""
+    from rlprobe.capture.writer import CALL_BATCH_COUNT
+
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    path = tmp_path / "dump"
+    probe = rlprobe.Probe(path, rank=0, world_size=1, flush_interval=1.0)
+    writer = probe._writer
+
+    def step_at(t: float) -> None:
+        clock[0] = t
+        probe.save({"x": np.full(4, t, np.float32)})
+        probe.step()
+
+    step_at(1000.0)  # the first step's end: no pace known yet
+    step_at(1000.2)  # pace 0.2 s: the work is due at 1001.0, after the next step's expected end (1000.4)
+    assert len(writer._deferred) == 4  # two save calls, two ends of steps: waiting
+    step_at(1000.85)  # pace 0.65 s: due before the next step's expected end (1001.5): handed over now
+    assert writer._deferred == []
+    deadline = time.perf_counter() + 60
+    while _manifest(path)["committed_steps"] != [0, 1, 2]:  # and committed with them (due by 1001.5 too)
+        assert time.perf_counter() < deadline, _manifest(path)
+        time.sleep(0.01)
+    step_at(1000.9)  # new work, due at 1001.9: waits
+    assert len(writer._deferred) == 2
+    for _ in range(CALL_BATCH_COUNT):  # as many calls as a batch takes: they wait for the step's end ...
+        probe.save({"y": np.zeros(2)})
+    assert len(writer._deferred) == CALL_BATCH_COUNT + 2
+    step_at(1000.95)  # ... which hands them over, due or not
+    assert writer._deferred == []
+    probe.close()
+    assert rlprobe.open(path).rank_manifests[0]["committed_steps"] == [0, 1, 2, 3, 4]

@@ -85,6 +85,7 @@ def test_aligned_run_starts_the_writer_s_work_in_on_steps(tmp_path, monkeypatch)
 
     def begin_step(gate, on, next_on=True):
         seen.append((on, gate.interval, gate.writer.flush_interval, len(gate.writer.sink.manifest["committed_steps"])))
+        assert gate.writer.step_ended() is None and "step_ended" in gate.writer.__dict__  # the gate's, a no-op
         submit, hand_over, calls = gate.writer.submit, gate.writer.hand_over, []
         gate.writer.submit = lambda *a, **k: (calls.append("commit"), submit(*a, **k))
         gate.writer.hand_over = lambda: (calls.append("calls"), hand_over())
