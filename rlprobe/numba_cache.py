@@ -14,10 +14,11 @@ from typing import Any
 #: the modules that define numba kernels (tests/test_numba_cache.py keeps the list whole). numba
 #: checks a cached function against its own file only, so a kernel compiled into another one
 #: (pair_kernels' element kernel into batch_kernels' batch) was loaded stale after only the first
-#: file changed; the cache folder is named after the contents of all of them instead
+#: file changed; the cache folder is named after the contents of all of them instead (and of
+#: lake/regular_files.py, whose READ_FLAGS the compiled readers open files with)
 KERNEL_MODULES = ("compare/pair_kernels.py", "compare/batch_kernels.py", "compare/batch_codes.py",
                   "compare/mapped_kernels.py", "lake/msprobe_kernels.py", "lake/msprobe_codes.py",
-                  "lake/msprobe_json_kernel.py", "lake/folder_kernel.py",
+                  "lake/msprobe_json_kernel.py", "lake/folder_kernel.py", "lake/regular_files.py",
                   "check/token_kernel.py", "check/token_figures.py", "check/token_batch_kernel.py",
                   "check/npy_reads.py", "check/npy_layout.py",
                   "frameworks/cpu_grad_kernel.py", "frameworks/cpu_param_kernel.py")

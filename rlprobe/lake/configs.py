@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from rlprobe.errors import DumpReadError
+from rlprobe.lake.regular_files import JSON_FILE, read_text
 
 CONFIG_SCHEMA = pa.schema([("rank", pa.int64()), ("path", pa.string()), ("value", pa.string())])
 _CONFIG_NAME = re.compile(r"configurations(?:\.rank(\d+))?\.json")
@@ -44,13 +45,14 @@ def configs_as_table(configs: dict[int, dict[str, Any]]) -> pa.Table:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A JSON file of the dump ({} when it is missing); DumpReadError naming it when unreadable."""
+    """A JSON file of the dump ({} when it is missing); DumpReadError naming it when unreadable (a FIFO or
+    a device too: never read, lake/regular_files.py)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_text(path, JSON_FILE))
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as e:
-        raise DumpReadError(f"{path}: unreadable JSON ({e})") from None
+    except (OSError, ValueError) as e:  # an OSError's strerror: the problem without the path again
+        raise DumpReadError(f"{path}: unreadable JSON ({getattr(e, 'strerror', None) or e})") from None
 
 
 def config_leaves(obj: Any, prefix: str = ""):

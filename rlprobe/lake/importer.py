@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from pathlib import Path
 
 from rlprobe.errors import DumpReadError, ProbeError
 from rlprobe.lake.atomic import AtomicFolder, atomic_write_json
+from rlprobe.lake.configs import read_json
 from rlprobe.lake.encoding import narrow_integers
 from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout, key_data_call_dir, key_data_file_name
 from rlprobe.lake.rank_writer import RankWriter
@@ -39,7 +39,7 @@ def import_msprobe(src: str | Path, dst: str | Path) -> dict[str, int]:
     })
     config = Path(src) / "configurations.json"
     if config.exists():
-        atomic_write_json(target.config_file(0), json.loads(config.read_text(encoding="utf-8")))
+        atomic_write_json(target.config_file(0), read_json(config))  # DumpReadError naming it where unreadable
     written = 0
     for rank in ranks:
         sink = RankWriter(target, rank, len(ranks), run_id, {"framework": "msprobe", "mode": "import"})

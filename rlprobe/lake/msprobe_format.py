@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from rlprobe.errors import DumpReadError
 from rlprobe.lake import msprobe_scan
+from rlprobe.lake.regular_files import GRAD_SUMMARY, NPY, NotRegularFileError, load_npy, open_text
 from rlprobe.lake.schema import GRAD, KEY_DATA, with_rank
 
 _RANK = re.compile(r"^rank(\d+)$")
@@ -133,8 +134,8 @@ def _offsets(ends: np.ndarray) -> np.ndarray:
 
 def _npy_shape(npy: str) -> list[int] | None:
     try:
-        return list(np.load(npy, mmap_mode="r").shape)
-    except (OSError, ValueError):
+        return list(load_npy(npy, NPY, mmap=True).shape)
+    except (OSError, ValueError):  # the comparison of its tensor names the problem
         return None
 
 
@@ -156,7 +157,11 @@ def grad_table(root: Path) -> pa.Table:
                 maps = set(os.listdir(rank_dir / f"step{step}"))
             except OSError:
                 maps = set()
-            with open(f, newline="", encoding="utf-8-sig") as fh:
+            try:
+                fh = open_text(f, GRAD_SUMMARY, encoding="utf-8-sig", newline="")
+            except NotRegularFileError as e:  # a FIFO or a device: never read (lake/regular_files.py)
+                raise DumpReadError(str(e)) from None
+            with fh:
                 for rec in csv.DictReader(fh):
                     rows.append(_grad_row(f"{rank_dir.name}/step{step}", maps, rank, step, rec))
     return pa.Table.from_pylist(rows, schema=with_rank(GRAD))

@@ -6,11 +6,10 @@ text: JSON's grammar is checked here, the value parsed by the caller (correctly 
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from rlprobe.lake.msprobe_codes import STAT_INF, STAT_NAN, STAT_NEG_INF, STAT_NULL, STAT_NUMBER
+from rlprobe.lake.regular_files import READ_FLAGS
 from rlprobe.numba_cache import import_numba, use_user_cache_dir
 
 use_user_cache_dir()
@@ -24,7 +23,7 @@ __all__ = ["MAX_DIMS", "READ_SIZE", "at", "parse_statistics", "read_file"]
 _OPEN = _nt.ExternalFunction("open", _nt.int32(_nt.voidptr, _nt.int32))
 _PREAD = _nt.ExternalFunction("pread", _nt.int64(_nt.int32, _nt.voidptr, _nt.uint64, _nt.int64))
 _CLOSE = _nt.ExternalFunction("close", _nt.int32(_nt.int32))
-_O_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_O_FLAGS = READ_FLAGS  # O_NONBLOCK among them: a FIFO never blocks, it reads short (lake/regular_files.py)
 READ_SIZE = 1 << 16  # msprobe_scan._READ_SIZE: a file this long or longer is Python's
 MAX_DIMS = 64
 _MAX_NUMBER = 40  # longer number texts are Python's (a float of an integer that long could overflow there)

@@ -14,10 +14,11 @@ import os
 import re
 from typing import Any, NamedTuple
 
+from rlprobe.lake.regular_files import MSPROBE_STATS, NotRegularFileError, open_fd
+
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^rank(\d+)$")
 _MICRO = re.compile(r"^micro_step(\d+)$")
-_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _READ_SIZE = 1 << 16
 _decode = json.JSONDecoder().decode
 # the columns scan_key_data returns, in this order
@@ -25,7 +26,8 @@ COLUMNS = ("key", "step", "rank", "micro_step", "index", "tensor_file", "npy", "
 
 
 class StatsFileError(ValueError):
-    """A statistics file that is not msprobe's JSON (msprobe_format raises it as DumpReadError)."""
+    """A statistics file that is not msprobe's JSON, or not a regular file (a FIFO, a device: never read,
+    lake/regular_files.py); msprobe_format raises it as DumpReadError."""
 
 
 def numbered(parent: str, pattern: re.Pattern[str]) -> list[tuple[int, str]]:
@@ -52,7 +54,7 @@ def scan_key_data(root: str) -> dict[str, list[Any]]:
     where it is (`tensor_file` relative to the dump, `npy` absolute) and its statistics file's
     shape, min, max, mean and norm (None where the file or the value is missing: `shape` is then
     read from the .npy header by the caller). Raises StatsFileError for a statistics file that is
-    not JSON, OSError where a folder or file cannot be read."""
+    not JSON or not a regular file, OSError where a folder or file cannot be read."""
     return read_statistics(list_tensors(root))
 
 
@@ -93,7 +95,8 @@ def list_tensors(root: str) -> TensorListing:
 
 def read_statistics(listing: TensorListing) -> dict[str, list[Any]]:
     """scan_key_data's columns from a listing (its second step: each statistics file read once).
-    Raises StatsFileError for a statistics file that is not JSON, OSError where one cannot be read."""
+    Raises StatsFileError for a statistics file that is not JSON or not a regular file, OSError where one
+    cannot be read."""
     cols: dict[str, list[Any]] = {**listing.columns, **{c: [] for c in COLUMNS[7:]}}
     shapes, mins, maxes, means, norms = (cols[c] for c in ("shape", "min", "max", "mean", "norm"))
     read_head, decode, empty = _read_head, _decode, {}
@@ -123,9 +126,17 @@ def read_statistics(listing: TensorListing) -> dict[str, list[Any]]:
     return cols
 
 
+def _open(path: str) -> int:
+    """A descriptor of the statistics file (StatsFileError where it is not a regular file)."""
+    try:
+        return open_fd(path, MSPROBE_STATS)[0]
+    except NotRegularFileError as e:
+        raise StatsFileError(str(e)) from None
+
+
 def _read_head(path: str) -> bytes:
     """Up to _READ_SIZE bytes of the file (a statistics file is a few hundred: all of it)."""
-    fd = os.open(path, _O_READ)
+    fd = _open(path)
     try:
         return os.read(fd, _READ_SIZE)
     finally:
@@ -145,7 +156,7 @@ def _read_meta(meta_file: str) -> dict[str, Any]:
 def _read_text(path: str) -> str:
     """The file's UTF-8 text, read with os.open/os.read: a dump holds one statistics file per tensor,
     and a text file object costs more than reading them (issue 18)."""
-    fd = os.open(path, _O_READ)
+    fd = _open(path)
     try:
         data = os.read(fd, _READ_SIZE)
         if len(data) == _READ_SIZE:  # a regular file reads short only at its end: the rest, if any

@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlprobe.lake.regular_files import PARQUET, NotRegularFileError, check_regular
 from rlprobe.lake.schema import schema_for
 
 # the columns that identify a row: a part without them holds no rows of that kind
@@ -29,9 +30,13 @@ ROW_KEYS = {
 
 def part_problem(path: str | Path, kind: str, *, deep: bool = False) -> str | None:
     """None when the part at `path` reads as `kind` rows, else what is wrong, naming the file.
-    The footer alone is read, unless `deep`: then every page (a corrupt data page shows only then)."""
+    The footer alone is read, unless `deep`: then every page (a corrupt data page shows only then). A FIFO
+    or a device is not opened (Arrow would wait for a FIFO's writer; lake/regular_files.py)."""
     try:
+        check_regular(path, PARQUET)
         schema = pq.read_table(path, partitioning=None).schema if deep else pq.read_schema(path)
+    except NotRegularFileError as e:
+        return unreadable_part(path, e.strerror)
     except (OSError, pa.ArrowException) as e:
         return unreadable_part(path, e)
     mismatch = schema_mismatch(schema, kind) if kind in ROW_KEYS else None  # another kind: only read
@@ -41,7 +46,7 @@ def part_problem(path: str | Path, kind: str, *, deep: bool = False) -> str | No
             f"other {kind} columns); move it out of the dump's stats/ folder")
 
 
-def unreadable_part(path: str | Path, error: Exception) -> str:
+def unreadable_part(path: str | Path, error: Exception | str) -> str:
     reason = " ".join(str(error).split())  # Arrow's messages run over several lines
     return f"{path}: unreadable Parquet part ({reason}); its rows are missing from this dump"
 

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from rlprobe.lake.atomic import atomic_write_parquet, is_temporary
 from rlprobe.lake.layout import Part, live_parts_in, part_name, parts_in
+from rlprobe.lake.regular_files import PARQUET, check_regular
 
 # 8, not 4: a merge's fixed costs (a Parquet file written, renamed, its inputs removed) come half as often
 # a commit, and a row is rewritten log8 instead of log4 times (~13 ms a commit of TRL's example at 4,
@@ -67,6 +68,7 @@ class PartStore:
         cached = self._cache.get(path)
         if cached is not None:
             return cached[0]
+        check_regular(path, PARQUET)  # a FIFO would keep Arrow waiting (lake/regular_files.py)
         with pq.ParquetFile(path) as f:
             return f.read()
 
@@ -122,6 +124,7 @@ class PartStore:
         keep_steps = pa.array(sorted(steps), pa.int64())
         for part in self.live():
             self._forget(part.path)
+            check_regular(part.path, PARQUET)
             table = pq.read_table(part.path, partitioning=None)
             if column not in table.column_names:
                 continue

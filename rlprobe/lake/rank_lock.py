@@ -23,6 +23,7 @@ import weakref
 from pathlib import Path
 
 from rlprobe.errors import ProbeError
+from rlprobe.lake.regular_files import LOCK_FILE, regular_fd
 
 try:
     import fcntl
@@ -68,8 +69,13 @@ class RankLock:
         if fcntl is None:
             return cls(path, rank, None)
         try:  # read-only: a descriptor open for writing would keep the file system from being remounted read-only
-            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o644)  # a FIFO: not waited on
         except OSError as e:
+            raise ProbeError(f"cannot open the lock file {path} of rank {rank}: {e.strerror or e}") from None
+        try:
+            regular_fd(fd, path, LOCK_FILE)
+        except OSError as e:
+            os.close(fd)
             raise ProbeError(f"cannot open the lock file {path} of rank {rank}: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

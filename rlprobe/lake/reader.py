@@ -303,8 +303,8 @@ class Dump:
         path = self.path / tensor_file  # `row`: its key-data row, where a packed file's record is (tensor_pack.py)
         try:
             stored = read_tensor_file(str(path), row, mmap)
-        except (OSError, ValueError, EOFError) as e:
-            raise DumpReadError(f"{path}: cannot read tensor ({e})") from None
+        except (OSError, ValueError, EOFError) as e:  # an OSError's strerror: the problem without the path again
+            raise DumpReadError(f"{path}: cannot read tensor ({getattr(e, 'strerror', None) or e})") from None
         return restore(stored, dtype)
 
     def load_row_tensor(self, row: dict[str, Any], mmap: bool = False) -> np.ndarray:  # a key-data row's tensor

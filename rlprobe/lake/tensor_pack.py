@@ -9,20 +9,22 @@ imported msprobe dumps). docs/dump-format.md, "Files".
 
 Writing (here): `TensorPack` writes the records into a hidden temporary file beside the pack and renames
 it into place once, complete (lake/atomic.py's temporary names). Reading (here): `record_layout`, `load_record` and
-`read_tensor_file` are the one way every reader turns (file, offset, length) into a header or an array.
+`read_tensor_file` are the one way every reader turns (file, offset, length) into a header or an array; they open
+files through lake/regular_files.py (a FIFO or a device in place of a tensor file is named, never read).
 """
 
 from __future__ import annotations
 
 import io
 import os
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 
 from rlprobe.lake.atomic import npy_header, open_new_fd, tmp_name, write_all
 from rlprobe.lake.layout import PACK_SUFFIX
 from rlprobe.lake.npy_header import plain_header
+from rlprobe.lake.regular_files import check_regular, expected_tensor_file, load_npy, open_binary
 
 __all__ = ["PACK_SUFFIX", "RECORD_ALIGN", "Record", "TensorPack", "TensorRecordError", "describe_row", "load_record",
            "pack_records", "read_tensor_file", "record_layout", "record_of", "split_address"]
@@ -189,30 +191,36 @@ def _where(path: str, record: Record, what: str) -> str:
 def record_layout(path: str, record: Record, what: str = "", size: int | None = None) -> Layout:
     """The shape, dtype, order and data offset of the .npy record at `record` in `path`; raises
     TensorRecordError naming the file, the offset and `what` (the row: its key and step) for an
-    offset beyond the file, bytes that are not a .npy header or a record cut short."""
+    offset beyond the file, bytes that are not a .npy header or a record cut short, and
+    NotRegularFileError (an OSError) for a FIFO or a device."""
+    with open_binary(path, expected_tensor_file(path)) as f:
+        return _layout_in(f, path, record, what, size)
+
+
+def _layout_in(f: BinaryIO, path: str, record: Record, what: str, size: int | None) -> Layout:
+    """record_layout, of the file open as `f`."""
     if size is None:
-        size = os.stat(path).st_size
+        size = f.seek(0, os.SEEK_END)
     where = _where(path, record, what)
     end = size if record.length is None else record.offset + record.length
     if record.offset < 0 or record.offset >= size or end > size:
         raise TensorRecordError(f"{where}: the record ({record.length} bytes) lies beyond the file's end "
                                 f"({size} bytes): a truncated or replaced tensor file")
-    with open(path, "rb") as f:
+    f.seek(record.offset)
+    head = f.read(min(4096, end - record.offset))
+    found = plain_header(head)
+    if found is not None:
+        shape, dtype, data = found
+        fortran = False
+    else:
         f.seek(record.offset)
-        head = f.read(min(4096, end - record.offset))
-        found = plain_header(head)
-        if found is not None:
-            shape, dtype, data = found
-            fortran = False
-        else:
-            f.seek(record.offset)
-            try:
-                version = np.lib.format.read_magic(f)
-                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                shape, fortran, dtype = read(f)
-            except (ValueError, EOFError, SyntaxError) as e:
-                raise TensorRecordError(f"{where}: not a .npy record ({e})") from None
-            data = f.tell() - record.offset
+        try:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+        except (ValueError, EOFError, SyntaxError) as e:
+            raise TensorRecordError(f"{where}: not a .npy record ({e})") from None
+        data = f.tell() - record.offset
     if dtype.hasobject:
         raise TensorRecordError(f"{where}: an object array, which rlprobe never writes")
     need = data + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -223,13 +231,13 @@ def record_layout(path: str, record: Record, what: str = "", size: int | None = 
 
 
 def load_record(path: str, record: Record, mmap: bool = False, what: str = "") -> np.ndarray:
-    """The array of the record (read, or memory-mapped read-only with `mmap`)."""
-    layout = record_layout(path, record, what)
-    count = int(np.prod(layout.shape, dtype=np.int64))
-    order = "F" if layout.fortran else "C"
-    if mmap and count:
-        return np.memmap(path, layout.dtype, "r", layout.data_offset, layout.shape, order)
-    with open(path, "rb") as f:
+    """The array of the record (read, or memory-mapped read-only with `mmap`), the file opened once."""
+    with open_binary(path, expected_tensor_file(path)) as f:
+        layout = _layout_in(f, path, record, what, None)
+        count = int(np.prod(layout.shape, dtype=np.int64))
+        order = "F" if layout.fortran else "C"
+        if mmap and count:
+            return np.memmap(f, layout.dtype, "r", layout.data_offset, layout.shape, order)
         f.seek(layout.data_offset)
         data = np.fromfile(f, layout.dtype, count)
     return data.reshape(layout.shape, order=order)
@@ -238,7 +246,7 @@ def load_record(path: str, record: Record, mmap: bool = False, what: str = "") -
 def pack_records(path: str) -> list[tuple[Record, Layout]]:
     """Every record of a packed file, in order, read from its headers (rows are not needed): for tools
     that look at files without the stats (`rlprobe compare`'s choice of kernels, tests)."""
-    size = os.stat(path).st_size
+    size = check_regular(path, expected_tensor_file(path))
     out: list[tuple[Record, Layout]] = []
     at = 0
     while at < size:
@@ -259,7 +267,7 @@ def read_tensor_file(path: str, row: dict | None = None, mmap: bool = False) -> 
     if path.endswith(PACK_SUFFIX):
         raise TensorRecordError(f"{path}: a packed file of several tensors, read without its row's tensor_offset"
                                 " (Dump.load_row_tensor reads a key-data row's record)")
-    return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    return load_npy(path, expected_tensor_file(path), mmap)
 
 
 def describe_row(row: dict) -> str:

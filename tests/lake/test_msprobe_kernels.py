@@ -200,13 +200,22 @@ def test_a_bad_statistics_file_is_named_as_python_names_it(tmp_path: Path, scann
     assert str(compiled.value) == str(python.value) and str(bad) in str(compiled.value)
 
 
-def test_a_statistics_file_that_cannot_be_read_is_python_s_error(tmp_path: Path, scanner):
+@pytest.mark.timeout(300)  # finishes() fails a reader that waits on a FIFO long before this
+@pytest.mark.parametrize("kind", ["a directory", "a FIFO", "a character device"])
+def test_a_statistics_file_that_cannot_be_read_is_python_s_error(tmp_path: Path, scanner, kind):
+    """Listed, opened (a FIFO without waiting for a writer, lake/regular_files.py), but not read."""
+    from tests.lake.fifos import fifo_in_place_of, finishes, zero_device_in_place_of
+
     run = _layout_dump(tmp_path / "run")
     bad = run / "data" / "adv" / "step10" / "rank0" / "micro_step0" / "adv.json"
-    bad.unlink()
-    bad.mkdir()  # listed, opened, but not read
-    with pytest.raises(IsADirectoryError) as compiled:
-        key_data_table(run, scanner=scanner)
-    with pytest.raises(IsADirectoryError) as python:
-        _python(run)
-    assert str(compiled.value) == str(python.value)
+    if kind == "a directory":
+        bad.unlink()
+        bad.mkdir()
+    else:
+        (fifo_in_place_of if kind == "a FIFO" else zero_device_in_place_of)(bad)
+    with pytest.raises(DumpReadError) as compiled:
+        finishes(lambda: key_data_table(run, scanner=scanner), [bad])
+    with pytest.raises(DumpReadError) as python:
+        finishes(lambda: _python(run), [bad])
+    assert str(compiled.value) == str(python.value) \
+        == f"{bad}: not a regular file ({kind}); expected msprobe's statistics .json file"
