@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 from rlprobe.check.keys import CANONICAL, CLIP_CONFIG, GROUP_SIZE_CONFIG, REF_FROM_ACTOR_CONFIG
 from rlprobe.lake.configs import config_leaves
 from rlprobe.lake.reader import Dump
+from rlprobe.lake.regular_files import SIGNS, load_npy
 
 STATS_COLUMNS = ("key", "step", "rank", "micro_step", "index", "dtype", "shape", "numel", "min", "max", "mean",
                  "norm", "nan_count", "inf_count", "hash", "tensor_file", "tensor_offset", "tensor_length", "absent")
@@ -146,7 +147,7 @@ def _signs(dump: Dump, params: list[dict[str, Any]]) -> dict[str, np.ndarray]:
             continue
         if file not in files:
             try:
-                files[file] = np.load(dump.path / file, mmap_mode="r", allow_pickle=False)
+                files[file] = load_npy(dump.path / file, SIGNS, mmap=True)
             except (OSError, ValueError):
                 continue
         data = files[file]

@@ -18,6 +18,7 @@ from rlprobe.errors import DumpReadError
 from rlprobe.lake.encoding import restore
 from rlprobe.lake.npy_header import plain_header
 from rlprobe.lake.reader import Dump
+from rlprobe.lake.regular_files import expected_tensor_file, open_fd
 from rlprobe.lake.tensor_pack import record_of
 
 _FORMAT = np.lib.format
@@ -35,9 +36,8 @@ def map_tensor(dump: Dump, row: dict, rows: slice | None = None) -> np.ndarray:
     record = record_of(row.get("tensor_offset"), row.get("tensor_length"))  # a packed file's record, or the file
     start = record.offset
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd, file_length = open_fd(path, expected_tensor_file(path))  # a FIFO or a device: named, never read
         try:
-            file_length = os.fstat(fd).st_size
             length = file_length - start if record.length is None else record.length
             head = os.pread(fd, length if length <= READ_BELOW else _HEAD, start)
             header = plain_header(head)
@@ -71,8 +71,8 @@ def map_tensor(dump: Dump, row: dict, rows: slice | None = None) -> np.ndarray:
                                  offset=base)
         finally:
             os.close(fd)
-    except (OSError, ValueError, EOFError) as e:
-        raise DumpReadError(f"{path}: cannot read tensor ({e})") from None
+    except (OSError, ValueError, EOFError) as e:  # an OSError's strerror: the problem without the path again
+        raise DumpReadError(f"{path}: cannot read tensor ({getattr(e, 'strerror', None) or e})") from None
     if data is None:
         x = dump.load_row_tensor(row, mmap=True)
     else:

@@ -10,8 +10,10 @@ import sys
 
 import numpy as np
 
+from rlprobe.lake.regular_files import READ_FLAGS
+
 READS = os.name == "posix" and sys.byteorder == "little"
-OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+OPEN_FLAGS = READ_FLAGS  # O_NONBLOCK among them: a FIFO is never waited on (lake/regular_files.py)
 DESCR_AT = 21  # the dtype's 3 characters in numpy's header: b"\x93NUMPY\x01\x00" b"xx" b"{'descr': '" here
 FLOAT32 = np.frombuffer(b"<f4", np.uint8).reshape(1, 3)
 MASK_BYTES = np.frombuffer(b"|b1|u1|i1", np.uint8).reshape(3, 3)  # a byte a token: nonzero is counted

@@ -16,6 +16,7 @@ import numpy as np
 
 from rlprobe.compare.batch_codes import ALIGN, BIG, F4, F8, I8, KINDS, OK, SLOW
 from rlprobe.compare.pair_kernels import compiled_float_kernel, compiled_int_kernel
+from rlprobe.lake.regular_files import READ_FLAGS
 
 import numba  # noqa: E402,I001  (pair_kernels set numba's cache dir before this import)
 from numba import types as _nt  # noqa: E402
@@ -27,7 +28,7 @@ _PREAD = _nt.ExternalFunction("pread", _nt.int64(_nt.int32, _nt.voidptr, _nt.uin
 _CLOSE = _nt.ExternalFunction("close", _nt.int32(_nt.int32))
 _LSEEK = _nt.ExternalFunction("lseek", _nt.int64(_nt.int32, _nt.int64, _nt.int32))
 _SEEK_END = os.SEEK_END
-_O_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_O_FLAGS = READ_FLAGS  # O_NONBLOCK among them: a FIFO never blocks, it reads short (lake/regular_files.py)
 FD_CACHE = 16  # descriptors read_files keeps open at once (a batch's packed files: a few per rank)
 
 _DESCR = np.frombuffer(b"{'descr': '", np.uint8)

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from rlprobe.compare.sample_alignment import first_rank_only, layout_tolerance
 from rlprobe.lake.reader import Dump
+from rlprobe.lake.regular_files import SIGNS, load_npy
 from rlprobe.lake.schema import GRAD, with_rank
 from rlprobe.lake.sql_runner import run
 
@@ -37,11 +38,11 @@ def packed_signs(dump: Dump, row: dict[str, Any], cache: dict[str, np.ndarray]) 
     """The packed sign bytes of one row (np.packbits order; padding bits of the last byte are 0)."""
     file = row["sign_file"]
     if row["sign_offset"] is None:  # msprobe: a bool .npy per parameter
-        return np.packbits(np.load(dump.path / file).reshape(-1))
+        return np.packbits(load_npy(dump.path / file, SIGNS).reshape(-1))
     whole = cache.get(file)
     if whole is None:
         cache.clear()  # rows come a file (step) at a time: one open map, not one per step of the run
-        whole = cache[file] = np.load(dump.path / file, mmap_mode="r")
+        whole = cache[file] = load_npy(dump.path / file, SIGNS, mmap=True)
     start = int(row["sign_offset"])
     return np.asarray(whole[start: start + (int(row["sign_numel"]) + 7) // 8])
 
@@ -125,7 +126,7 @@ def _same_counts_in_file(path_a: Path, path_b: Path, offsets: np.ndarray, numel:
     in 64-bit words; a parameter's count is the sum of the whole words inside it plus at most 7
     bytes at each end (summing a count per byte cost 8x the time)."""
     try:
-        a, b = np.load(path_a, mmap_mode="r"), np.load(path_b, mmap_mode="r")
+        a, b = load_npy(path_a, SIGNS, mmap=True), load_npy(path_b, SIGNS, mmap=True)
     except (OSError, ValueError):
         return None
     nbytes = (numel + 7) // 8

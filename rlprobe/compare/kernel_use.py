@@ -89,10 +89,12 @@ def _few_elements(entry: os.DirEntry) -> bool:
     """Whether the .npy file holds fewer than SEQUENTIAL_BELOW elements (its header read)."""
     import numpy as np
 
+    from rlprobe.lake.regular_files import NPY, open_binary
+
     if entry.stat().st_size > _SMALL_NPY_BYTES:
         return False
     try:
-        with open(entry.path, "rb") as f:
+        with open_binary(entry.path, NPY) as f:  # a FIFO is not waited on: the comparison names it
             version = np.lib.format.read_magic(f)
             shape = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
                      else np.lib.format.read_array_header_2_0(f))[0]

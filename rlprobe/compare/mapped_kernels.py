@@ -18,6 +18,7 @@ import numpy as np
 from rlprobe.compare.batch_codes import BIG, F4, F8, I8, OK, SLOW
 from rlprobe.compare.batch_kernels import parse_header
 from rlprobe.compare.pair_kernels import compiled_float_kernel, compiled_int_kernel
+from rlprobe.lake.regular_files import READ_FLAGS
 
 import numba  # noqa: E402,I001  (pair_kernels set numba's cache dir before this import)
 from llvmlite import ir  # noqa: E402
@@ -35,7 +36,7 @@ _MMAP = _nt.ExternalFunction("mmap", _nt.int64(_nt.voidptr, _nt.uint64, _nt.int3
 _MUNMAP = _nt.ExternalFunction("munmap", _nt.int32(_BYTES, _nt.uint64))
 _MADVISE = _nt.ExternalFunction("madvise", _nt.int32(_BYTES, _nt.uint64, _nt.int32))
 _SEEK_END = os.SEEK_END
-_O_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_O_FLAGS = READ_FLAGS  # O_NONBLOCK among them: a FIFO never blocks, it reads short (lake/regular_files.py)
 _PROT_READ = mmap.PROT_READ
 _MAP_SHARED = mmap.MAP_SHARED
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)

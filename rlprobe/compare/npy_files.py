@@ -2,7 +2,8 @@
 opened with ``np.load(mmap_mode='r')``, which validates the header and the file length, then read
 from the memory map (``io="mmap"``, the pages of each chunk dropped once compared) or copied into a
 reusable per-thread buffer with ``os.preadv`` (``io="pread"``). A file that cannot be read becomes
-a PairError whose message names the file and the problem."""
+a PairError whose message names the file and the problem; one that is not a regular file (a FIFO, a device)
+is never read (lake/regular_files.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import numpy as np
 
 from rlprobe.compare.flat_sources import MappedPages, flat_slice
 from rlprobe.lake.npy_header import plain_header
+from rlprobe.lake.regular_files import NPY, READ_FLAGS, NotRegularFileError, check_regular, expected_tensor_file, \
+    open_binary, open_fd
 from rlprobe.lake.tensor_pack import Record, TensorRecordError, load_record
 
 _NPY_MAGIC = b"\x93NUMPY"
@@ -27,9 +30,11 @@ class PairError(Exception):
 
 def _describe_bad_npy(path: str, exc: BaseException) -> str:
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
+        with open_binary(path, NPY) as f:
             head = f.read(len(_NPY_MAGIC))
+            size = f.seek(0, os.SEEK_END)
+    except NotRegularFileError as e:
+        return f"cannot read {e}"
     except OSError:
         return f"cannot read {path}: {exc}"
     if size == 0:
@@ -50,7 +55,7 @@ def _describe_bad_npy(path: str, exc: BaseException) -> str:
 
 
 def _read_header(path: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
-    with open(path, "rb") as f:
+    with open_binary(path, NPY) as f:
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
             shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
@@ -66,16 +71,18 @@ def _open_record(path: str, record: Record) -> np.ndarray:
     except FileNotFoundError:
         raise PairError(f"cannot read {path}: file not found") from None
     except (OSError, ValueError) as exc:
-        raise PairError(f"cannot read {exc if isinstance(exc, TensorRecordError) else f'{path}: {exc}'}") from None
+        named = isinstance(exc, (TensorRecordError, NotRegularFileError))  # the message names the file
+        raise PairError(f"cannot read {exc if named else f'{path}: {exc}'}") from None
 
 
 def _open_npy(path: str) -> np.ndarray:
     try:
+        check_regular(path, NPY)
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except NotRegularFileError as exc:
+        raise PairError(f"cannot read {exc}") from None
     except FileNotFoundError:
         raise PairError(f"cannot read {path}: file not found") from None
-    except IsADirectoryError:
-        raise PairError(f"cannot read {path}: is a directory, not a .npy file") from None
     except PermissionError as exc:
         raise PairError(f"cannot read {path}: permission denied ({exc.strerror})") from None
     except (OSError, ValueError, EOFError) as exc:
@@ -94,7 +101,6 @@ def _open_npy(path: str) -> np.ndarray:
 
 
 _HEAD_BYTES = 4096
-_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _LITTLE = np.dtype("<f4").isnative
 _local = threading.local()
 _FADVISE = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_SEQUENTIAL")
@@ -135,7 +141,7 @@ class NpyFile:
         if io == "pread" and c_order and isinstance(arr, np.memmap) and self.size and hasattr(os, "preadv"):
             self._offset = int(arr.offset)
             try:
-                self._fd = os.open(self.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                self._fd = os.open(self.file, READ_FLAGS)  # a regular file: checked where it was opened above
             except OSError as exc:
                 raise PairError(f"cannot read {path}: {exc.strerror or exc}") from None
             del arr  # unmaps (the header and the length were checked by np.load)
@@ -150,9 +156,11 @@ class NpyFile:
         """Open a file whose header numpy wrote the plain way (C order, a little-endian or byte-sized
         bool, integer or float, data present) without np.load, whose header parsing and np.memmap
         cost ~150 us a file under the GIL; False (nothing open) for anything else: np.load then
-        opens it and names what is wrong."""
+        opens it and names what is wrong. PairError for a file that is not a regular file."""
         try:
-            fd = os.open(self.file, _O_READ)
+            fd, file_size = open_fd(self.file, expected_tensor_file(self.file))
+        except NotRegularFileError as exc:
+            raise PairError(f"cannot read {exc}") from None
         except OSError:
             return False
         start = 0 if self.record is None else self.record.offset
@@ -170,7 +178,7 @@ class NpyFile:
             if dtype.kind not in "biuf" or dtype.itemsize not in (1, 2, 4, 8) or not native:
                 return False
             size = math.prod(shape)
-            if size == 0 or offset % 16 or os.fstat(fd).st_size < offset + size * dtype.itemsize:
+            if size == 0 or offset % 16 or file_size < offset + size * dtype.itemsize:
                 return False  # np.load handles empty arrays and names a truncated file
             if io == "pread" and hasattr(os, "preadv"):
                 self._fd, self._offset, fd = fd, offset, None

@@ -19,6 +19,7 @@ from rlprobe.lake.encoding import restore
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import SAMPLE, with_rank
 from rlprobe.lake.sql_runner import records, run, store
+from rlprobe.lake.regular_files import NPY, load_npy
 from rlprobe.lake.tensor_pack import load_record, split_address
 
 if TYPE_CHECKING:
@@ -178,7 +179,7 @@ def _rows(dump: Dump, file: str, dtype: str, rows: np.ndarray) -> np.ndarray:
     """Rows `rows` of a saved batch tensor (`file`: its address, sql/pair_macros.sql's tensor_address) as
     float64, one row of values per line."""
     path, record = split_address(file)
-    stored = np.load(dump.path / path, mmap_mode="r", allow_pickle=False) if record is None \
+    stored = load_npy(dump.path / path, NPY, mmap=True) if record is None \
         else load_record(str(dump.path / path), record, mmap=True)
     picked = restore(np.asarray(stored[rows]), dtype)
     return picked.reshape(len(rows), -1).astype(np.float64)

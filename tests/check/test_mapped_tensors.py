@@ -95,3 +95,36 @@ def test_a_row_range_maps_those_rows_only_and_equals_the_slice(tmp_path):
         for picks in (slice(0, 300), slice(1, 2), slice(17, 123), slice(299, 300), slice(5, 5), slice(0, 300, 2)):
             got = map_tensor(dump, row, picks)
             assert got.shape == full[picks].shape and (got == full[picks]).all(), (row["canonical"], picks)
+
+
+@pytest.mark.timeout(300)  # finishes() fails a check that waits on a FIFO long before this
+@pytest.mark.parametrize("replaced", ["fifo", "device"])
+def test_rlprobe_check_names_a_tensor_file_that_is_not_a_regular_file(tmp_path, replaced):
+    """A FIFO in place of a packed file made the check wait for a writer forever (lake/regular_files.py): it is
+    exit 3 naming the file, as a truncated one is: its steps make enough pairs for the compiled reads
+    (token_batch.py: npy_reads.py opens files with O_NONBLOCK), and map_tensor (numpy's) names it."""
+    from click.testing import CliRunner
+
+    from rlprobe.cli import main
+    from tests.lake.fifos import fifo_in_place_of, finishes, zero_device_in_place_of
+
+    rng = np.random.default_rng(5)
+    with rlprobe.Probe(tmp_path / "d", flush_interval=0) as p:
+        for _ in range(12):
+            old = -rng.random((4, 33), dtype=np.float32) * 3
+            p.save({"rollout_log_prob": old + 0.01, "old_log_prob": old, "response_mask": rng.random(old.shape) > 0.25})
+            p.step()
+    packs = sorted((tmp_path / "d" / "tensors" / "key_data" / "rank=0").glob("*.npys"))  # one, or a few
+    for pack in packs:
+        (fifo_in_place_of if replaced == "fifo" else zero_device_in_place_of)(pack)
+    kind = "a FIFO" if replaced == "fifo" else "a character device"
+    messages = {f"{pack}: cannot read tensor (not a regular file ({kind}); expected a packed .npys tensor file)"
+                for pack in packs}
+    dump, rows = open_dump(tmp_path / "d"), tensor_rows(stats_table(open_dump(tmp_path / "d")))
+    with pytest.raises(DumpReadError) as error:
+        finishes(lambda: map_tensor(dump, next(iter(rows.values()))), packs)
+    assert str(error.value) in messages
+    result = finishes(lambda: CliRunner().invoke(main, ["check", str(tmp_path / "d"), "-o", str(tmp_path / "out")]),
+                      packs)
+    output = " ".join(result.output.split())
+    assert result.exit_code == 3 and output in {f"error: cannot check {dump.path}: {m}" for m in messages}, output
