@@ -135,7 +135,7 @@ def _offsets(ends: np.ndarray) -> np.ndarray:
 def _npy_shape(npy: str) -> list[int] | None:
     try:
         return list(load_npy(npy, NPY, mmap=True).shape)
-    except (OSError, ValueError):  # the comparison of its tensor names the problem
+    except (OSError, ValueError, EOFError):  # the comparison of its tensor names the problem (EOFError: empty)
         return None
 
 

@@ -148,16 +148,37 @@ def test_a_run_whose_statistics_file_or_rank_manifest_cannot_be_read_is_exit_3_n
     assert not (tmp_path / "out").exists()
 
 
-def test_the_command_names_the_fifo_of_a_tiny_dump(runs, tmp_path):
-    """The report's reproduction: a dump of one tensor, whose .npy is a FIFO."""
-    a = _copy(runs, "msprobe2a", tmp_path)
-    shutil.rmtree(a / "data" / "k1")
+@pytest.mark.parametrize("statistics", [True, False], ids=["with its statistics", "without statistics"])
+def test_the_command_names_the_fifo_of_a_tiny_dump(runs, tmp_path, statistics):
+    """The report's reproduction: a dump of one tensor, whose .npy is a FIFO; without msprobe's statistics
+    .json beside it, its shape is unknown, and its pair was a stats_only_match ("no divergence")."""
+    a, b = _copy(runs, "msprobe2a", tmp_path), _copy(runs, "msprobe2b", tmp_path / "b")
+    for run in (a, b):
+        shutil.rmtree(run / "data" / "k1")
+        if not statistics:
+            (run / "data" / "k0" / "step0" / "rank0" / "micro_step0" / "k0.json").unlink()
     bad = fifo_in_place_of(a / "data" / "k0" / "step0" / "rank0" / "micro_step0" / "k0.npy")
-    result = finishes(lambda: CliRunner().invoke(main, ["compare", str(a), str(runs["msprobe2b"]), "-o",
-                                                        str(tmp_path / "out")]), [bad])
+    result = finishes(lambda: CliRunner().invoke(main, ["compare", str(a), str(b), "-o", str(tmp_path / "out")]),
+                      [bad])
     output = " ".join(result.output.split())
-    assert result.exit_code == 0 and "1 error, 1 only_in_b" in output, output
+    assert result.exit_code == 0 and f"compared {a} (A) with {b} (B): 1 error " in output, output
     assert f"cannot read {bad}: not a regular file (a FIFO); expected a .npy tensor file" in output
+
+
+@pytest.mark.parametrize("content", [b"", b"not a numpy file"], ids=["empty", "garbage"])
+def test_an_unreadable_npy_without_statistics_is_an_error_row_not_a_match(runs, tmp_path, content):
+    """Its shape unknown (no statistics .json, no header), the pair is still compared (sql/tensor_pairs.sql), so
+    the read names the file; it was left to the statistics, missing on both sides: stats_only_match."""
+    a, b = _copy(runs, "msprobe2a", tmp_path), _copy(runs, "msprobe2b", tmp_path / "b")
+    for run in (a, b):
+        for json_file in run.rglob("*.json"):
+            json_file.unlink()
+    bad = a / "data" / "k0" / "step0" / "rank0" / "micro_step0" / "k0.npy"
+    bad.write_bytes(content)
+    summary = compare(a, b, tmp_path / "out")
+    assert summary["counts"] == {"error": 1, "mismatch": 1}
+    (message,) = _error_messages(tmp_path / "out")
+    assert message.startswith(f"cannot read {bad}: ")
 
 
 def test_a_sign_map_of_an_msprobe_grad_dump_is_that_parameter_s_error(fixtures_dir, tmp_path):
