@@ -28,6 +28,9 @@ def flatten(data: Any, where: str) -> list[tuple[str, str, Any, Adapter | None]]
             check_name(key, "key", where)
             if len(_GOOD_KEYS) < 4096 and type(key) is str:
                 _GOOD_KEYS.add(key)
+        if not isinstance(value, (list, tuple, dict)):  # one value under its key (nearly every save)
+            out.append(_leaf(key, "", value, where))
+            continue
         at_key = f"{where}, key {key!r}"
         seen: dict[str, str] = {}  # index -> the path that produced it
         for index, path, leaf in _walk(value, "", "", at_key, (), 0):
@@ -36,19 +39,27 @@ def flatten(data: Any, where: str) -> list[tuple[str, str, Any, Adapter | None]]
                     f"{at_key}: {key}{seen[index]} and {key}{path} both become index {index!r} (nested names are "
                     "joined with '.'), so they would share one row and one tensor file; rename one of them")
             seen[index] = path
-            at = f" index {index!r}" if index else ""
-            if leaf is None:
-                out.append((key, index, None, None))
-                continue
-            adapter = adapter_for(leaf)
-            if adapter is None:
-                raise ProbeError(f"{at_key}{at}: unsupported value of type {type(leaf).__name__}; expected {EXPECTED}")
-            try:
-                adapter.dtype_name(leaf)
-            except ProbeError as e:
-                raise ProbeError(f"{at_key}{at}: {e}") from None
-            out.append((key, index, leaf, adapter))
+            out.append(_leaf(key, index, leaf, where))
     return out
+
+
+def _leaf(key: str, index: str, leaf: Any, where: str) -> tuple[str, str, Any, Adapter | None]:
+    """(key, index, leaf, its adapter), the leaf's type and dtype checked; the message names where it is."""
+    if leaf is None:
+        return key, index, None, None
+    adapter = adapter_for(leaf)
+    if adapter is None:
+        raise ProbeError(f"{_at(where, key, index)}: unsupported value of type {type(leaf).__name__}; "
+                         f"expected {EXPECTED}")
+    try:
+        adapter.dtype_name(leaf)
+    except ProbeError as e:
+        raise ProbeError(f"{_at(where, key, index)}: {e}") from None
+    return key, index, leaf, adapter
+
+
+def _at(where: str, key: str, index: str) -> str:
+    return f"{where}, key {key!r}" + (f" index {index!r}" if index else "")
 
 
 def _walk(value: Any, prefix: str, path: str, where: str, parents: tuple[int, ...],

@@ -28,6 +28,10 @@ ADAPTERS: dict[str, tuple[str, str]] = {
 FALLBACK = "numpy"  # asked for any value no adapter of its own package claims (bool, int, float, arrays)
 _loaded: dict[str, Adapter] = {}
 _by_package = {package: name for name, (package, _) in ADAPTERS.items() if name != FALLBACK}
+# adapter_for's answer (an adapter's name, None: no framework) by the value's type: Adapter.is_tensor is a
+# question of the type, and a save call asks it for every value (~2 us each beside a training step)
+_by_type: dict[type, str | None] = {}
+_MAX_TYPES = 1024
 
 
 def register(name: str, package: str, target: str) -> None:
@@ -43,6 +47,7 @@ def unregister(name: str) -> None:
 
 def _reindex(name: str) -> None:
     _loaded.pop(name, None)
+    _by_type.clear()
     _by_package.clear()
     _by_package.update({p: n for n, (p, _) in ADAPTERS.items() if n != FALLBACK})
 
@@ -69,15 +74,23 @@ def _in_use() -> Iterator[Adapter]:
 
 
 def adapter_for(value: Any) -> Adapter | None:
-    """The adapter that handles `value`, or None when no framework knows it."""
+    """The adapter that handles `value`, or None when no framework knows it (remembered per type)."""
+    kind = type(value)
+    try:
+        name = _by_type[kind]
+    except KeyError:
+        name = _adapter_name(value)
+        if len(_by_type) < _MAX_TYPES:
+            _by_type[kind] = name
+    return None if name is None else get_adapter(name)
+
+
+def _adapter_name(value: Any) -> str | None:
     root = type(value).__module__.split(".", 1)[0]
     name = _by_package.get(root)
-    if name is not None and root in sys.modules:
-        adapter = get_adapter(name)
-        if adapter.is_tensor(value):
-            return adapter
-    fallback = get_adapter(FALLBACK)
-    return fallback if fallback.is_tensor(value) else None
+    if name is not None and root in sys.modules and get_adapter(name).is_tensor(value):
+        return name
+    return FALLBACK if get_adapter(FALLBACK).is_tensor(value) else None
 
 
 def adapter_for_module(module: Any) -> Adapter | None:

@@ -90,6 +90,8 @@ class Adapter:
 
     # -- key data (probe.save) ---------------------------------------------------------------
     def is_tensor(self, value: Any) -> bool:
+        """Whether `value` is this framework's tensor: a question of its type alone (frameworks.adapter_for
+        remembers the answer per type)."""
         raise NotImplementedError
 
     def dtype_name(self, value: Any) -> str:

@@ -141,6 +141,9 @@ _rings_lock = threading.Lock()
 def host_ring() -> StagingRing:
     """The process's ring of plain memory for snapshots of CPU tensors (its first pages start
     being faulted in, off the calling thread, when it is made)."""
+    ring = _rings.get("host")  # made once: no lock to take at every save call once it is
+    if ring is not None:
+        return ring
     with _rings_lock:
         if "host" not in _rings:
             fd = _shared_memory(DEFAULT_BYTES)

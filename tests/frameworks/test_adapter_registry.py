@@ -46,6 +46,22 @@ def test_key_data_of_a_registered_framework(tiny, tmp_path):
     np.testing.assert_array_equal(dump.tensor("x", 0), [[1.0, -2.0], [3.0, 0.5]])
 
 
+def test_a_type_refused_before_its_framework_is_registered_is_taken_after(tmp_path):
+    """adapter_for remembers its answer per type; registering (or removing) a framework forgets them."""
+    x = tinyframe.Tensor([1.0, 2.0], (2,))
+    with rlprobe.Probe(tmp_path / "d", on_error="raise") as probe:
+        with pytest.raises(ProbeError, match="unsupported value of type Tensor"):
+            probe.save({"x": x})
+        frameworks.register("tiny", tinyframe.__name__.split(".")[0], f"{tiny_adapter.__name__}:TinyAdapter")
+        try:
+            probe.save({"x": x})
+        finally:
+            frameworks.unregister("tiny")
+        with pytest.raises(ProbeError, match="unsupported value of type Tensor"):
+            probe.save({"x": x})
+    assert [r["framework"] for r in rlprobe.open(tmp_path / "d").arrow("key_data").to_pylist()] == ["tiny"]
+
+
 def test_framework_name_accepted_once_registered(tiny, tmp_path):
     with rlprobe.Probe(tmp_path / "d", framework="tiny") as probe:
         probe.save({"x": tinyframe.Tensor([1.0])})
