@@ -12,6 +12,7 @@ from typing import Any
 
 from rlprobe.errors import ProbeError
 from rlprobe.lake.layout import DumpLayout
+from rlprobe.lake.regular_files import JSON_FILE, read_text
 
 
 class RankClaim:
@@ -94,8 +95,10 @@ class RankClaim:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
+    """A rank's manifest or claim as JSON; None where it is missing, unreadable or not a regular file (a FIFO
+    there is never opened for a blocking read: lake/regular_files.py)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_text(path, JSON_FILE))
     except (OSError, ValueError):
         return None
 

@@ -86,3 +86,20 @@ def test_rank_zero_overwrite_clears_higher_ranks_found_only_by_their_stats(tmp_p
     assert not (path / "stats" / "key_data" / "rank=2").exists()
     assert not list((path / "tensors").rglob("rank=2"))
     assert rlprobe.open(path, include_uncommitted=True).key_data().collect()["rank"].to_list() == [0]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["new", "append"])
+def test_a_fifo_in_place_of_the_rank_manifest_is_refused_not_waited_on(tmp_path, mode):
+    """Probe() reads an earlier rank<R>.json through lake/regular_files.py: a FIFO there (opening it for
+    reading waits for a writer) is refused with the run's message, never opened the blocking way."""
+    from tests.lake.fifos import fifo_in_place_of, finishes
+
+    _old_run(tmp_path / "d")
+    fifo = fifo_in_place_of(tmp_path / "d" / "rank1.json")
+
+    def probe_there():
+        rlprobe.Probe(tmp_path / "d", rank=1, world_size=2, mode=mode)
+
+    with pytest.raises(ProbeError, match="cannot be read" if mode == "append" else "already holds"):
+        finishes(probe_there, [fifo])
