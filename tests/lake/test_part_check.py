@@ -19,25 +19,15 @@ import rlprobe
 from rlprobe.cli import main
 from rlprobe.pipeline.compare_command import compare
 from rlprobe.errors import DumpReadError
+from tests.cli_runs import cli as _cli
+from tests.lake.small_dumps import small_dump
 
 STRAY = "part-000099.parquet"  # a live part beside the dump's own (merged) one
 
 
-def _cli(*args) -> tuple[int, str]:
-    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    return result.exit_code, " ".join(result.output.split())  # whatever the terminal's width
-
-
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("good") / "dump"
-    with rlprobe.Probe(path) as p:
-        p.save_config({"lr": 0.1})
-        for step in range(3):
-            p.save({"log_prob": np.linspace(-2, -1, 8, dtype=np.float32) + step, "responses": np.arange(4) + step})
-            p.log_metrics({"loss": float(step)})
-            p.step()
-    return path
+    return small_dump(tmp_path_factory.mktemp("good") / "dump", steps=3, responses=True)
 
 
 def _corrupt_first_page(data: bytes, path: Path, column: str) -> bytes:

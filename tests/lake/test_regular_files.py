@@ -22,25 +22,15 @@ from rlprobe.errors import DumpReadError, ProbeError
 from rlprobe.lake.regular_files import NPY, NotRegularFileError, check_regular, load_npy, open_binary, open_fd, \
     read_text
 from tests.lake.fifos import fifo_in_place_of, finishes, zero_device_in_place_of
+from tests.cli_runs import cli as _cli
+from tests.lake.small_dumps import small_dump
 
 pytestmark = pytest.mark.timeout(300)  # a call that waits on a FIFO fails in finishes(), or here
 
 
-def _cli(*args) -> tuple[int, str]:
-    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    return result.exit_code, " ".join(result.output.split())  # whatever the terminal's width
-
-
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("good") / "dump"
-    with rlprobe.Probe(path) as p:
-        p.save_config({"lr": 0.1})
-        for step in range(2):
-            p.save({"log_prob": np.linspace(-2, -1, 8, dtype=np.float32) + step})
-            p.log_metrics({"loss": float(step)})
-            p.step()
-    return path
+    return small_dump(tmp_path_factory.mktemp("good") / "dump", steps=2)
 
 
 @pytest.fixture
