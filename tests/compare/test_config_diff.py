@@ -16,22 +16,34 @@ from rlprobe.demo import load_config, load_example_module
 from rlprobe.lake.reader import open_dump
 
 
+# each run's config overrides, in one place: a run is trained by whichever test asks for it first (xdist
+# spreads this module's tests over workers), so a name must mean the same run whoever asks
+RUNS = {
+    "base": {},
+    "temperature": {"ppo.temperature": 0.7},
+    "critic_lr": {"ppo.critic_lr": 0.003},
+    "note": {"notes.comment": "second run"},
+    "elsewhere": {"rlprobe_config.dump_path": "/somewhere/else"},
+    "no_config": {"rlprobe_config.configurations_dump": False},
+}
+
+
 @pytest.fixture(scope="module")
 def ppo_runs(tmp_path_factory):
-    """name -> dump of a 2-step PPO run with config overrides (trained once per module)."""
+    """name (of RUNS) -> dump of a 2-step PPO run with its config overrides (trained once per module)."""
     root = tmp_path_factory.mktemp("ppo_config")
     example = load_example_module()
     made = {}
 
-    def get(name: str, **overrides):
+    def get(name: str):
         if name not in made:
-            made[name] = example.train(load_config({"ppo.steps": 2, **overrides}), str(root / name))
+            made[name] = example.train(load_config({"ppo.steps": 2, **RUNS[name]}), str(root / name))
         return made[name]
     return get
 
 
 def test_a_changed_temperature_is_named_as_the_cause_of_the_responses(ppo_runs, tmp_path):
-    summary = rlprobe.compare(ppo_runs("base"), ppo_runs("temperature", **{"ppo.temperature": 0.7}), tmp_path / "o")
+    summary = rlprobe.compare(ppo_runs("base"), ppo_runs("temperature"), tmp_path / "o")
     assert (summary["first_divergence"]["key"], summary["first_divergence"]["step"]) == ("responses", 0)
     assert summary["config_diff"] == [{"path": "ppo.temperature", "value_a": "1.0", "value_b": "0.7",
                                        "family": "sampling", "ranks": [0]}]
@@ -50,24 +62,24 @@ def test_a_changed_temperature_is_named_as_the_cause_of_the_responses(ppo_runs, 
 
 
 def test_a_changed_critic_learning_rate_explains_values_after_the_first_update(ppo_runs, tmp_path):
-    summary = rlprobe.compare(ppo_runs("base"), ppo_runs("critic_lr", **{"ppo.critic_lr": 0.003}), tmp_path / "o")
+    summary = rlprobe.compare(ppo_runs("base"), ppo_runs("critic_lr"), tmp_path / "o")
     assert (summary["first_divergence"]["key"], summary["first_divergence"]["step"]) == ("values", 1)
     assert "learning rate changed: ppo.critic_lr: A=0.001, B=0.003 -> values diverges first at step 1" in \
         summary["suspect"]
     # a learning rate cannot explain a divergence at step 0, before any update
-    diff = diff_configs(open_dump(ppo_runs("base")), open_dump(ppo_runs("critic_lr", **{"ppo.critic_lr": 0.003})))
+    diff = diff_configs(open_dump(ppo_runs("base")), open_dump(ppo_runs("critic_lr")))
     assert causes(diff, {"canonical_key": "values", "step": 0}) == []
     assert [r["path"] for r in causes(diff, {"canonical_key": "values", "step": 1})] == ["ppo.critic_lr"]
 
 
 def test_a_change_that_does_not_fit_the_divergence_is_listed_but_not_blamed(ppo_runs):
-    diff = diff_configs(open_dump(ppo_runs("base")), open_dump(ppo_runs("temperature", **{"ppo.temperature": 0.7})))
+    diff = diff_configs(open_dump(ppo_runs("base")), open_dump(ppo_runs("temperature")))
     assert causes(diff, {"canonical_key": "advantages", "step": 0}) == []  # sampling explains responses, not GAE
     assert [r["path"] for r in causes(diff, {"canonical_key": "old_log_prob", "step": 0})] == ["ppo.temperature"]
 
 
 def test_a_pair_that_differs_only_in_config_agrees_and_the_gate_names_the_path(ppo_runs, tmp_path):
-    a, b = ppo_runs("base"), ppo_runs("note", **{"notes.comment": "second run"})
+    a, b = ppo_runs("base"), ppo_runs("note")
     summary = rlprobe.compare(a, b, tmp_path / "o")
     assert summary["first_divergence"] is None and summary["suspect"] is None
     assert summary["config_diff"] == [{"path": "notes.comment", "value_a": None, "value_b": '"second run"',
@@ -90,7 +102,7 @@ def test_a_pair_that_differs_only_in_config_agrees_and_the_gate_names_the_path(p
 
 
 def test_output_paths_are_ignored_unless_asked_for(ppo_runs, tmp_path):
-    a, b = ppo_runs("base"), ppo_runs("elsewhere", **{"rlprobe_config.dump_path": "/somewhere/else"})
+    a, b = ppo_runs("base"), ppo_runs("elsewhere")
     summary = rlprobe.compare(a, b, tmp_path / "o")
     assert summary["config_diff"] == [] and summary["config_ignored"] == 1
     done = subprocess.run([sys.executable, "-m", "rlprobe.cli", "compare", str(a), str(b), "-o", str(tmp_path / "c"),
@@ -104,7 +116,7 @@ def test_output_paths_are_ignored_unless_asked_for(ppo_runs, tmp_path):
 
 
 def test_a_run_without_config_is_a_warning(ppo_runs, tmp_path):
-    a = ppo_runs("no_config", **{"rlprobe_config.configurations_dump": False})
+    a = ppo_runs("no_config")
     summary = rlprobe.compare(a, ppo_runs("base"), tmp_path / "o")
     assert summary["config_diff"] == []
     assert any(w.startswith("run A saved no config") for w in summary["warnings"])
