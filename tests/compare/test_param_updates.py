@@ -11,21 +11,33 @@ import rlprobe
 from rlprobe.demo import load_config, load_example_module
 
 
+# each run's fault and config overrides, in one place: a name means the same run whichever test trains it first
+RUNS = {
+    "base": (None, {}),
+    "base_again": (None, {}),
+    "critic_lr": (None, {"ppo.critic_lr": 0.003}),
+    "actor_lr": ("lr", {}),
+    "off": (None, {"rlprobe_config.param_fingerprints": False}),
+}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """name (of RUNS) -> dump of a 2-step PPO run (trained once per module)."""
     root = tmp_path_factory.mktemp("ppo_params")
     example = load_example_module()
     made = {}
 
-    def get(name: str, fault: str | None = None, **overrides):
+    def get(name: str):
         if name not in made:
+            fault, overrides = RUNS[name]
             made[name] = example.train(load_config({"ppo.steps": 2, **overrides}), str(root / name), fault=fault)
         return made[name]
     return get
 
 
 def test_a_changed_critic_lr_names_the_critic_update_of_step_0_not_its_forward(runs, tmp_path):
-    summary = rlprobe.compare(runs("base"), runs("critic_lr", **{"ppo.critic_lr": 0.003}), tmp_path / "o")
+    summary = rlprobe.compare(runs("base"), runs("critic_lr"), tmp_path / "o")
     assert (summary["first_divergence"]["key"], summary["first_divergence"]["step"]) == ("values", 1)
     assert "-> the update of step 0 differs for model 'critic' (first parameter 'embed.weight'" in summary["suspect"]
     assert "the critic's forward" not in summary["suspect"] and summary["next_config"] is None
@@ -43,7 +55,7 @@ def test_a_changed_critic_lr_names_the_critic_update_of_step_0_not_its_forward(r
 
 
 def test_a_changed_actor_lr_names_the_actor_update_before_the_new_responses(runs, tmp_path):
-    summary = rlprobe.compare(runs("base"), runs("actor_lr", fault="lr"), tmp_path / "o")
+    summary = rlprobe.compare(runs("base"), runs("actor_lr"), tmp_path / "o")
     assert (summary["first_divergence"]["key"], summary["first_divergence"]["step"]) == ("responses", 1)
     assert "the update of step 0 differs for model 'actor' (first parameter 'embed.weight'" in summary["suspect"]
     assert summary["param_first_difference"]["monitor"] == "actor"
@@ -58,7 +70,7 @@ def test_a_clean_pair_has_equal_fingerprints(runs, tmp_path):
 
 
 def test_runs_without_fingerprints_have_no_param_finding(runs, tmp_path):
-    off = runs("off", **{"rlprobe_config.param_fingerprints": False})
+    off = runs("off")
     assert rlprobe.open(off).arrow("param").num_rows == 0
     summary = rlprobe.compare(off, off, tmp_path / "o")
     assert "params_compared" not in summary and summary["param_first_difference"] is None
