@@ -36,9 +36,9 @@ measured. The variants (--variants; one run of each a repetition):
   The interval is divided by the share of on steps (1/2), so that a batch of deferred calls and a
   commit cover as many probed steps as with the probe always on (a commit's fixed costs, Parquet
   parts and the manifest, are shared by as many steps). A figure is the on steps' time over the off
-  steps' time in a window of --window (10) cycles (40 steps, ~3 s: one or two batches and
-  commits, so that the median of windows leaves none of them out; a note is printed where a window
-  is shorter than the writer's interval); --aligned-cycles (80) cycles a run.
+  steps' time in a window of --window (10) cycles (40 steps, ~2-3 s), widened where steps are fast
+  until a window lasts the writer's interval (one or two batches and commits in each, so that the
+  median of windows leaves none of them out); --aligned-cycles (80) cycles a run.
 - `alternating`: a step at a time with the writer's own timers: the training thread's share; the
   writer's work lands on on and off steps alike and cancels.
 - `steady`: blocks of --steady-block steps (32), the first half of each left out, so that a
@@ -293,6 +293,15 @@ def cycle_ratios(steps: list[float], plan: list[bool], block: int, skip: int = 0
     return out
 
 
+def covering_window(window: int, block: int, off_step_s: float, due_s: float | None, cycles: int) -> int:
+    """Cycles a figure: at least `window`, and enough that a window lasts the writer's interval `due_s`
+    (None: not aligned), so that every window holds a batch and a commit and the median of windows
+    cannot leave them out when steps are fast; at most the run's `cycles`."""
+    if not due_s or off_step_s <= 0:
+        return window
+    return max(window, min(cycles, math.ceil(due_s / (4 * block * off_step_s))))
+
+
 VARIANTS = ("aligned", "alternating", "steady", "drained")
 
 
@@ -332,8 +341,9 @@ def interleave(args: argparse.Namespace, ex: Any, cfg: dict[str, Any], model_dir
             steps, cpu = interleaved_run(ex, cfg, model_dir, dump, args.warmup, plan, v["drain"], v["align"])
             on = [t for t, o in zip(steps, plan) if o]
             off = [t for t, o in zip(steps, plan) if not o]
+            window = covering_window(v["window"], v["block"], statistics.median(off), cpu["due_s"], v["cycles"])
             figures[name] = {"on_median": statistics.median(on), "off_median": statistics.median(off),
-                             "cycles": cycle_ratios(steps, plan, v["block"], v["skip"], v["window"]),
+                             "cycles": cycle_ratios(steps, plan, v["block"], v["skip"], window), "window": window,
                              "waited_s": round(waited, 1),
                              # CPU seconds in on and in off steps: the training thread's, the writer's
                              **{f"{clock}_cpu_s": None if cpu[clock] is None else [
@@ -368,7 +378,8 @@ def interleave(args: argparse.Namespace, ex: Any, cfg: dict[str, Any], model_dir
           "ratios, interquartile range):")
     for name in chosen:
         v = kinds[name]
-        unit = f"windows of {v['window']} cycles" if v["window"] > 1 else "cycles"
+        used = sorted({r[name]["window"] for r in runs})
+        unit = f"windows of {'/'.join(map(str, used))} cycles" if max(used) > 1 else "cycles"
         low, high = summary[f"{name}_quartiles_pct"]
         writer = f"; training thread CPU {summary[name + '_train_cpu_added_ms']:+.2f} ms an on step"
         if f"{name}_writer_off_share" in summary:
@@ -376,11 +387,9 @@ def interleave(args: argparse.Namespace, ex: Any, cfg: dict[str, Any], model_dir
                        f"{summary[name + '_writer_off_share'] * 100:.0f}% of it in off steps)")
         print(f"  {name:<12}{summary[name + '_pct']:>+7.1f}%  ({low:+.1f} ... {high:+.1f}; {summary[name + '_cycles']} "
               f"{unit}{writer})\n{'':<14}{NOTES[name].format(**v)}")
-        due = [r[name]["due_s"] for r in runs if r[name]["due_s"]]
-        window_s = 4 * v["block"] * v["window"] * summary["off_step_ms"] / 1e3
-        if due and window_s < max(due):  # a window may then hold no batch or commit: the median leaves them out
-            print(f"{'':<14}NOTE: a window lasts ~{window_s:.1f} s, less than the writer's interval here "
-                  f"({max(due):.1f} s): raise --window")
+        if max(used) > v["window"]:
+            print(f"{'':<14}windows widened from {v['window']} cycles to last the writer's interval "
+                  f"({max(r[name]['due_s'] for r in runs):.1f} s) at this step time")
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in summary['load'])}")
     return {"summary": summary, "runs": runs}
 

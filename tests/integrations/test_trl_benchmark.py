@@ -61,6 +61,11 @@ def test_interleaved_off_steps_run_nothing_of_the_probe(tmp_path, monkeypatch):
     # windows of two cycles: the on steps' time over the off steps' time of both cycles together
     alternating = trl_overhead.schedule(8, 1, True)
     assert trl_overhead.cycle_ratios([2.0, 1.0, 1.0, 2.0, 3.0, 1.0, 1.0, 5.0], alternating, 1, window=2) == [3.0]
+    # a window lasts at least the writer's interval: 2 s at 48 ms steps needs 11 cycles of 4 steps, not 10
+    assert trl_overhead.covering_window(10, 1, 0.048, 2.0, 80) == 11
+    assert trl_overhead.covering_window(10, 1, 0.070, 2.0, 80) == 10
+    assert trl_overhead.covering_window(10, 1, 0.05, None, 80) == 10
+    assert trl_overhead.covering_window(1, 1, 0.01, 2.0, 2) == 2  # never more than the run's cycles
     sys.modules.pop("trl_overhead", None)
 
 
@@ -128,9 +133,11 @@ def test_interleave_smoke_and_bad_arguments(tmp_path, monkeypatch, capsys):
     result = json.loads(out.read_text())
     summary = result["summary"]
     assert summary["mode"] == "interleave"
-    assert [summary[f"{v}_cycles"] for v in ("aligned", "alternating", "steady", "drained")] == [2, 2, 1, 1]
-    assert 0.0 <= summary["aligned_writer_off_share"] <= 1.0
     run = result["runs"][0]
+    # the aligned run's 2 cycles make one window where 4 steps are shorter than the writer's interval
+    windows = 2 // run["aligned"]["window"]
+    assert [summary[f"{v}_cycles"] for v in ("aligned", "alternating", "steady", "drained")] == [windows, 2, 1, 1]
+    assert 0.0 <= summary["aligned_writer_off_share"] <= 1.0
     assert summary["steady_pct"] == (run["steady"]["cycles"][0] - 1) * 100
     assert summary["drained_pct"] == (run["drained"]["cycles"][0] - 1) * 100
     assert "blocks of 2, the first 1 of each left out" in capsys.readouterr().out
