@@ -222,9 +222,11 @@ def _package_version_file(name: str) -> bytes:
 
 
 def aot_key() -> str:
-    """A digest of what shapes the compiled code: the kernel sources and the build's, numba's and
-    llvmlite's versions, Python's ABI, the CPU (the JIT compiles for the host's features), the exports
-    and every NUMBA_* setting but the cache's (NUMBA_OPT, NUMBA_CPU_NAME, ... change the JIT's code too).
+    """A digest of what shapes the compiled code: the kernel sources and the build's, numba's,
+    llvmlite's and numpy's versions (the module's C wrapper is built on numpy's headers: one built on
+    numpy 1.x does not import under 2.x), Python's ABI, the CPU (the JIT compiles for the host's
+    features), the exports and every NUMBA_* setting but the cache's (NUMBA_OPT, NUMBA_CPU_NAME, ...
+    change the JIT's code too).
     Raises OSError or ImportError where one cannot be read."""
     if not _aot_key:
         from importlib.machinery import EXTENSION_SUFFIXES
@@ -233,7 +235,10 @@ def aot_key() -> str:
         digest = hashlib.sha1(kernel_sources_digest().encode())
         with open(os.path.join(root, "numba_build.py"), "rb") as f:
             digest.update(f.read())
-        for part in (_package_version_file("numba"), _package_version_file("llvmlite"), _first_cpu(),
+        import numpy
+
+        for part in (_package_version_file("numba"), _package_version_file("llvmlite"), numpy.__version__.encode(),
+                     _first_cpu(),
                      repr((sys.version, EXTENSION_SUFFIXES, AOT_FAMILIES)).encode(),
                      repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("NUMBA_")
                                  and k not in ("NUMBA_CACHE_DIR", "NUMBA_DEBUG_CACHE"))).encode()):

@@ -59,7 +59,11 @@ def storage_dtype(dtype: str) -> np.dtype:
 def widen(raw: np.ndarray, dtype: str) -> np.ndarray:
     """Numeric values of raw bytes: exact float32 for low-precision floats, else as is."""
     if dtype == "bfloat16":
-        return (raw.astype(np.uint32) << 16).view(np.float32)
+        # in place on an array copy: `<< 16` of a 0-d array (or a numpy scalar) gives a scalar, int64 under
+        # numpy 1.x's casting, whose float32 view fails
+        bits = np.array(raw, dtype=np.uint32)
+        np.left_shift(bits, np.uint32(16), out=bits)
+        return bits.view(np.float32)
     if dtype == "float16":
         return raw.astype(np.float32)
     if dtype in _FP8:

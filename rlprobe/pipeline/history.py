@@ -127,6 +127,8 @@ def history_overview(table: pa.Table) -> list[dict[str, Any]]:
     """One row per run, newest last: first divergence, worst error, gates passed, diverging rows."""
     import duckdb
 
+    from rlprobe.lake.sql_runner import to_arrow
+
     con = duckdb.connect()
     con.register("history", table)
     query = """
@@ -139,9 +141,8 @@ def history_overview(table: pa.Table) -> list[dict[str, Any]]:
                sum(value) FILTER (WHERE metric = 'gate_passed') AS gates_passed,
                count(*) FILTER (WHERE metric = 'gate_passed') AS gates
         FROM history GROUP BY run_id ORDER BY created_at, run_id"""
-    result = con.execute(query)
-    columns = [d[0] for d in result.description]
-    return [dict(zip(columns, r)) for r in result.fetchall()]
+    # through Arrow: DuckDB before 2.0 needs pytz to hand a timestamp with a time zone to Python
+    return to_arrow(con.sql(query)).to_pylist()
 
 
 def write_history_plots(table: pa.Table, out: Path) -> list[Path]:

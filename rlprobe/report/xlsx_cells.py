@@ -122,6 +122,8 @@ def _split(values: pa.Array) -> tuple[pa.Array | None, pa.Array | None, pa.Array
         values, t = list_texts(values), None
     if t is None or pa.types.is_string(t) or pa.types.is_large_string(t):
         text = values.cast(pa.large_string())
+        if text.offset:  # a slice (a chunk of a sheet): pyarrow < 24's if_else with a null garbles its text
+            text = pa.concat_arrays([text])
         return None, _stored_text(pc.if_else(pc.equal(text, ""), _NO_TEXT, text)), None
     if pa.types.is_boolean(t):
         return None, None, values
