@@ -1,0 +1,68 @@
+"""rlprobe's runtime dependencies are pinned to ranges the tests run on: the suite itself runs on the
+newest release of each range (what pip installs), and here a set of core tests runs again with every
+dependency at the lowest version pyproject.toml allows (a virtual environment beside this one, the
+heavy frameworks taken from it). docs/dependencies.md says why each floor is where it is."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+REPO = Path(__file__).resolve().parents[1]
+
+# what each floor must hold up: the areas the floors broke before they were raised (docs/dependencies.md)
+CORE_TESTS = [
+    "tests/report",  # pyarrow: workbook cells of a sliced column
+    "tests/test_console.py",  # rich: wrapped text
+    "tests/cli/test_console_width.py", "tests/pipeline/test_history.py",  # DuckDB: timestamps with a zone
+    "tests/compare/test_float_kernel_split.py", "tests/test_numba_aot.py",  # numba: the kernels' bits
+    "tests/compare/test_compare_run.py", "tests/check/test_single_run_rules.py",  # DuckDB's SQL
+    "tests/capture/test_stats_properties.py",  # numpy: 0-d bfloat16 tensors
+    "tests/lake/test_statistics_stack.py", "tests/lake/test_tensor_pack.py",
+]
+
+
+def runtime_requirements() -> list[Requirement]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    return [Requirement(r) for r in project["dependencies"]]
+
+
+def floor(req: Requirement) -> str:
+    lows = [s.version for s in req.specifier if s.operator == ">="]
+    assert len(lows) == 1, f"pyproject.toml: {req}: expected one lower bound (>=)"
+    return lows[0]
+
+
+def test_every_runtime_dependency_has_a_floor_and_a_ceiling():
+    for req in runtime_requirements():
+        floor(req)
+        assert any(s.operator == "<" for s in req.specifier), f"pyproject.toml: {req}: expected an upper bound (<)"
+        assert req.specifier.contains(floor(req)), f"pyproject.toml: {req}: its floor is outside its range"
+
+
+def test_core_tests_pass_with_every_dependency_at_its_floor(tmp_path):
+    venv = tmp_path / "floors"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    pins = {req.name: floor(req) for req in runtime_requirements()}
+    install = subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                              *(f"{name}=={version}" for name, version in pins.items())],
+                             capture_output=True, text=True, timeout=420)
+    assert install.returncode == 0, install.stdout + install.stderr
+    probe = ("import json, importlib.metadata as m, sys; "
+             "print(json.dumps({n: m.version(n) for n in sys.argv[1:]}))")
+    got = subprocess.run([python, "-c", probe, *pins], capture_output=True, text=True, check=True).stdout
+    installed = {name: Version(v) for name, v in json.loads(got).items()}
+    assert installed == {name: Version(v) for name, v in pins.items()}  # the venv's own, not this one's newer
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    tests = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *CORE_TESTS],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=480)
+    assert tests.returncode == 0, f"with {pins}:\n{tests.stdout[-6000:]}\n{tests.stderr[-2000:]}"
