@@ -64,6 +64,7 @@ def test_core_tests_pass_with_every_dependency_at_its_floor(tmp_path):
     assert installed == {name: Version(v) for name, v in pins.items()}  # the venv's own, not this one's newer
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTEST_XDIST_WORKER", None)
-    tests = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *CORE_TESTS],
+    tests = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+                            f"--basetemp={tmp_path / 'tests'}", *CORE_TESTS],  # not beside this run's numbered ones
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=480)
     assert tests.returncode == 0, f"with {pins}:\n{tests.stdout[-6000:]}\n{tests.stderr[-2000:]}"
