@@ -322,8 +322,12 @@ def history(file: str, plots_dir: str | None, no_plots: bool, last: int) -> None
 
 
 def console() -> None:
-    """The `rlprobe` console script: main(), ended by rlprobe.process_exit."""
+    """The `rlprobe` console script: main(), ended by rlprobe.process_exit; the native libraries'
+    settings (rlprobe.native_settings) made before any of them loads."""
+    from rlprobe.native_settings import apply_for_command_line
     from rlprobe.process_exit import run
+
+    apply_for_command_line()
 
     run(main)
 

@@ -31,9 +31,9 @@ GRAD_FLAG_COLUMNS = ("monitor", "rank", "step", "param", "status", "shape_a", "s
 class ReportOptions:
     """Which report files to write: workbook, CSV and Markdown in `lang`; `summary_md`: the text of
     summary.md (None: the comparison's own); per-key workbooks under `per_key_dir`; PNG plots.
-    `workers` > 1: the CSV and the workbook are written at once, by two threads (and the workbook's
-    sheets compressed by a third while the next is made): most of the work is pyarrow.compute and
-    zlib, which release the GIL."""
+    `workers` > 1: the CSV and the workbook are written at once: the key-data files by one thread, the
+    workbook's sheets made by the other `workers` - 1 and compressed by one more while the next is made
+    (most of the work is pyarrow.compute and zlib, which release the GIL)."""
 
     lang: str = "en"
     xlsx: bool = True
@@ -128,8 +128,11 @@ def write_reports(folder: Path, tables: dict[str, pa.Table], summary: dict[str, 
         if options.xlsx:
             from rlprobe.report.xlsx import write_report_xlsx
 
+            # the files beside take one of the workers: the sheets get the others (two fillers beside the
+            # CSV on two cores spent ~0.1 s more CPU than one, in no less time: docs/compare.md)
+            fillers = max(1, options.workers - (side_writer is not None))
             write_report_xlsx(folder / "report.xlsx", public, summary, lang=options.lang,
-                              background=options.workers > 1, fillers=options.workers, **xlsx_extras)
+                              background=options.workers > 1, fillers=fillers, **xlsx_extras)
     finally:
         if side_writer is not None:
             side_writer.shutdown()  # waits for the files beside the workbook

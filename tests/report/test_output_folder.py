@@ -69,9 +69,11 @@ def test_reports_written_by_two_threads_are_the_ones_one_thread_writes(runs, tmp
                 assert a.read(name) == b.read(name), name
 
 
-def test_every_output_of_two_workers_is_the_one_worker_s(tmp_path):
-    """Runs of several keys (their sheets made by two filler threads with workers=2, the later imports
-    loaded beside the pairs): every output file is the one of workers=1, but for the times recorded."""
+@pytest.mark.parametrize("workers", [2, 3])
+def test_every_output_of_two_workers_is_the_one_worker_s(tmp_path, workers):
+    """Runs of several keys (with workers=2 their sheets made by one filler thread beside the key-data
+    files' thread, with 3 by two fillers; the later imports loaded beside the pairs): every output file
+    is the one of workers=1, but for the times recorded."""
     import zipfile
 
     import pyarrow.parquet as pq
@@ -86,7 +88,7 @@ def test_every_output_of_two_workers_is_the_one_worker_s(tmp_path):
                 p.step()
     one, two = tmp_path / "one", tmp_path / "two"
     compare(tmp_path / "a", tmp_path / "b", one, workers=1)
-    compare(tmp_path / "a", tmp_path / "b", two, workers=2)
+    compare(tmp_path / "a", tmp_path / "b", two, workers=workers)
     assert sorted(_files(one)) == sorted(_files(two))
     assert (one / "key_data.csv").read_bytes() == (two / "key_data.csv").read_bytes()
     assert pq.read_table(one / "key_data.parquet").equals(pq.read_table(two / "key_data.parquet"))
