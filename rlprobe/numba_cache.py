@@ -197,6 +197,7 @@ AOT_FAMILIES: dict[str, tuple[tuple[str, str, str, str], ...]] = {
 _CPU_FIELDS = ("vendor_id", "model name", "flags", "cpu family", "model", "stepping")
 _aot_lock = threading.Lock()
 _aot_modules: dict[str, Any] = {}
+_aot_looked: dict[str, int | None] = {}  # family -> the cache folder's mtime when its module was last looked for
 _aot_key: list[str] = []
 
 
@@ -268,11 +269,30 @@ def compiled_module(family: str) -> Any:
     when the module is missing there, it starts `python -m rlprobe.numba_build --background FAMILY`
     (detached; unless one is running, or one failed for this key: <family>.failed) and answers None,
     so the command that found it missing compiles or loads numba's JIT kernels as before and the next
-    one imports the module. RLPROBE_AOT=0 turns this off (JIT kernels only, nothing built)."""
+    one imports the module; a later call of the same process looks again once the cache folder has
+    changed (a build finished there: a pipeline or a notebook that runs on then takes the module; the
+    kernels give the same bits). RLPROBE_AOT=0 turns this off (JIT kernels only, nothing built)."""
     with _aot_lock:
-        if family not in _aot_modules:
-            _aot_modules[family] = None if os.environ.get("RLPROBE_AOT") == "0" else _load_or_build(family)
+        if _aot_modules.get(family) is None and (family not in _aot_modules or _aot_folder_changed(family)):
+            if os.environ.get("RLPROBE_AOT") == "0":
+                _aot_modules[family], _aot_looked[family] = None, None  # never looked for again
+            else:
+                _aot_modules[family] = _load_or_build(family)
+                _aot_looked[family] = _aot_folder_mtime()
         return _aot_modules[family]
+
+
+def _aot_folder_changed(family: str) -> bool:
+    looked = _aot_looked.get(family)
+    return looked is not None and _aot_folder_mtime() != looked
+
+
+def _aot_folder_mtime() -> int | None:
+    folder = aot_folder()
+    try:
+        return None if folder is None else os.stat(folder).st_mtime_ns
+    except OSError:
+        return None
 
 
 def _load_or_build(family: str) -> Any:

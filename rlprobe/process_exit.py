@@ -3,9 +3,9 @@ may end it without tearing the interpreter down (freeing ~500 modules, pyarrow's
 among them: ~0.1 s of CPU, a tenth of a small comparison's start-up, issue 18).
 
 Exit handlers (``atexit``) still run and stdout/stderr are flushed; the fast way is taken only when
-no other non-daemon thread is alive and no profiler or tracer is set (``python -m cProfile`` writes
-its file after the program returns), and only from the console entry point (``run``), never when
-rlprobe is called inside another program or a test.
+no other non-daemon thread is alive and no profiler, tracer or sys.monitoring tool is set (``python -m
+cProfile`` writes its file after the program returns), and only from the console entry point (``run``),
+never when rlprobe is called inside another program or a test.
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ def run(main: Callable[[], object]) -> NoReturn:
         main()
     except SystemExit as done:
         others = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
-        profiled = sys.getprofile() is not None or sys.gettrace() is not None  # cProfile writes its file after
-        if not _closed or others or profiled or not (done.code is None or isinstance(done.code, int)):
+        if not _closed or others or _watched() or not (done.code is None or isinstance(done.code, int)):
             raise
         code = done.code or 0
     else:
@@ -47,3 +46,13 @@ def run(main: Callable[[], object]) -> NoReturn:
         except (OSError, ValueError):  # a closed pipe: what the interpreter would ignore too
             pass
     os._exit(code)
+
+
+def _watched() -> bool:
+    """Whether a profiler, tracer, debugger or coverage tool watches the process (cProfile writes its file
+    after the program returns): set with sys.setprofile / sys.settrace, or, from Python 3.12 (whose cProfile
+    uses it), registered with sys.monitoring."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        return True
+    monitoring = getattr(sys, "monitoring", None)
+    return monitoring is not None and any(monitoring.get_tool(tool) is not None for tool in range(6))

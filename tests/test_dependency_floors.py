@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -29,9 +29,16 @@ CORE_TESTS = [
 ]
 
 
-def runtime_requirements() -> list[Requirement]:
+def runtime_requirements(this_python: bool = False) -> list[Requirement]:
+    """pyproject.toml's runtime requirements (with `this_python`, those whose marker this Python meets: a floor
+    can differ by Python version where an older release has no wheel for a newer Python)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the dev extra brings tomli
+        import tomli as tomllib
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    return [Requirement(r) for r in project["dependencies"]]
+    requirements = [Requirement(r) for r in project["dependencies"]]
+    return [r for r in requirements if not this_python or r.marker is None or r.marker.evaluate()]
 
 
 def floor(req: Requirement) -> str:
@@ -47,11 +54,35 @@ def test_every_runtime_dependency_has_a_floor_and_a_ceiling():
         assert req.specifier.contains(floor(req)), f"pyproject.toml: {req}: its floor is outside its range"
 
 
+def test_every_python_the_project_allows_gets_one_range_of_each_dependency():
+    try:
+        import tomllib
+    except ModuleNotFoundError:
+        import tomli as tomllib
+    from packaging.specifiers import SpecifierSet
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    allowed = SpecifierSet(project["requires-python"])
+    versions = [f"3.{minor}" for minor in range(8, 20) if f"3.{minor}" in allowed]
+    assert "3.11" in versions and versions == [f"3.{m}" for m in range(10, 10 + len(versions))], versions
+    requirements = runtime_requirements()
+    for version in versions:
+        names = [r.name for r in requirements if r.marker is None or r.marker.evaluate({"python_version": version})]
+        assert sorted(names) == sorted({r.name for r in requirements}), f"Python {version}: {names}"
+
+
 def test_core_tests_pass_with_every_dependency_at_its_floor(tmp_path):
     venv = tmp_path / "floors"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = str(venv / "bin" / "python")
-    pins = {req.name: floor(req) for req in runtime_requirements()}
+    # this environment's packages (torch, pytest, ...) after the venv's own, whether it is the interpreter's own
+    # site-packages or itself a virtual environment (where --system-site-packages would reach past it)
+    inner = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True,
+                           text=True, check=True).stdout.strip()
+    outer = [p for p in site.getsitepackages() if os.path.isdir(p)]
+    Path(inner, "zz_outer_environment.pth").write_text(
+        f"import site; list(map(site.addsitedir, {outer!r}))\n", encoding="utf-8")
+    pins = {req.name: floor(req) for req in runtime_requirements(this_python=True)}
     install = subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                               "--only-binary=:all:",  # a floor without a wheel for this Python fails here
                               *(f"{name}=={version}" for name, version in pins.items())],

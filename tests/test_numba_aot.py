@@ -187,6 +187,22 @@ def test_a_failed_build_leaves_the_jit_kernels_and_is_not_retried_by_commands(tm
     assert done.stdout.split("\n")[:5] == ["None", "True", "None", "100", "['compare.failed', 'compare.lock']"]
 
 
+def test_a_module_built_after_a_process_looked_is_taken_by_its_next_call(aot_compare, tmp_path):
+    """A process that found no module (its build left to the background, here none started: a failed one) uses
+    the JIT kernels; once the module is in the folder, its next call takes it (a long pipeline or notebook,
+    and this suite's workers, which look before the fixtures build), and keeps it."""
+    code = _folder_code(
+        "import os, shutil\n"
+        "open(os.path.join(folder, 'compare.failed'), 'w').close()  # no background build from this process\n"
+        "print(compiled_module('compare'), compiled_module('compare'))\n"
+        f"shutil.copy({aot_compare.__file__!r}, folder)\n"
+        "taken = compiled_module('compare')\n"
+        "print(taken is not None and taken is compiled_module('compare'))\n")
+    done = _python(code, XDG_CACHE_HOME=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["None None", "True"]
+
+
 def test_no_build_starts_while_one_holds_the_lock_nor_with_rlprobe_aot_0(tmp_path):
     """A second process finds the lock held (a build running): it starts none and uses the JIT kernels;
     `build(wait=False)` gives up at once. RLPROBE_AOT=0 neither loads nor builds."""

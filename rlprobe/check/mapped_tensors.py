@@ -16,7 +16,7 @@ import numpy as np
 
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.encoding import restore
-from rlprobe.lake.npy_header import plain_header
+from rlprobe.lake.npy_header import PARSE_ERRORS, plain_header
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.regular_files import expected_tensor_file, open_fd
 from rlprobe.lake.tensor_pack import record_of
@@ -71,7 +71,7 @@ def map_tensor(dump: Dump, row: dict, rows: slice | None = None) -> np.ndarray:
                                  offset=base)
         finally:
             os.close(fd)
-    except (OSError, ValueError, EOFError) as e:  # an OSError's strerror: the problem without the path again
+    except (OSError, ValueError, EOFError, *PARSE_ERRORS) as e:  # an OSError's strerror: the problem without the path again
         raise DumpReadError(f"{path}: cannot read tensor ({getattr(e, 'strerror', None) or e})") from None
     if data is None:
         x = dump.load_row_tensor(row, mmap=True)

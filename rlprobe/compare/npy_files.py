@@ -16,7 +16,7 @@ import threading
 import numpy as np
 
 from rlprobe.compare.flat_sources import MappedPages, flat_slice
-from rlprobe.lake.npy_header import plain_header
+from rlprobe.lake.npy_header import PARSE_ERRORS, plain_header
 from rlprobe.lake.regular_files import NPY, READ_FLAGS, NotRegularFileError, check_regular, expected_tensor_file, \
     open_binary, open_fd
 from rlprobe.lake.tensor_pack import Record, TensorRecordError, load_record
@@ -85,7 +85,7 @@ def _open_npy(path: str) -> np.ndarray:
         raise PairError(f"cannot read {path}: file not found") from None
     except PermissionError as exc:
         raise PairError(f"cannot read {path}: permission denied ({exc.strerror})") from None
-    except (OSError, ValueError, EOFError) as exc:
+    except (OSError, ValueError, EOFError, *PARSE_ERRORS) as exc:
         # numpy versions that cannot memory-map an empty array: accept an empty .npy
         try:
             shape, _, dtype, _ = _read_header(path)
@@ -189,7 +189,7 @@ class NpyFile:
                 mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
                 self._arr = np.frombuffer(mm, dtype, size, offset)
                 self._pages = MappedPages.of_map(mm, offset, dtype.itemsize)
-        except (OSError, ValueError, TypeError):
+        except (OSError, ValueError, TypeError, EOFError, *PARSE_ERRORS):
             return False
         finally:
             if fd is not None:

@@ -7,10 +7,16 @@ names what is wrong."""
 from __future__ import annotations
 
 import re
+import tokenize
 
 import numpy as np
 
-__all__ = ["plain_header"]
+__all__ = ["PARSE_ERRORS", "plain_header"]
+
+#: what numpy's reading of a corrupt .npy header raises besides ValueError and EOFError: its parser's own
+#: errors, ast's SyntaxError and tokenize's TokenError (a header such as "{'descr': ('<f4', " on any Python,
+#: one holding a NUL byte on Python >= 3.12); each reader catches them with those, to name the file
+PARSE_ERRORS = (SyntaxError, tokenize.TokenError)
 
 # magic, version 1 (2-byte header length) or 2/3 (4-byte), a descr such as '<f4' or '|b1', C order,
 # a shape of whole numbers, padding to 16 bytes and a newline

@@ -125,8 +125,14 @@ def read_text(path: Any, expected: str, encoding: str = "utf-8") -> str:
 
 
 def load_npy(path: Any, expected: str = NPY, mmap: bool = False) -> Any:
-    """np.load of the regular file at `path` (memory-mapped read-only with `mmap`; no pickled objects)."""
+    """np.load of the regular file at `path` (memory-mapped read-only with `mmap`; no pickled objects). A
+    header numpy's parser cannot read is a ValueError naming the file, as numpy's own header errors are."""
     import numpy as np
 
+    from rlprobe.lake.npy_header import PARSE_ERRORS
+
     check_regular(path, expected)
-    return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except PARSE_ERRORS as e:
+        raise ValueError(f"{path}: corrupt .npy header ({e})") from None

@@ -23,7 +23,7 @@ import numpy as np
 
 from rlprobe.lake.atomic import npy_header, open_new_fd, tmp_name, write_all
 from rlprobe.lake.layout import PACK_SUFFIX
-from rlprobe.lake.npy_header import plain_header
+from rlprobe.lake.npy_header import PARSE_ERRORS, plain_header
 from rlprobe.lake.regular_files import check_regular, expected_tensor_file, load_npy, open_binary
 
 __all__ = ["PACK_SUFFIX", "RECORD_ALIGN", "Record", "TensorPack", "TensorRecordError", "describe_row", "load_record",
@@ -218,7 +218,7 @@ def _layout_in(f: BinaryIO, path: str, record: Record, what: str, size: int | No
             version = np.lib.format.read_magic(f)
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, fortran, dtype = read(f)
-        except (ValueError, EOFError, SyntaxError) as e:
+        except (ValueError, EOFError, *PARSE_ERRORS) as e:
             raise TensorRecordError(f"{where}: not a .npy record ({e})") from None
         data = f.tell() - record.offset
     if dtype.hasobject:
