@@ -7,9 +7,9 @@ user's process leaves the environment alone.
 - ``MIMALLOC_ALLOW_THP=0``: pyarrow's allocator (mimalloc 3) asks for transparent huge pages, so
   the first touch of each 2 MB region of a fresh heap zeroes all of it in the kernel. Every
   thread that builds Arrow arrays (the report writers, the pair workers) starts a heap of its own:
-  `rlprobe compare --workers 2` of the 25,600-pair dump spent ~0.2 s more system CPU than with
-  one worker, nearly all of it zeroing such pages (perf: clear_page_erms under mimalloc's
-  page faults), and ~0.1 s at one worker; with 4 KB pages that falls to ~0.05 s, user time equal.
+  `rlprobe compare` of the 25,600-pair dump spent 0.41-0.52 s of system CPU with 2 workers and
+  0.26-0.36 s with one, the difference nearly all zeroing such pages (perf: clear_page_erms under
+  mimalloc's page faults); with 4 KB pages 0.26-0.32 s and 0.22-0.26 s, user time equal.
 - ``OPENBLAS_NUM_THREADS=1``: numpy's OpenBLAS starts a thread per core when numpy is imported,
   which spins ~0.1 s of CPU on the other core during start-up; no command calls BLAS for work
   that a second thread would speed up (the comparison kernels never call BLAS).

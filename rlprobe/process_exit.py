@@ -54,5 +54,5 @@ def _watched() -> bool:
     uses it), registered with sys.monitoring."""
     if sys.getprofile() is not None or sys.gettrace() is not None:
         return True
-    monitoring = getattr(sys, "monitoring", None)
+    monitoring = getattr(sys, "monitoring", None)  # its tools have the ids 0 to 5
     return monitoring is not None and any(monitoring.get_tool(tool) is not None for tool in range(6))

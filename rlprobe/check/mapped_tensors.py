@@ -71,7 +71,7 @@ def map_tensor(dump: Dump, row: dict, rows: slice | None = None) -> np.ndarray:
                                  offset=base)
         finally:
             os.close(fd)
-    except (OSError, ValueError, EOFError, *PARSE_ERRORS) as e:  # an OSError's strerror: the problem without the path again
+    except (OSError, ValueError, EOFError, *PARSE_ERRORS) as e:  # an OSError's strerror: without the path again
         raise DumpReadError(f"{path}: cannot read tensor ({getattr(e, 'strerror', None) or e})") from None
     if data is None:
         x = dump.load_row_tensor(row, mmap=True)

@@ -4,9 +4,10 @@ metrics of a pair (pure Python, no numba: the executor and the SQL side import i
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Iterable, NamedTuple
 
-__all__ = ["METRICS", "METRIC_KEYS", "Partial", "combine", "partial_from"]
+__all__ = ["METRICS", "METRIC_KEYS", "NORMAL_MIN", "Partial", "combine", "partial_from"]
 
 #: the metrics of a pair, as :func:`combine` returns them, with their Arrow type names (the columns
 #: of the kernel's results table that key_data.sql and modules.sql read through pair_macros.sql)
@@ -48,6 +49,9 @@ def partial_from(t: tuple, offset: int) -> Partial:
                    int(w3), int(w2), float(dot), float(sa), float(sb), int(nanmis))
 
 
+NORMAL_MIN = sys.float_info.min  # the smallest normal float64: products below it are subnormal or zero
+
+
 def _cosine(n: int, dot: float, sa: float, sb: float) -> float | None:
     if n == 0:
         return None
@@ -58,9 +62,13 @@ def _cosine(n: int, dot: float, sa: float, sb: float) -> float | None:
     if not (math.isfinite(sa) and math.isfinite(sb) and math.isfinite(dot)):
         return None  # the float64 sums overflowed (|values| beyond ~1e154)
     prod = sa * sb
-    # sqrt(s*s) == s exactly, so identical arrays give exactly 1.0; fall back when the
-    # product over- or underflows
-    denom = math.sqrt(prod) if 0.0 < prod < math.inf else math.sqrt(sa) * math.sqrt(sb)
+    # sqrt(s*s) == s exactly, so identical arrays give exactly 1.0; fall back when the product
+    # overflows or underflows, gradual underflow included (a subnormal product has lost digits:
+    # values of ~1e-80 gave a cosine of 0.99998 for identical arrays), keeping s where sa == sb
+    if NORMAL_MIN <= prod < math.inf:
+        denom = math.sqrt(prod)
+    else:
+        denom = sa if sa == sb else math.sqrt(sa) * math.sqrt(sb)
     cos = dot / denom
     if not math.isfinite(cos):
         return None

@@ -24,6 +24,8 @@ from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import numpy as np
 
+from rlprobe.compare.partials import NORMAL_MIN
+
 
 __all__ = ["SMALL_FILE_BYTES", "Batch", "compare_small_pairs", "plan_jobs", "run_batch", "warm_up"]
 
@@ -92,7 +94,8 @@ def _cosines(n: np.ndarray, dot: np.ndarray, sa: np.ndarray, sb: np.ndarray) -> 
     NaN where _cosine gives None."""
     with np.errstate(all="ignore"):
         prod = sa * sb
-        denom = np.where((prod > 0.0) & (prod < np.inf), np.sqrt(prod), np.sqrt(sa) * np.sqrt(sb))
+        fallback = np.where(sa == sb, sa, np.sqrt(sa) * np.sqrt(sb))  # partials._cosine's, row by row
+        denom = np.where((prod >= NORMAL_MIN) & (prod < np.inf), np.sqrt(prod), fallback)
         raw = dot / denom
     cos = np.clip(raw, -1.0, 1.0)
     cos[~(np.isfinite(sa) & np.isfinite(sb) & np.isfinite(dot) & np.isfinite(raw))] = np.nan

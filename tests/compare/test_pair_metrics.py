@@ -556,6 +556,30 @@ def test_property_combine_over_random_splits(data):
     assert_same(whole, reference(a, b), cos_rel=1e-9)
 
 
+@pytest.mark.parametrize("scale", [8.45470208e-81, 1e-120, 1e-150])  # squares still normal (> 2.2e-308)
+def test_tiny_values_keep_their_cosine_per_pair_and_in_batches(scale, tmp_path):
+    """The product of two sums of squares of values near 1e-80 is subnormal and has lost digits: identical
+    arrays had a cosine of 0.99998 (found by the property test above). Both the per-pair path and the
+    batches of small files (small_pairs) now give the reference's cosine, and exactly 1.0 for equal arrays."""
+    rng = np.random.default_rng(1)
+    a = rng.random(64) * scale
+    near = a * (1 + 1e-3 * rng.standard_normal(64))
+    for x, y in ((a, a.copy()), (a, near), (a, -near)):
+        assert pair_metrics(x, y)["cosine"] == pytest.approx(reference(x, y)["cosine"], rel=1e-9, abs=0), (x[0], y[0])
+    assert pair_metrics(a, a.copy())["cosine"] == 1.0
+    tasks = []
+    for i in range(20):  # enough pairs for a batch
+        pa, pb = tmp_path / f"a{i}.npy", tmp_path / f"b{i}.npy"
+        np.save(pa, a * (i + 1))
+        np.save(pb, (a if i % 2 else near) * (i + 1))
+        tasks.append(PairTask(i, str(pa), str(pb)))
+    batched = run_pairs(tasks, workers=1)
+    for i, task in enumerate(tasks):
+        alone = pair_metrics(np.load(task.path_a), np.load(task.path_b))["cosine"]
+        assert batched[i]["cosine"] == alone, i  # the same bits as the per-pair path
+        assert i % 2 == 0 or alone == 1.0
+
+
 # --------------------------------------------------------------------------------------
 # compilation and cache
 
