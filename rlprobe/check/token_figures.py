@@ -7,9 +7,10 @@ of one step into one set of figures (`into`).
 
 Per pair: token count, Σ Δ, Σ Δ², Σ |Δ|, max |Δ|, the count of tokens whose ratio exp(Δ) lies
 outside [1 − ε, 1 + ε] (Δ < log(1 − ε) or Δ > log(1 + ε): no exp per token); a histogram of Δ
-over float32 bit buckets (the sign, exponent and top 6 mantissa bits of Δ rounded to float32:
-64 log-spaced bins an octave, no logarithm per token; quantiles read from it are within one bin,
-at most 1/64 ≈ 1.6 % relative, and reported as the bin's upper edge); |Δ| by response position
+over float32 bit buckets (the sign, exponent and top 6 mantissa bits of the float64 Δ rounded
+toward zero to float32, so each token's bin holds its Δ, even where Δ is below float32's resolution
+of the log-probs: 64 log-spaced bins an octave, no logarithm per token; quantiles read from it are
+within one bin, at most 1/64 ≈ 1.6 % above the exact value, and reported as the bin's upper edge); |Δ| by response position
 (buckets [0,1), [1,2), [2,4), [4,8)…); |Δ| by the trainer's token probability exp(a) (ten
 buckets of 0.1); per sequence (row) Σ Δ, the log of the sequence's importance ratio. A mask
 (nonzero: counted) selects the response tokens.

@@ -103,7 +103,9 @@ def reduce_rows(a, b, mask, lo, hi, prob_of, thr, sums, hist, touched, pos_count
                 bucket_abs += ad
                 bucket_max = max(bucket_max, _float64_bits(ad))
                 bucket_out += counted & ((d < lo) | (d > hi))
-                bin_v[t] = np.uint16(float32_bits(np.float32(y) - np.float32(x)) >> 17) if counted else _SKIP
+                near = np.float32(d)  # Δ's bin from Δ itself, rounded toward zero: not from float32 operands
+                bits = float32_bits(near) - (abs(np.float64(near)) > ad)  # (a float64 pair's tiny Δ)
+                bin_v[t] = np.uint16(bits >> 17) if counted else _SKIP
                 mag_v[t] = ad
             pos_count[p] += count
             pos_sum[p] += bucket_abs

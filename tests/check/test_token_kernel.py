@@ -9,6 +9,14 @@ from rlprobe.check.token_figures import N_POSITIONS, PairFigures
 from rlprobe.check.token_reduce import reduce_pair
 
 
+def delta_bins(d: np.ndarray) -> np.ndarray:
+    """The histogram bin of each float64 Δ: the sign, exponent and top 6 mantissa bits of Δ rounded toward
+    zero to float32, i.e. the bin whose range holds Δ itself."""
+    near = d.astype(np.float32)
+    bits = near.view(np.uint32) - (np.abs(near.astype(np.float64)) > np.abs(d))
+    return bits >> 17
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_figures_equal_numpy(dtype):
     rng = np.random.default_rng(3)
@@ -71,7 +79,7 @@ def test_wide_rows_every_position_bucket_and_nonfinite_tokens_equal_numpy(dtype)
     assert f.outside == np.count_nonzero((dm < np.log(0.95)) | (dm > np.log(1.05)))
     assert seq_sum == pytest.approx(np.where(counted, d, 0).sum(axis=1), rel=1e-12, abs=1e-15)
     assert (seq_n == counted.sum(axis=1)).all() and seq_n[4] == 0
-    bins = ((b.astype(np.float32) - a.astype(np.float32)).view(np.uint32) >> 17)[counted]
+    bins = delta_bins(d)[counted]
     assert (f.hist == np.bincount(bins, minlength=f.hist.size)).all()
     positions = np.broadcast_to(np.arange(a.shape[1]), a.shape)[counted]
     bucket = np.minimum(np.where(positions == 0, 0, np.floor(np.log2(np.maximum(positions, 1))) + 1),
@@ -103,3 +111,23 @@ def test_figures_added_into_one_set_equal_each_pair_alone_and_clear_resets_them(
         assert getattr(together, name) == getattr(fresh, name), name
     for name in ("hist", "pos_count", "pos_sum", "pos_max", "prob_count", "prob_sum"):
         assert not getattr(together, name).any(), name
+
+
+def test_quantiles_bin_the_difference_itself_not_float32_operands():
+    """A float64 pair whose Δ lies below float32's resolution of the log-probs (1e-10 on -1.0: the
+    operands rounded to float32 are equal), and a float32 pair whose Δ rounds up to a power of two in
+    float32 (2 - 2**-30): each token lands in the bin that holds its Δ, so every quantile is the upper
+    edge of that bin, within 1/64 above the exact value (it read 1.8e-40 for the first, 1/64 + 5e-10
+    above for the second when Δ was taken in float32)."""
+    rng = np.random.default_rng(19)
+    a = -rng.random((4, 500)) * 3
+    tiny = rng.random(a.shape) * 1e-9 * np.where(rng.random(a.shape) < 0.5, -1, 1)
+    cases = [(a, a + tiny),
+             (np.array([[2.0 ** -30] * 3 + [0.0]], np.float32), np.array([[2.0] * 3 + [10.0]], np.float32))]
+    for a, b in cases:
+        f, _, _ = reduce_pair(a, b, 0.2)
+        d = b.astype(np.float64) - a.astype(np.float64)
+        assert (f.hist == np.bincount(delta_bins(d.ravel()), minlength=f.hist.size)).all()
+        for q in (0.5, 0.9, 0.99):
+            exact = np.quantile(np.abs(d), q, method="inverted_cdf")
+            assert exact <= f.quantile(q) <= exact * (1 + 1 / 64), (q, exact, f.quantile(q))
