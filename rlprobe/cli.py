@@ -20,6 +20,12 @@ def _open(path: str, include_uncommitted: bool = False):
         raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
 
 
+def _tolerance(value: float) -> float:
+    if not value >= 0:  # NaN as well: no row would ever match
+        raise click.BadParameter(f"{value!r} is not a relative tolerance (a number >= 0)")
+    return value
+
+
 def _err(message: str, code: int) -> int:
     click.secho(f"error: {message}", fg="red", err=True)
     return code
@@ -140,8 +146,8 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
 @click.option("--steps", help="Only these steps, e.g. 0-10,12.")
 @click.option("--ranks", help="Only these ranks, e.g. 0,2-3.")
 @click.option("--workers", type=click.IntRange(1, 256), default=2, show_default=True, help="Parallel comparison workers.")
-@click.option("--stats-rtol", type=float, default=0.0, show_default=True,
-              help="Relative tolerance for rows saved as statistics only (no tensors, no hash).")
+@click.option("--stats-rtol", type=float, default=0.0, show_default=True, callback=lambda ctx, param, value:
+              _tolerance(value), help="Relative tolerance for rows saved as statistics only (no tensors, no hash).")
 @click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True,
               help="Report column headers; zh gives msprobe's Chinese headers.")
 @click.option("--per-key-files", is_flag=True, help="Also write msprobe-style <key>.xlsx files (in OUT/per_key).")

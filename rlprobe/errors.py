@@ -7,3 +7,8 @@ class ProbeError(Exception):
 
 class DumpReadError(ProbeError):
     """A dump (or a file inside it) that cannot be read."""
+
+
+class SelectionError(ProbeError):
+    """A selection (keys, steps, ranks) that names a key neither run saved, or that matches none of their
+    key data: a usage error (exit code 2), not an unreadable run."""

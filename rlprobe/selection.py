@@ -5,8 +5,13 @@ from __future__ import annotations
 from typing import Iterable
 
 
+# values a selection may hold: its list is made in memory and matched row by row ("0-99999999999" took all of it)
+MAX_SELECTED = 1_000_000
+
+
 def parse_int_set(spec: str | int | Iterable[int | str] | None, what: str = "steps") -> list[int] | None:
-    """"0-3,7" -> [0, 1, 2, 3, 7]; None or "all" -> None (everything)."""
+    """"0-3,7" -> [0, 1, 2, 3, 7]; None or "all" -> None (everything). ValueError for a selection of more than
+    MAX_SELECTED values."""
     if spec is None:
         return None
     if isinstance(spec, int):
@@ -16,21 +21,27 @@ def parse_int_set(spec: str | int | Iterable[int | str] | None, what: str = "ste
         return None
     values: set[int] = set()
     for item in items:
-        if isinstance(item, int):
-            values.add(item)
-            continue
-        text = str(item).strip()
-        try:
-            if "-" in text:
-                lo, hi = text.split("-", 1)
-                lo_i, hi_i = int(lo), int(hi)
-                if lo_i < 0 or hi_i < lo_i:
-                    raise ValueError
-                values.update(range(lo_i, hi_i + 1))
-            else:
-                values.add(int(text))
-                if int(text) < 0:
-                    raise ValueError
-        except ValueError:
-            raise ValueError(f"{what}: {item!r} is not a number or a range like 4-6 (expected e.g. '0-10,12')") from None
+        values.update([item] if isinstance(item, int) else _numbers(item, what))
+        if len(values) > MAX_SELECTED:
+            raise ValueError(_too_many(item, what))
     return sorted(values)
+
+
+def _numbers(item: object, what: str) -> range:
+    """The numbers of one item of a selection: "7" or "4-6" (ValueError naming `what` for any other form, or a
+    range of more than MAX_SELECTED numbers, refused before it is made)."""
+    text = str(item).strip()
+    lo, sep, hi = text.partition("-")
+    try:
+        first, last = int(lo), int(hi if sep else lo)
+    except ValueError:
+        first, last = -1, -1
+    if first < 0 or last < first:
+        raise ValueError(f"{what}: {item!r} is not a number or a range like 4-6 (expected e.g. '0-10,12')")
+    if last - first + 1 > MAX_SELECTED:
+        raise ValueError(_too_many(item, what))
+    return range(first, last + 1)
+
+
+def _too_many(item: object, what: str) -> str:
+    return f"{what}: {item!r} makes a selection of more than {MAX_SELECTED:,} values (leave {what} out to select them all)"

@@ -14,6 +14,7 @@ from rlprobe.compare.key_aliases import key_order_table
 from rlprobe.compare.pair_results import pair_results_table
 from rlprobe.compare.pairs_ahead import AHEAD_MIN_PAIRS
 from rlprobe.compare.sample_alignment import layout, sample_key_data
+from rlprobe.errors import ProbeError, SelectionError
 from rlprobe.lake.msprobe_format import compiled_scanner
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import KEY_DATA, with_rank
@@ -52,6 +53,8 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     `ahead(tasks)`: starts comparing pairs (PairTask) that `executor` will then be asked for, while
     the statistics are read (rlprobe.compare.pairs_ahead); called for two msprobe dumps (run A of many
     tensor files) without a selection. `stats_read()` is called once both runs' statistics are loaded."""
+    if not stats_rtol >= 0:  # NaN as well (the command and pipelines refuse it first, as usage)
+        raise ProbeError(f"stats_rtol must be a relative tolerance (a number >= 0), not {stats_rtol!r}")
     read_errors: list[str] = []
     reading_b = _read_beside(dump_b) if dump_a.format == "msprobe" else None  # whatever `workers`: not a worker
     try:
@@ -60,6 +63,8 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
         if reading_b is not None:
             reading_b.join()
     load_stats(con, "stats_b", dump_b, read_errors, "B")
+    if keys is not None or steps is not None or ranks is not None:
+        check_selection(con, keys, steps, ranks)
     if ahead is not None and keys is None and steps is None and ranks is None:
         _start_ahead(ahead, dump_a, dump_b)
     if stats_read is not None:
@@ -106,6 +111,31 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     key_data = _mark_first(key_data, first)
     con.register("key_data", key_data)
     return KeyDataComparison(key_data, first, read_errors, files.num_rows + gathered, run_layout)
+
+
+def check_selection(con: Any, keys: list[str] | None, steps: list[int] | None, ranks: list[int] | None) -> None:
+    """Raise SelectionError when the selection names a key that neither run saved (stats_a, stats_b in `con`) or
+    matches none of their rows; runs without key data (gradients or modules only) take any selection."""
+    found = records(con, "selection_matches.sql", keys=keys, steps=steps, ranks=ranks)[0]
+    if not found["rows"]:
+        return
+    saved = found["keys"]
+    holds = (f"the runs hold keys {_listed(saved)}, steps {found['first_step']}-{found['last_step']}, "
+             f"ranks {_listed(found['ranks'])}")
+    missing = [k for k in keys or [] if k not in set(saved)]
+    if missing:
+        raise SelectionError(f"selected key(s) {_listed(missing)} saved by neither run (keys are matched as "
+                             f"saved, before any key map); {holds}")
+    if not found["selected"]:
+        chosen = [f"{what} {_listed(values)}" for what, values in (("keys", keys), ("steps", steps), ("ranks", ranks))
+                  if values is not None]
+        raise SelectionError(f"the selection ({'; '.join(chosen)}) matches no key data of either run; {holds}")
+
+
+def _listed(values: list[Any], most: int = 12) -> str:
+    """`values` comma-separated, at most `most` of them (then how many more)."""
+    shown = ", ".join(str(v) for v in values[:most])
+    return shown + (f" and {len(values) - most} more" if len(values) > most else "") if values else "(none)"
 
 
 def _read_beside(dump: Dump) -> threading.Thread | None:

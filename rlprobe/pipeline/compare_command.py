@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from rlprobe.console import make_console, whole
-from rlprobe.errors import DumpReadError, ProbeError
-from rlprobe.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_UNREADABLE
+from rlprobe.errors import DumpReadError, ProbeError, SelectionError
+from rlprobe.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
 
 Progress = Callable[[int, int], None]
 
@@ -96,6 +96,9 @@ def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: 
     try:
         summary = compare(run_a, run_b, out, progress=callback, plots=plots, plot_every_param=plot_every_param,
                           **options)
+    except SelectionError as e:  # --keys/--steps/--ranks that name nothing the runs hold: usage
+        console.print(f"[red]error:[/] {escape(str(e))}")
+        return EXIT_USAGE
     except (DumpReadError, ProbeError) as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         return EXIT_UNREADABLE

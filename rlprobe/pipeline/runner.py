@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlprobe.compare.config_diff import DIFF_SCHEMA
-from rlprobe.errors import DumpReadError, ProbeError
+from rlprobe.errors import DumpReadError, ProbeError, SelectionError
 from rlprobe.exit_codes import EXIT_GATE_FAILED, EXIT_OK, EXIT_SPEC, EXIT_UNREADABLE
 from rlprobe.lake.schema import SCALAR, with_rank
 from rlprobe.lake.sql_runner import create_table, create_table_as, declared_params, query, set_variables, to_arrow
@@ -101,6 +101,8 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
             config_ignore=spec.compare.config.ignore, config_ignore_defaults=spec.compare.config.ignore_defaults)
     except DumpReadError as e:
         raise PipelineError(str(e), EXIT_UNREADABLE) from None
+    except SelectionError as e:  # its select: names nothing the runs hold
+        raise PipelineError(f"{pipeline.path}: select: {e}", EXIT_SPEC) from None
     timings["compare_s"] = time.perf_counter() - t
     summary["pipeline"] = {"name": spec.name, "file": str(pipeline.path), "runs": {name_a: str(path_a),
                            name_b: str(path_b)}, "executor": spec.executor.kind}

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import openpyxl
+import pytest
 from click.testing import CliRunner
 
 import rlprobe
@@ -42,6 +43,12 @@ def test_compare_usage_and_unreadable_runs(tmp_path):
     assert run("compare", a, tmp_path / "missing", "-o", tmp_path / "o").exit_code == 3
     assert run("compare", a, a, "-o", tmp_path / "o", "--steps", "x-y").exit_code == 2
     assert run("compare", a, a).exit_code == 2  # -o is required
+    for tolerance in ("nan", "-0.1"):  # no stats-only row could ever match (NaN), or a negative tolerance
+        result = run("compare", a, a, "-o", tmp_path / "o", f"--stats-rtol={tolerance}")
+        assert result.exit_code == 2 and "is not a relative tolerance" in result.output
+    with pytest.raises(rlprobe.ProbeError, match="stats_rtol must be a relative tolerance"):
+        rlprobe.compare(a, a, tmp_path / "o", stats_rtol=float("nan"))
+    assert not (tmp_path / "o").exists()
     (tmp_path / "f").write_text("")
     assert run("compare", a, a, "-o", tmp_path / "f" / "out", "--quiet").exit_code == 3
 
@@ -120,3 +127,35 @@ def test_compare_plots_that_cannot_be_written_keep_the_earlier_output(fixtures_d
     assert (out / "grads" / "rank0" / "similarities.csv").exists()
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert not (out / "plots").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
+
+
+def test_a_selection_that_names_nothing_the_runs_hold_is_a_usage_error(tmp_path):
+    """A typo in --keys, or --steps/--ranks outside both runs, compared nothing and printed "no divergence"
+    (exit 0, even with --fail-on-diff): now exit 2 naming what was asked and what the runs hold; the OUT of
+    an earlier comparison keeps its files. A window wider than the runs, and a selection on runs without key
+    data (gradients only), still compare."""
+    a = _dump(tmp_path / "a", np.ones(8, np.float32))
+    b = _dump(tmp_path / "b", np.ones(8, np.float32) * 1.5)
+    out = tmp_path / "out"
+    assert run("compare", a, b, "-o", out, "--quiet").exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    typo = run("compare", a, b, "-o", out, "--quiet", "--keys", "ref_log_prob,ref_logprob")
+    assert typo.exit_code == 2
+    assert "ref_logprob saved by neither run" in typo.output
+    assert "keys ref_log_prob, responses, steps 0-0, ranks 0" in typo.output
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    for option, value, said in (("--steps", "5", "(steps 5)"), ("--ranks", "1-2", "(ranks 1, 2)")):
+        result = run("compare", a, b, "-o", tmp_path / "o", "--quiet", "--fail-on-diff", option, value)
+        assert result.exit_code == 2 and f"the selection {said} matches no key data of either run" in result.output
+        assert not (tmp_path / "o").exists()
+    wide = run("compare", a, b, "-o", tmp_path / "wide", "--quiet", "--steps", "0-100", "--ranks", "0-7")
+    assert wide.exit_code == 0 and "first divergence" in wide.output
+    with pytest.raises(rlprobe.ProbeError, match="nosuch saved by neither run"):
+        rlprobe.compare(a, b, tmp_path / "api", keys=["nosuch"])
+
+
+def test_a_selection_on_runs_without_key_data_is_taken(fixtures_dir, tmp_path):
+    grad = fixtures_dir / "msprobe" / "grad"
+    result = run("compare", grad / "run_a", grad / "run_b", "-o", tmp_path / "g", "--quiet", "--steps", "0-2")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "g" / "summary.json").read_text())["grad_first_flagged"]["step"] == 2

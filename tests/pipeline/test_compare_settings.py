@@ -68,3 +68,13 @@ def test_pipeline_writes_the_gradient_outputs_of_rlprobe_compare(fixtures_dir, t
     assert {"Grads", "Grad flags", "Grad similarity"} <= set(sheets)
     assert (out / "plots" / "grad_similarity.png").exists() and (out / "plots" / "grad_worst_params.png").exists()
     assert len(list((out / "plots" / "grad_params").glob("*.png"))) == len(expected.splitlines()) - 2
+
+
+def test_a_select_that_names_nothing_the_runs_hold_fails_the_spec(fixtures_dir, tmp_path):
+    from rlprobe.pipeline.runner import EXIT_SPEC, PipelineError
+
+    runs = fixtures_dir / "msprobe" / "keydata"
+    with pytest.raises(PipelineError, match=r"bad\.yaml: select: selected key\(s\) nosuch saved by neither run") as e:
+        _run(tmp_path, runs / "run_a", runs / "run_b", "select: {keys: 'log_prob,nosuch'}\n", "bad")
+    assert e.value.exit_code == EXIT_SPEC
+    assert not (tmp_path / "bad").exists()
