@@ -78,8 +78,9 @@ def run_info(dump: Dump, stats: pa.Table, configs: dict[int, dict[str, Any]], pa
     info["generation_every"] = int(every)
     group = params.get("group_size")
     found = None if group is not None else config_leaf(configs, GROUP_SIZE_CONFIG)
-    if found and _number(found[1]):
-        group = int(found[1])
+    size = _number(found[1]) if found else None
+    if size is not None and size >= 1 and size.is_integer():  # a config's 0, -4 or 2.5 is no group size
+        group = int(size)
     info["group_size"] = int(group) if group else None
     info["group_source"] = ("parameter group_size" if params.get("group_size") else
                             f"config {found[0]}" if found and group else None)

@@ -119,6 +119,27 @@ def test_a_parameter_changes_the_verdict(ppo_runs):
     assert r.exit_code == 2 and "unknown check parameter" in r.output
 
 
+@pytest.mark.parametrize("param, expected", [
+    ("eps=NaN", "a number >= 0"), ("eps=-1", "a number >= 0"), ("max_mean_abs_delta=nan", "a number >= 0"),
+    ("on_policy_ulps=x", "a number >= 0"), ("group_size=0", "a whole number >= 1"),
+    ("group_size=2.5", "a whole number >= 1"), ("workers=-1", "a whole number >= 1"),
+    ("generation_every=0", "a whole number >= 1"), ("ref_starts_as_actor=maybe", "true or false")])
+def test_a_parameter_out_of_its_domain_is_a_usage_error(ppo_runs, param, expected, tmp_path):
+    """NaN passed every threshold (eps=NaN: no token outside), a negative eps was 'math domain error', a text
+    threshold a DuckDB traceback, group_size=0 or workers=-1 were taken: each is exit 2 naming it now."""
+    r = CliRunner().invoke(main, ["check", str(ppo_runs.get("rollout-bf16")), "-o", str(tmp_path / "o"),
+                                  "--param", param])
+    name = param.partition("=")[0]
+    assert r.exit_code == 2 and f"check parameter {name}=" in r.output and expected in r.output, r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_infinity_is_no_limit(ppo_runs):
+    result = rlprobe.check(ppo_runs.get("rollout-bf16"), max_mean_abs_delta=float("inf"), max_abs_delta=float("inf"),
+                           max_outside_share=float("inf"))
+    assert statuses(result)["rollout_vs_recompute"] == "pass"
+
+
 def test_kl_at_the_first_step_fails_when_the_reference_is_bf16(ppo_runs):
     """The example's config declares ref_starts_as_actor: a bf16 reference gives KL != 0 at step 0."""
     result = rlprobe.check(ppo_runs.get("ref-bf16"))

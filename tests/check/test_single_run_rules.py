@@ -116,6 +116,9 @@ def test_grpo_advantages_per_saved_group_ids_and_per_config_group_size(tmp_path)
     assert [(r["group_id"], r["advantage_sum"], r["group_source"]) for r in rows] == [("2", 1.0, "saved group_ids")]
     result = rlprobe.check(write(tmp_path / "e", [[{"advantages": adv[:4]}]], {"grpo": {"num_generations": 2}}))
     assert statuses(result)["grpo_advantages"] == "pass" and result.info["group_size"] == 2
+    for i, size in enumerate((0, -2, 2.5)):  # no group size: taken as -2 or 2 (rounded) before
+        result = rlprobe.check(write(tmp_path / f"f{i}", [[{"advantages": adv[:4]}]], {"grpo": {"num_generations": size}}))
+        assert result.info["group_size"] is None and statuses(result)["grpo_advantages"] == "not_applicable"
 
 
 def test_kl_first_step_is_detected_from_equal_log_probs_without_a_declaration(tmp_path):
