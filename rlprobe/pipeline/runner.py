@@ -19,14 +19,14 @@ from rlprobe.compare.config_diff import DIFF_SCHEMA
 from rlprobe.errors import DumpReadError, ProbeError, SelectionError
 from rlprobe.exit_codes import EXIT_GATE_FAILED, EXIT_OK, EXIT_SPEC, EXIT_UNREADABLE
 from rlprobe.lake.schema import SCALAR, with_rank
-from rlprobe.lake.sql_runner import create_table, create_table_as, declared_params, query, set_variables, to_arrow
+from rlprobe.lake.sql_runner import create_table, create_table_as, query, set_variables, to_arrow
 from rlprobe.pipeline.check_stage import (CheckStageError, check_runs, check_summaries, checks_failed,
                                           write_check_folders)
 from rlprobe.pipeline.history import HistoryError, append_history, check_history_writable, history_rows, read_history
 from rlprobe.pipeline.reports import GateResult, junit_xml, render_pipeline_md
 from rlprobe.pipeline.spec import NamedSql, Pipeline
+from rlprobe.pipeline.spec_models import default_params
 from rlprobe.report.output_folder import OutputError, prepare_output, publish_output
-from rlprobe.resources import resource_dir
 
 __all__ = ["EXIT_GATE_FAILED", "EXIT_OK", "EXIT_SPEC", "EXIT_UNREADABLE", "PipelineError", "PipelineResult",
            "default_params", "run_pipeline"]
@@ -177,15 +177,6 @@ def _connection(con, tables: dict[str, pa.Table], scalars_a: pa.Table, scalars_b
     con.register("params", pa.Table.from_pylist([params]))
     set_variables(con, params)  # user values are bound, never pasted into SQL
     return con
-
-
-def default_params() -> dict[str, Any]:
-    """The parameters the bundled gates read with getvariable(), with the defaults each gate states
-    in its header (`-- param NAME = VALUE : meaning`); a pipeline's `params:` overrides them."""
-    found: dict[str, Any] = {}
-    for gate in sorted((resource_dir("sql") / "gates").glob("*.sql")):
-        found.update(declared_params(gate.read_text(encoding="utf-8")))
-    return found
 
 
 def _run_query(con, q: NamedSql) -> pa.Table:

@@ -180,10 +180,35 @@ class PipelineSpec(_Strict):
     @field_validator("params")
     @classmethod
     def _param_names(cls, params: dict[str, Any]) -> dict[str, Any]:
-        for name in params:
+        declared = default_params()
+        for name, value in params.items():
             if not re.match(IDENTIFIER, name):
                 raise ValueError(f"parameter name {name!r} must be a SQL identifier (letters, digits, _)")
+            default = declared.get(name)
+            # a bundled gate compares it as its default's type: NaN passed a gate, a text or true failed its SQL
+            if _is_number(default) and not (_is_number(value) and value == value):
+                raise ValueError(f"parameter {name}: {value!r} is not a number; the bundled gates compare it as one "
+                                 f"(default {default})")
+            if isinstance(default, str) and not isinstance(value, str):
+                raise ValueError(f"parameter {name}: {value!r} is not a text; the bundled gates read it as one "
+                                 f"(default {default!r})")
         return params
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def default_params() -> dict[str, Any]:
+    """The parameters the bundled gates read with getvariable(), with the defaults each gate states
+    in its header (`-- param NAME = VALUE : meaning`); a pipeline's `params:` overrides them."""
+    from rlprobe.lake.sql_runner import declared_params
+    from rlprobe.resources import resource_dir
+
+    found: dict[str, Any] = {}
+    for gate in sorted((resource_dir("sql") / "gates").glob("*.sql")):
+        found.update(declared_params(gate.read_text(encoding="utf-8")))
+    return found
 
 
 @dataclass

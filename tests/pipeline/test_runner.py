@@ -61,6 +61,22 @@ def test_params_change_the_bundled_gate_threshold(tmp_path, dumps, cli):
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.parametrize("params, said", [("{timing_max_rise: .nan}", "timing_max_rise: nan is not a number"),
+                                           ("{tps_max_drop: abc}", "tps_max_drop: 'abc' is not a number"),
+                                           ("{tps_max_drop: true}", "tps_max_drop: True is not a number"),
+                                           ("{tps_metric: 3}", "tps_metric: 3 is not a text")])
+def test_a_bundled_gate_parameter_of_another_type_is_refused_by_validate(tmp_path, dumps, cli, params, said):
+    """NaN as timing_max_rise passed the timing gate whatever the timings (every comparison with NaN is false);
+    a text or true as a threshold failed in DuckDB's binder, at run time, with its candidate list."""
+    spec = _spec(tmp_path, dumps["a"], dumps["b"], GATES + f"params: {params}\n")
+    for command in ("validate", "run"):
+        result = cli("pipeline", command, spec)
+        assert result.exit_code == 2 and f"p.yaml:{len(GATES.splitlines()) + 7}: params: parameter {said}" in \
+            result.output, result.output
+    assert not (tmp_path / "out").exists()
+    assert cli("pipeline", "validate", _spec(tmp_path, dumps["a"], dumps["b"], "params: {my_own: .nan}\n")).exit_code == 0
+
+
 def test_tables_visible_to_queries(tmp_path, dumps, cli):
     extra = """queries:
   - name: tables
