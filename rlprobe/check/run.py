@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rlprobe.check import inputs
+from rlprobe.check.params import check_params
 from rlprobe.check.registry import CHECKS, Check
 from rlprobe.lake.sql_runner import query_params, run
 from rlprobe.errors import DumpReadError
@@ -29,12 +30,6 @@ EXIT_OK, EXIT_FAILED, EXIT_UNREADABLE = 0, 1, 3
 RESULTS = pa.schema([("check", pa.string()), ("title", pa.string()), ("severity", pa.string()),
                      ("status", pa.string()), ("rows", pa.int64()), ("level", pa.string()), ("first", pa.string()),
                      ("note", pa.string()), ("query", pa.string())])
-# run-level settings that are not any query's parameter (docs/check.md)
-RUN_PARAMS = {"eps": None, "generation_every": None, "group_size": None, "ref_starts_as_actor": None, "workers": 2}
-# what a parameter's value must be; every other one (eps and the queries' thresholds) a number >= 0, Infinity for no
-# limit: NaN passed every threshold, a negative failed every one, a text reached DuckDB as a string
-WHOLE_PARAMS = ("generation_every", "group_size", "workers")  # whole numbers >= 1
-FLAG_PARAMS = ("ref_starts_as_actor",)  # true or false
 TOKEN_NOTE = "token-level figures need tensors (this dump holds statistics only): checked on statistics"
 
 
@@ -58,30 +53,6 @@ class CheckResult:
                 "timings_s": {k: round(v, 4) for k, v in self.timings.items()}}
 
 
-def all_params() -> dict[str, Any]:
-    """Every parameter `rlprobe check --param` accepts, with its default."""
-    found = dict(RUN_PARAMS)
-    for check in CHECKS:
-        found.update(query_params(f"check/{check.query}"))
-    return found
-
-
-def check_param(name: str, value: Any) -> None:
-    """ValueError naming the parameter, its value and what it takes, unless `value` fits parameter `name`
-    (None: the default)."""
-    if value is None:
-        return
-    if name in FLAG_PARAMS:
-        fits, expected = isinstance(value, bool), "true or false"
-    elif name in WHOLE_PARAMS:
-        fits, expected = type(value) is int and value >= 1, "a whole number >= 1"
-    else:
-        fits = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0  # not NaN either
-        expected = "a number >= 0 (JSON, e.g. 0.1 or 1e-6; Infinity for no limit)"
-    if not fits:
-        raise ValueError(f"check parameter {name}={value!r}: expected {expected}")
-
-
 def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tuple[str, ...] | None = None,
                con: Any = None, maxima_only: bool = False) -> CheckResult:
     """Run every check (or those named in `only`) on one dump (a path or an open Dump). Raises
@@ -95,14 +66,10 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
     import duckdb
 
     params = dict(params or {})
-    unknown = sorted(set(params) - set(all_params()))
     names = {c.name for c in CHECKS}
     if only is not None and not set(only) <= names:
         raise ValueError(f"unknown check(s) {sorted(set(only) - names)}; expected some of {sorted(names)}")
-    if unknown:
-        raise ValueError(f"unknown check parameter(s) {unknown}; expected one of {sorted(all_params())}")
-    for name, value in params.items():
-        check_param(name, value)
+    check_params(params)
     timings: dict[str, float] = {}
     t = time.perf_counter()
     dump = dump if isinstance(dump, Dump) else open_dump(dump)

@@ -22,11 +22,11 @@ def validate_command(file: str, overrides: tuple[str, ...]) -> int:
     except SpecError as e:
         _error(err, str(e))
         return e.exit_code
-    (a, path_a), (b, path_b) = p.runs.items()
+    named = [whole(f"{name}={path}") for name, path in p.runs.items()]
+    runs = f"{named[0]} (A) vs {named[1]} (B)" if len(named) == 2 else f"{named[0]} (checked alone)"
     queries, gates = f"{len(p.queries)} queries", f"{len(p.gates)} gates"
-    make_console().print(f"[green]ok[/]: {whole(file)}: pipeline {whole(p.spec.name)}, {whole(f'{a}={path_a}')} (A) "
-                         f"vs {whole(f'{b}={path_b}')} (B), {whole(queries)}, {whole(gates)}, output {whole(p.output)}",
-                         highlight=False)
+    make_console().print(f"[green]ok[/]: {whole(file)}: pipeline {whole(p.spec.name)}, {runs}, {whole(queries)}, "
+                         f"{whole(gates)}, output {whole(p.output)}", highlight=False)
     return 0
 
 

@@ -46,6 +46,14 @@ def load_pipeline(path: str | os.PathLike[str], overrides: list[str] | tuple[str
         spec = PipelineSpec.model_validate(data)
     except ValidationError as e:
         raise SpecError(_describe(e, data, where)) from None
+    if spec.check is not None:  # its parameters' names and values, as `rlprobe check` takes them
+        from rlprobe.check.params import check_params
+
+        try:
+            check_params(spec.check.params)
+        except ValueError as e:
+            loc = ("check", "params")
+            raise SpecError(f"{where.at(loc)}: {dotted(loc)}: {e}") from None
     base = path.resolve().parent
     # a path written in the file is relative to the file; one given with --set to the current folder
     runs = {n: _resolve(where.base(("runs", n), base), p) for n, p in spec.runs.items()}

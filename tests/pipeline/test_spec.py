@@ -157,6 +157,28 @@ def test_shipped_pipelines_validate(name, dumps, tmp_path):
     assert p.output.is_relative_to(tmp_path)
 
 
+@pytest.mark.parametrize("name", ["check.yaml", "compare.yaml", "nightly.yaml", "grads.yaml", "modules.yaml"])
+def test_shipped_pipelines_pass_the_validate_command(name, dumps, tmp_path, cli, monkeypatch):
+    """`rlprobe pipeline validate pipelines/check.yaml` (one run, checked alone) ended in a traceback."""
+    for var, dump in (("RUN", "a"), ("RUN_A", "a"), ("RUN_B", "b"), ("BASELINE", "a"), ("CANDIDATE", "b")):
+        monkeypatch.setenv(var, str(dumps[dump]))
+    monkeypatch.setenv("RLPROBE_OUT", str(tmp_path))
+    result = cli("pipeline", "validate", resource_dir("pipelines") / name)
+    assert result.exit_code == 0 and result.output.startswith("ok: "), result.output
+    assert ("(checked alone)" in result.output) == (name == "check.yaml")
+
+
+@pytest.mark.parametrize("params, said", [("{eps: .nan}", "check parameter eps=nan: expected a number >= 0"),
+                                           ("{group_size: 0}", "check parameter group_size=0: expected a whole"),
+                                           ("{nope: 1}", "unknown check parameter(s) ['nope']")])
+def test_check_params_are_checked_by_validate_with_their_line(tmp_path, dumps, cli, params, said):
+    """They were taken as written until the check ran (NaN: no token outside eps, every threshold passed)."""
+    spec = _good(tmp_path, dumps, f"check:\n  params: {params}\n")
+    result = cli("pipeline", "validate", spec)
+    line = GOOD.count("\n") + 2
+    assert result.exit_code == 2 and f"p.yaml:{line}: check.params: {said}" in result.output, result.output
+
+
 def test_set_paths_are_relative_to_the_current_folder_file_paths_to_the_file(tmp_path, dumps, write_yaml,
                                                                               monkeypatch):
     """A path typed on the command line means what the shell means; one in the YAML is beside it."""
