@@ -126,7 +126,7 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
     timings["sql"] = time.perf_counter() - t
     table = pa.Table.from_pylist(results, schema=RESULTS)
     failed = any(r["status"] == "fail" for r in results)
-    notes = [] if info["has_tensors"] else [TOKEN_NOTE]
+    notes = [TOKEN_NOTE] if stats.num_rows and not info["has_tensors"] else []  # an empty dump has no statistics either
     return CheckResult(str(dump.path), EXIT_FAILED if failed else EXIT_OK, table, rows, tables, info, notes, timings)
 
 

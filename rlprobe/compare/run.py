@@ -152,6 +152,12 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
                                          read_errors=read_errors)
     explain_config(summary, tables["config_diff"], first and first["canonical_key"], saved_configs(dump_a, dump_b),
                    flow_warning([k["key"] for k in summary["keys"]], key_map, order))
+    # what held rows to compare; [] says "nothing compared" where "no divergence" would claim agreement
+    summary["compared"] = [name for name in ("key_data", "modules", "grads", "params")
+                           if name in tables and tables[name].num_rows]
+    if not summary["compared"] and summary["suspect"] is None:
+        summary["advice"] = ("nothing was compared: check that both runs saved something (rlprobe.Probe.save, "
+                             "monitor_grads, a module dump) and that A and B are the dumps you meant")
     return tables, summary
 
 

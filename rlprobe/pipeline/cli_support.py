@@ -52,6 +52,9 @@ def run_command(file: str, overrides: tuple[str, ...], *, dry_run: bool, quiet: 
         where = ", ".join(whole(f"{field} {first[field]}") for field in ("step", "rank", "micro_step"))
         out.print(f"first divergence: {whole(first['key'])} at {where}: {escape(str(first['status']))}",
                   highlight=False)
+    elif result.summary.get("compared") == []:
+        out.print("nothing compared: neither run holds key data, gradients, module dumps or parameter fingerprints",
+                  highlight=False)
     else:
         out.print("no divergence in key data", highlight=False)
     from rlprobe.report.config_diff_report import console_lines

@@ -123,6 +123,10 @@ def print_verdict(console: Console, summary: dict[str, Any], out: str) -> None:
         console.print(f"[bold red]{escape(verdict(summary))}[/]")
         console.print(f"[bold]suspect[/]: {escape(str(summary['suspect']))}")
         console.print(f"[bold]next[/]: {escape(str(summary['advice']))}")
+    elif first is None and summary.get("compared") == []:  # two empty dumps, or a capture that saved nothing
+        console.print("[yellow]nothing compared[/]: neither run holds key data, gradients, module dumps or parameter "
+                      "fingerprints")
+        console.print(f"[bold]next[/]: {escape(str(summary['advice']))}")
     elif first is None:
         console.print("[green]no divergence[/]: every compared value agrees")
     else:

@@ -60,7 +60,7 @@ def verdict(summary: Mapping[str, Any], lang: str = "en") -> str:
         if grad:
             return (f"{label('grads_flagged', lang)}{colon}monitor {grad.get('monitor')!r}, step {grad.get('step')}, "
                     f"rank {grad.get('rank')} — weighted similarity {format_number(grad.get('weighted_similarity'))}")
-        return label("no_divergence", lang)
+        return label("nothing_compared" if summary.get("compared") == [] else "no_divergence", lang)
     where = []
     if first.get("key") is not None:
         where.append(repr(first["key"]))

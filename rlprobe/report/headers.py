@@ -88,6 +88,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "verdict": ("verdict", "结论"),
     "first_divergence": ("first divergence", "首个分歧"),
     "no_divergence": ("no divergence: every compared value matches", "无分歧：所有比对的数据一致"),
+    "nothing_compared": ("nothing compared: neither run holds key data, gradients, module dumps or parameter "
+                         "fingerprints", "未比对任何数据：两次运行都没有关键数据、梯度、模块数据或参数指纹"),
     "module_divergence": ("first module divergence", "首个模块分歧"),
     "grads_flagged": ("gradients flagged", "梯度告警"),
     "suspect": ("suspect", "可疑环节"),

@@ -33,7 +33,8 @@ def write_summary_md(path: str | Path, summary: Mapping[str, Any], key_data: pa.
 def render_summary_md(summary: Mapping[str, Any], key_data: pa.Table) -> str:
     """Verdict, suspect and advice, counts per status, the per-key and per-step tables and the
     first non-matching rows."""
-    lines = [f"## rlprobe: {'❌' if differs(summary) else '✅'} {escape_md(verdict(summary))}", ""]
+    mark = "❌" if differs(summary) else "⚠️" if summary.get("compared") == [] else "✅"
+    lines = [f"## rlprobe: {mark} {escape_md(verdict(summary))}", ""]
     if summary.get("run_a") or summary.get("run_b"):
         lines += [f"Run A: `{_code(summary.get('run_a'))}`  ", f"Run B: `{_code(summary.get('run_b'))}`", ""]
     for what in ("suspect", "advice"):

@@ -159,3 +159,22 @@ def test_a_selection_on_runs_without_key_data_is_taken(fixtures_dir, tmp_path):
     result = run("compare", grad / "run_a", grad / "run_b", "-o", tmp_path / "g", "--quiet", "--steps", "0-2")
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "g" / "summary.json").read_text())["grad_first_flagged"]["step"] == 2
+
+
+def test_runs_with_nothing_to_compare_say_so(tmp_path):
+    """Two dumps that saved nothing read "no divergence: every compared value agrees" (and ✅ in summary.md): an
+    agreement on nothing, where a broken capture is the likelier story."""
+    for name in ("a", "b"):
+        with rlprobe.Probe(tmp_path / name) as p:
+            p.step()
+    result = run("compare", tmp_path / "a", tmp_path / "b", "-o", tmp_path / "out", "--quiet", "--fail-on-diff")
+    assert result.exit_code == 0 and "nothing compared: neither run holds key data" in result.output
+    assert "no divergence" not in result.output and "check that both runs saved something" in result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["compared"] == [] and "nothing was compared" in summary["advice"]
+    assert (tmp_path / "out" / "summary.md").read_text().startswith("## rlprobe: ⚠️ nothing compared")
+    a = _dump(tmp_path / "c", np.ones(8, np.float32))
+    run("compare", a, a, "-o", tmp_path / "same", "--quiet")
+    assert json.loads((tmp_path / "same" / "summary.json").read_text())["compared"] == ["key_data"]
+    checked = run("check", tmp_path / "a", "--no-plots")
+    assert checked.exit_code == 0 and "holds statistics only" not in checked.output  # it holds nothing
