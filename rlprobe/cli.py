@@ -171,14 +171,14 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, pe
     Exit codes: 0 compared, 1 diverged (with --fail-on-diff), 2 usage, 3 a run cannot be read
     or OUT cannot be written.
     """
-    from rlprobe.selection import parse_int_set
+    from rlprobe.selection import parse_int_set, parse_key_list
 
     try:
         step_list = parse_int_set(steps, "--steps")
         rank_list = parse_int_set(ranks, "--ranks")
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
-    key_list = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
+    key_list = parse_key_list(keys, "--keys")
     from rlprobe.compare.key_aliases import parse_key_map
 
     try:

@@ -1,4 +1,5 @@
-"""Step/rank selections such as "0-10,12" or [0, "4-6"], shared by the CLI, probes and pipelines."""
+"""Selections shared by the CLI, rlprobe.compare(), probes and pipelines: steps and ranks such as "0-10,12" or
+[0, "4-6"], keys such as "log_prob,ref_log_prob" or ["log_prob"]."""
 
 from __future__ import annotations
 
@@ -45,3 +46,15 @@ def _numbers(item: object, what: str) -> range:
 
 def _too_many(item: object, what: str) -> str:
     return f"{what}: {item!r} makes a selection of more than {MAX_SELECTED:,} values (leave {what} out to select them all)"
+
+
+def parse_key_list(spec: str | Iterable[str] | None, what: str = "keys") -> list[str] | None:
+    """"log_prob, ref_log_prob" or a list of names -> the names; None, "all" or "" -> None (every key). ValueError
+    for a name that is not a text."""
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() in ("all", "")):
+        return None
+    names = spec.split(",") if isinstance(spec, str) else list(spec)
+    for name in names:
+        if not isinstance(name, str):
+            raise ValueError(f"{what}: {name!r} is not a key name (expected e.g. 'log_prob,ref_log_prob')")
+    return [n.strip() for n in names if n.strip()] or None

@@ -21,7 +21,8 @@ Progress = Callable[[int, int], None]
 
 def compare(
     a: Any, b: Any, out: Any, *,
-    keys: list[str] | None = None, steps: list[int] | None = None, ranks: list[int] | None = None,
+    keys: str | list[str] | None = None, steps: str | int | list[int | str] | None = None,
+    ranks: str | int | list[int | str] | None = None,
     workers: int = 2, lang: str = "en", per_key_files: bool = False, per_key_dir: str = "per_key",
     stats_rtol: float = 0.0, order: list[str] | None = None, reports: bool = True,
     plots: bool = False, plot_every_param: bool = False, progress: Progress | None = None,
@@ -32,7 +33,17 @@ def compare(
     `out`; return the summary. Raises ProbeError when a run cannot be read or `out` cannot be
     written (or holds files rlprobe did not write); `out` then keeps its earlier files.
     `extra_files(folder)` adds files to the folder before it is published (msprobe's layout).
-    `key_map`: a trainer's key names; `config_ignore`: config paths the config diff leaves out."""
+    `key_map`: a trainer's key names; `config_ignore`: config paths the config diff leaves out. `keys`, `steps`
+    and `ranks` as the command takes them ("log_prob,kl", "0-10,12") or as lists; SelectionError (a ProbeError)
+    for one that is malformed or names nothing the runs hold."""
+    from rlprobe.selection import parse_int_set, parse_key_list
+
+    try:  # as the command line and pipelines take them: "0-10,12", "log_prob,kl" or lists
+        keys, steps, ranks = parse_key_list(keys), parse_int_set(steps, "steps"), parse_int_set(ranks, "ranks")
+    except ValueError as e:
+        raise SelectionError(str(e)) from None
+    if type(workers) is not int or workers < 1:
+        raise ProbeError(f"workers must be a whole number >= 1, not {workers!r}")
     from rlprobe.lake.connection_ahead import ConnectionAhead
 
     with ConnectionAhead() as ahead:  # DuckDB starts its database on a thread while the modules below load

@@ -12,7 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from rlprobe.errors import ProbeError
 from rlprobe.exit_codes import EXIT_SPEC
-from rlprobe.selection import parse_int_set
+from rlprobe.selection import parse_int_set, parse_key_list
 
 
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -54,10 +54,7 @@ class Select(_Strict):
         return parse_int_set(self.ranks, "ranks")
 
     def key_list(self) -> list[str] | None:
-        if self.keys is None or self.keys == "all":
-            return None
-        keys = self.keys.split(",") if isinstance(self.keys, str) else self.keys
-        return [k.strip() for k in keys if k.strip()]
+        return parse_key_list(self.keys)
 
 
 class Executor(_Strict):

@@ -178,3 +178,19 @@ def test_runs_with_nothing_to_compare_say_so(tmp_path):
     assert json.loads((tmp_path / "same" / "summary.json").read_text())["compared"] == ["key_data"]
     checked = run("check", tmp_path / "a", "--no-plots")
     assert checked.exit_code == 0 and "holds statistics only" not in checked.output  # it holds nothing
+
+
+def test_the_api_takes_selections_as_the_command_does(tmp_path):
+    """rlprobe.compare(steps="0-3") or keys="a,b" reached DuckDB as a text (a conversion error), workers="2" a
+    TypeError and workers=2.5 ran: each is the command's form now, or a ProbeError naming the argument."""
+    a = _dump(tmp_path / "a", np.ones(8, np.float32))
+    b = _dump(tmp_path / "b", np.ones(8, np.float32) * 1.5)
+    summary = rlprobe.compare(a, b, tmp_path / "o1", keys="ref_log_prob, responses", steps="0-3", ranks=0)
+    assert summary["counts"] == {"match": 1, "mismatch": 1}
+    assert rlprobe.compare(a, b, tmp_path / "o2", keys="ref_log_prob")["counts"] == {"mismatch": 1}
+    for kwargs, said in (({"ranks": ["a"]}, "ranks: 'a' is not a number"), ({"keys": [1]}, "keys: 1 is not a key name"),
+                         ({"workers": "2"}, "workers must be a whole number >= 1, not '2'"),
+                         ({"workers": 2.5}, "workers must be a whole number >= 1, not 2.5")):
+        with pytest.raises(rlprobe.ProbeError, match=said):
+            rlprobe.compare(a, b, tmp_path / "bad", **kwargs)
+    assert not (tmp_path / "bad").exists()
