@@ -191,8 +191,9 @@ class Dump:
             self.checked_parts(kind, deep=True)
 
     def arrow(self, kind: str, errors: list[str] | None = None) -> pa.Table:
-        """A whole stats table with its rank column. With `errors` given, a part that cannot be
-        read as `kind` rows is skipped and described there instead of raising DumpReadError."""
+        """A whole stats table with its rank column (ValueError for a kind lake/schema.py does not know). With `errors`,
+        a part that cannot be read as `kind` rows is skipped and described there instead of raising DumpReadError."""
+        schema_for(kind)  # a typo was an empty table
         if self.format == "msprobe":
             return self._msprobe_key_data if kind == "key_data" else _empty(kind)
         if self.format == "msprobe-grad":
@@ -278,6 +279,8 @@ class Dump:
     # -- tensors -------------------------------------------------------------------------
     def tensor(self, key: str, step: int, rank: int = 0, micro_step: int = 0, index: str = "") -> np.ndarray:
         """The saved tensor in its original dtype (float32 for widened bf16/fp16/fp8)."""
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (step, rank, micro_step)):
+            raise ValueError(f"step, rank and micro_step take whole numbers, not {step!r}, {rank!r}, {micro_step!r}")
         import pyarrow.compute as pc
 
         table = self.arrow("key_data")
@@ -390,10 +393,7 @@ def _union_of_ranks(kind: str, ranks: list[tuple[int, "duckdb.DuckDBPyRelation"]
 
 
 def _empty(kind: str) -> pa.Table:
-    try:
-        return with_rank(schema_for(kind)).empty_table()
-    except ValueError:
-        return pa.table({"rank": pa.array([], pa.int64())})
+    return with_rank(schema_for(kind)).empty_table()
 
 
 def _ident(name: str) -> str:
