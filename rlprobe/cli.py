@@ -81,7 +81,7 @@ def info(dump: str, as_json: bool, include_uncommitted: bool) -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table",
               show_default=True, help="Output format; parquet needs --output.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the result to this file.")
-@click.option("--max-rows", type=int, default=50, show_default=True, help="Rows shown in table format.")
+@click.option("--max-rows", type=click.IntRange(min=0), default=50, show_default=True, help="Rows shown in table format.")
 @_INCLUDE_UNCOMMITTED
 def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | None, max_rows: int,
         include_uncommitted: bool) -> None:
@@ -135,7 +135,10 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
         return
     from rlprobe.pipeline.info_output import write_table
 
-    write_table(table, fmt, output, max_rows)
+    try:
+        write_table(table, fmt, output, max_rows)
+    except ProbeError as e:  # an output file that cannot be written: named, nothing half-written left
+        raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
 
 
 @main.command()

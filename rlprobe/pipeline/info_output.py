@@ -4,7 +4,6 @@ as a table, CSV, JSON or Parquet)."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -49,35 +48,46 @@ def _bytes(n: int | None) -> str:
 
 
 def write_table(table: Any, fmt: str, output: str | None, max_rows: int) -> None:
-    import pyarrow as pa
+    """`table` as `fmt` (table, csv, json, parquet) to stdout, or written whole to the file `output` through a
+    temporary file beside it (ProbeError naming it when it cannot be written; no half-written file is left)."""
+    if output is None:
+        _render(table, fmt, None, max_rows)
+        return
+    from rlprobe.report.output_file import write_report_file
 
+    write_report_file(output, lambda f: _render(table, fmt, f, max_rows))
+
+
+def _render(table: Any, fmt: str, sink: Any, max_rows: int) -> None:
+    """Write `table` as `fmt` to the binary file `sink` (None: stdout)."""
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        pq.write_table(table, output)
+        pq.write_table(table, sink)
     elif fmt == "csv":
         import pyarrow.csv as pacsv
 
         from rlprobe.report.csv_report import csv_safe_table
 
-        sink = output or sys.stdout.buffer
-        pacsv.write_csv(csv_safe_table(table), sink)  # formula-like text guarded, lists as text
+        pacsv.write_csv(csv_safe_table(table), sink or sys.stdout.buffer)  # formula-like text guarded, lists as text
     elif fmt == "json":
         import json
 
         text = json.dumps(table.to_pylist(), default=str, indent=1)
-        Path(output).write_text(text + "\n") if output else click.echo(text)
+        sink.write((text + "\n").encode("utf-8")) if sink else click.echo(text)
     else:
-        from contextlib import nullcontext
+        import io
 
         from rlprobe.console import make_console, print_table
 
-        with open(output, "w", encoding="utf-8") if output else nullcontext() as file:
-            console = make_console(file=file)
-            shown = table.slice(0, max_rows)
-            rows = zip(*(["NULL" if v is None else v for v in column.to_pylist()] for column in shown.columns))
-            print_table(console, table.column_names, rows)
-            if table.num_rows > max_rows:
-                console.print(f"({table.num_rows} rows, {max_rows} shown; --max-rows or --format csv for all)",
-                              highlight=False)
-        assert isinstance(table, pa.Table)
+        file = io.TextIOWrapper(sink, encoding="utf-8") if sink else None
+        console = make_console(file=file) if file else make_console()
+        shown = table.slice(0, max_rows)
+        rows = zip(*(["NULL" if v is None else v for v in column.to_pylist()] for column in shown.columns))
+        print_table(console, table.column_names, rows)
+        if table.num_rows > max_rows:
+            console.print(f"({table.num_rows} rows, {max_rows} shown; --max-rows or --format csv for all)",
+                          highlight=False)
+        if file:
+            file.flush()
+            file.detach()  # the sink stays open: write_report_file closes it

@@ -83,6 +83,24 @@ def test_sql_formats(dump, tmp_path):
     assert pq.read_table(out).num_rows == 6
     table = run("sql", dump, "select * from configs order by path")
     assert "actor.lr" in table.output
+    for fmt in ("table", "csv", "json"):  # each format to a file too, as it prints
+        assert run("sql", dump, q, "--format", fmt, "-o", tmp_path / f"r.{fmt}").exit_code == 0
+        assert (tmp_path / f"r.{fmt}").read_text(encoding="utf-8") == run("sql", dump, q, "--format", fmt).output
+
+
+def test_sql_output_that_cannot_be_written_is_named(dump, tmp_path):
+    """An --output that cannot be written (under a file, say) ended in a FileNotFoundError or OSError traceback,
+    and a failed write could leave half a file. Exit 3 naming the file now, nothing left beside it."""
+    q = "select key from key_data"
+    (tmp_path / "afile").write_text("mine")
+    for fmt in ("parquet", "csv", "json", "table"):
+        result = run("sql", dump, q, "--format", fmt, "-o", tmp_path / "afile" / f"r.{fmt}")
+        assert result.exit_code == 3 and f"cannot write report {tmp_path / 'afile' / f'r.{fmt}'}" in result.output
+    assert (tmp_path / "afile").read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "dump"]
+    (tmp_path / "adir").mkdir()
+    result = run("sql", dump, q, "--format", "csv", "-o", tmp_path / "adir")
+    assert result.exit_code == 2  # click: a directory is no file
+    assert run("sql", dump, q, "--max-rows", "-1").exit_code == 2
 
 
 def test_sql_errors(dump, tmp_path):
