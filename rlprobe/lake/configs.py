@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from rlprobe.errors import DumpReadError
+from rlprobe.lake.layout import FORMAT_VERSION
 from rlprobe.lake.regular_files import JSON_FILE, read_text
 
 CONFIG_SCHEMA = pa.schema([("rank", pa.int64()), ("path", pa.string()), ("value", pa.string())])
@@ -44,15 +45,23 @@ def configs_as_table(configs: dict[int, dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=CONFIG_SCHEMA)
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON file of the dump ({} when it is missing); DumpReadError naming it when unreadable (a FIFO or
-    a device too: never read, lake/regular_files.py)."""
+def read_json(path: Path, versioned: bool = False) -> dict[str, Any]:
+    """A JSON object of the dump ({} when the file is missing); DumpReadError naming it when unreadable (a FIFO
+    or a device too: never read, lake/regular_files.py) or not an object. `versioned` (a manifest): also when its
+    format_version is not the one this rlprobe reads (a newer rlprobe's dump was read as this format)."""
     try:
-        return json.loads(read_text(path, JSON_FILE))
+        value = json.loads(read_text(path, JSON_FILE))
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as e:  # an OSError's strerror: the problem without the path again
         raise DumpReadError(f"{path}: unreadable JSON ({getattr(e, 'strerror', None) or e})") from None
+    if not isinstance(value, dict):
+        raise DumpReadError(f"{path}: expected a JSON object ({{...}}), found a JSON {type(value).__name__}")
+    version = value.get("format_version", FORMAT_VERSION) if versioned else FORMAT_VERSION
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise DumpReadError(f"{path}: format_version {version!r}, where this rlprobe reads dumps of format "
+                            f"{FORMAT_VERSION} (a dump written by a newer rlprobe: read it with that version)")
+    return value
 
 
 def config_leaves(obj: Any, prefix: str = ""):

@@ -73,7 +73,7 @@ class Dump:
     # -- manifests -----------------------------------------------------------------------
     @cached_property
     def manifest(self) -> dict[str, Any]:
-        return read_json(self.layout.run_manifest) if self.format == "rlprobe" else {"format": self.format}
+        return read_json(self.layout.run_manifest, True) if self.format == "rlprobe" else {"format": self.format}
 
     @cached_property
     def rank_manifests(self) -> dict[int, dict[str, Any]]:
@@ -82,7 +82,7 @@ class Dump:
         found = {}
         for f in self.path.glob("rank*.json"):
             try:
-                found[int(f.stem[4:])] = read_json(f)
+                found[int(f.stem[4:])] = read_json(f, versioned=True)
             except ValueError:
                 continue
         return dict(sorted(found.items()))
