@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlprobe.errors import ProbeError
-from rlprobe.lake.layout import DumpLayout
+from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout
 from rlprobe.lake.regular_files import JSON_FILE, read_text
 
 
@@ -42,6 +42,11 @@ class RankClaim:
         if not holds_run:
             return None
         if mode == "append":
+            version = (old or {}).get("format_version", FORMAT_VERSION)
+            if version != FORMAT_VERSION or isinstance(version, bool):  # its rows would mix two formats
+                raise ProbeError(f"cannot append to rank {self.rank} of {self.path}: {mine.name} is of format_version "
+                                 f"{version!r} and this rlprobe writes format {FORMAT_VERSION} (a newer rlprobe's "
+                                 "dump): append with that version, or write to another directory")
             if old is not None:
                 return old
             if not mine.exists() and not data:  # rank 0 of a run whose rank manifest was never written
@@ -95,12 +100,13 @@ class RankClaim:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """A rank's manifest or claim as JSON; None where it is missing, unreadable or not a regular file (a FIFO
-    there is never opened for a blocking read: lake/regular_files.py)."""
+    """A rank's manifest or claim as a JSON object; None where it is missing, unreadable, not an object or not a
+    regular file (a FIFO there is never opened for a blocking read: lake/regular_files.py)."""
     try:
-        return json.loads(read_text(path, JSON_FILE))
+        value = json.loads(read_text(path, JSON_FILE))
     except (OSError, ValueError):
         return None
+    return value if isinstance(value, dict) else None  # a list or a number is no manifest
 
 
 def _ranks_in(root: Path) -> set[int]:

@@ -466,6 +466,25 @@ def test_append_continues(tmp_path):
         make_probe(path)
 
 
+def test_append_refuses_a_rank_of_another_format_version_and_a_manifest_that_is_no_object(tmp_path):
+    """Appending to a newer rlprobe's dump wrote format 1 rows into it and set its rank manifest back to 1; a
+    rank manifest holding a JSON list ended in an AttributeError."""
+    path = tmp_path / "dump"
+    write_run(path, range(2))
+    manifest = path / "rank0.json"
+    newer = manifest.read_text().replace('"format_version": 1', '"format_version": 2')
+    manifest.write_text(newer)
+    files = sorted((p, p.stat().st_size) for p in path.rglob("*") if p.is_file() and not p.name.startswith(".rank"))
+    with pytest.raises(ProbeError, match="rank0.json is of format_version 2 and this rlprobe writes format 1"):
+        make_probe(path, mode="append")
+    assert manifest.read_text() == newer  # nothing written: its rows would mix two formats
+    assert sorted((p, p.stat().st_size) for p in path.rglob("*") if p.is_file() and not p.name.startswith(".rank")) \
+        == files
+    manifest.write_text("[1, 2]")
+    with pytest.raises(ProbeError, match="rank0.json cannot be read, so which steps were committed is unknown"):
+        make_probe(path, mode="append")
+
+
 def test_append_to_empty_directory_starts_at_zero(tmp_path):
     with make_probe(tmp_path / "dump", mode="append") as probe:
         assert probe.current_step == 0
