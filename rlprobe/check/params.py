@@ -4,6 +4,7 @@ check.params with it, before anything is read."""
 
 from __future__ import annotations
 
+from numbers import Integral, Real
 from typing import Any
 
 # run-level settings that are not any query's parameter (docs/check.md)
@@ -38,9 +39,10 @@ def check_params(params: dict[str, Any]) -> None:
         if name in FLAG_PARAMS:
             fits, expected = isinstance(value, bool), "true or false"
         elif name in WHOLE_PARAMS:
-            fits, expected = type(value) is int and value >= 1, "a whole number >= 1"
+            fits, expected = isinstance(value, Integral) and not isinstance(value, bool) and value >= 1, \
+                "a whole number >= 1"
         else:
-            fits = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0  # not NaN either
+            fits = isinstance(value, Real) and not isinstance(value, bool) and value >= 0  # not NaN either
             expected = "a number >= 0 (JSON, e.g. 0.1 or 1e-6; Infinity for no limit)"
         if not fits:
             raise ValueError(f"check parameter {name}={value!r}: expected {expected}")

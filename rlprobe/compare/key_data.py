@@ -122,7 +122,8 @@ def check_selection(con: Any, keys: list[str] | None, steps: list[int] | None, r
     saved = found["keys"]
     holds = (f"the runs hold keys {_listed(saved)}, steps {found['first_step']}-{found['last_step']}, "
              f"ranks {_listed(found['ranks'])}")
-    missing = [k for k in keys or [] if k not in set(saved)]
+    known = set(saved)
+    missing = [k for k in keys or [] if k not in known]
     if missing:
         raise SelectionError(f"selected key(s) {_listed(missing)} saved by neither run (keys are matched as "
                              f"saved, before any key map); {holds}")
