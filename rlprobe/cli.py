@@ -21,7 +21,7 @@ def _open(path: str, include_uncommitted: bool = False):
 
 
 def _tolerance(value: float) -> float:
-    if not value >= 0:  # NaN as well: no row would ever match
+    if not value >= 0:  # NaN too: DuckDB orders NaN above every number, so every statistics-only row matched
         raise click.BadParameter(f"{value!r} is not a relative tolerance (a number >= 0)")
     return value
 
