@@ -20,15 +20,8 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
         os.environ.setdefault(_name, str(_share))
 
 
-def shared_fixtures_dir() -> Path:
-    """The shared fixtures folder: $RLPROBE_SHARED/fixtures, else ../shared/fixtures beside the repo."""
-    env = os.environ.get("RLPROBE_SHARED")
-    if env:
-        shared = Path(env).expanduser().resolve()
-        # accept the shared folder itself or its fixtures/ folder
-        return shared if (shared / "msprobe").is_dir() and not (shared / "fixtures").is_dir() else shared / "fixtures"
-    # tests/conftest.py -> parents[0] tests, [1] repo, [2] the folder holding repo and shared/
-    return Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+#: msprobe-written dumps and msprobe's own outputs, kept in the repository (tests/fixtures/README.md)
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 @pytest.fixture(autouse=True)
@@ -42,13 +35,8 @@ def _plain_output(monkeypatch):
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
-    """Folder with the shared fixtures (msprobe dumps and msprobe's own comparison output)."""
-    path = shared_fixtures_dir()
-    if not (path / "msprobe").is_dir():
-        pytest.fail(
-            f"shared fixtures not found at {path}; set RLPROBE_SHARED to the folder that holds fixtures/"
-        )
-    return path
+    """Folder with the msprobe fixtures (msprobe dumps and msprobe's own comparison output)."""
+    return FIXTURES
 
 
 @pytest.fixture

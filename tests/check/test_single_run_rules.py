@@ -13,7 +13,7 @@ import rlprobe
 from rlprobe.cli import main
 from rlprobe.errors import DumpReadError
 
-FIXTURES = Path("/work/shared/fixtures/msprobe")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "msprobe"
 
 
 def statuses(result) -> dict[str, str]:

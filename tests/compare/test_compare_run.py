@@ -168,7 +168,7 @@ def test_unreadable_parquet_part_is_reported_not_fatal(tmp_path):
     assert summary["counts"]["only_in_a"] == 2  # rows of the unreadable part are missing in B, not dropped
 
 
-# -- the known msprobe faults (shared/fixtures/README.md), each handled correctly -------------
+# -- the known msprobe faults (tests/fixtures/README.md), each handled correctly -------------
 def test_nan_does_not_poison_errors(tmp_path):
     a = _dump(tmp_path / "a", {0: {"x": np.array([1.0, np.nan, 3.0, 4.0], np.float32)}})
     b = _dump(tmp_path / "b", {0: {"x": np.array([1.0, np.nan, 3.5, np.nan], np.float32)}})

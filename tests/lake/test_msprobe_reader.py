@@ -1,4 +1,4 @@
-"""rlprobe.open reads dumps written by msprobe 8.1.2 (shared fixtures) as if they were rlprobe dumps."""
+"""rlprobe.open reads dumps written by msprobe 8.1.2 (tests/fixtures/msprobe) as if they were rlprobe dumps."""
 
 from __future__ import annotations
 
@@ -41,18 +41,6 @@ def grad_run(request, fixtures_dir: Path) -> Path:
 
 
 # -- key data (SingleSave) -------------------------------------------------------------------
-
-def test_fixtures_dir_honours_rlprobe_shared(monkeypatch, fixtures_dir: Path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_rlprobe_tests_conftest", Path(__file__).parents[1] / "conftest.py")
-    conftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conftest)
-    monkeypatch.setenv("RLPROBE_SHARED", str(fixtures_dir.parent))
-    assert conftest.shared_fixtures_dir() == fixtures_dir.resolve()
-    monkeypatch.setenv("RLPROBE_SHARED", "/nonexistent/shared")
-    assert conftest.shared_fixtures_dir() == Path("/nonexistent/shared/fixtures")
-
 
 def test_keydata_rows_match_msprobe_json(keydata_run: Path):
     dump = rlprobe.open(keydata_run)
