@@ -18,8 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 SMOKE = """
 import json, sys
 import numpy as np
+import importlib.metadata as metadata
 import rlprobe
 from rlprobe.resources import resource_dir
+# the distribution's name is this project's own (the registry's `rlprobe` is another project)
+assert metadata.version('rlprobe-numerics') == rlprobe.__version__, metadata.version('rlprobe-numerics')
+assert [d.metadata['Name'] for d in metadata.distributions() if d.metadata['Name'].lower() == 'rlprobe'] == []
 assert 'site-packages' in rlprobe.__file__, rlprobe.__file__
 for name in ('sql', 'pipelines', 'examples'):
     assert 'site-packages' in str(resource_dir(name)), resource_dir(name)
@@ -36,7 +40,7 @@ def test_wheel_installs_and_runs(tmp_path):
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
                    check=True, cwd=tmp_path)
-    wheel = next(dist.glob("rlprobe-*.whl"))
+    wheel = next(dist.glob("rlprobe_numerics-*.whl"))  # the registry's `rlprobe` is another project
     # the fresh environment must see only what the wheel installed, not a checkout on PYTHONPATH
     clean_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env_dir = tmp_path / "venv"

@@ -30,7 +30,7 @@ def _ensure_ray(address: str | None, workers: int):
     try:
         import ray
     except ImportError:
-        raise ImportError("executor kind 'ray' needs Ray: pip install 'rlprobe[ray]'") from None
+        raise ImportError("executor kind 'ray' needs Ray: pip install '.[ray]' in rlprobe's checkout") from None
     if not ray.is_initialized():
         if address:
             ray.init(address=address, log_to_driver=False)

@@ -115,7 +115,7 @@ def trainer_kind(trainer: Any) -> str:
         import trl
         from trl import GRPOTrainer, RewardTrainer, RLOOTrainer
     except ImportError as e:
-        raise ProbeError(f"rlprobe.integrations.trl needs TRL {SUPPORTED_TRL}: pip install 'rlprobe[trl]' ({e})") \
+        raise ProbeError(f"rlprobe.integrations.trl needs TRL {SUPPORTED_TRL}: pip install '.[trl]' in rlprobe's checkout ({e})") \
             from None
     del trl
     if isinstance(trainer, RewardTrainer):

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from rlprobe.errors import ProbeError
 
-SUPPORTED_TRL = ">=1.16,<1.17"  # the range the tests run against (and the `rlprobe[trl]` extra pins)
+SUPPORTED_TRL = ">=1.16,<1.17"  # the range the tests run against (and the `trl` extra pins)
 TESTED_TRL = "1.16.0"
 
 # method -> leading parameter names (after self) that the wrappers pass on and read
@@ -63,7 +63,7 @@ def check_version() -> None:
 def unsupported(trainer: Any, what: str) -> ProbeError:
     return ProbeError(f"rlprobe.integrations.trl: {type(trainer).__name__} {what}. The integration supports TRL "
                       f"{SUPPORTED_TRL} (tested with {TESTED_TRL}; installed: TRL {trl_version()}); install a "
-                      "supported version (pip install 'rlprobe[trl]'), or capture with probe.save() by hand "
+                      "supported version (pip install '.[trl]' in rlprobe's checkout), or capture with probe.save() by hand "
                       "(README, section 'With TRL')")
 
 
