@@ -25,10 +25,11 @@ GRAD_STEPS = pa.schema([("monitor", pa.string()), ("step", pa.int64()), ("rank",
                         ("sign_agreement", pa.float64())])
 
 
-def stats_table(dump: Dump, names: Mapping[str, str] | None = None) -> pa.Table:
+def stats_table(dump: Dump, names: Mapping[str, str] | None = None,
+                key_map: Mapping[str, str] | None = None) -> pa.Table:
     """The dump's key-data statistics with each key's canonical name: from `names` (saved key ->
     canonical, decided by a comparison for both its runs) where given, else from rlprobe/key_names.csv
-    decided by the keys this dump saved."""
+    decided by the keys this dump saved, and a user's `key_map` over it."""
     table = dump.arrow("key_data")
     columns = {}
     for name in STATS_COLUMNS:
@@ -39,7 +40,7 @@ def stats_table(dump: Dump, names: Mapping[str, str] | None = None) -> pa.Table:
                                      else pa.bool_() if name == "absent" else pa.int64())
     saved = pc.unique(columns["key"])  # map each distinct key once, not each row
     keys = saved.to_pylist()
-    table_names = canonical_names(keys) if names is None else names
+    table_names = canonical_names(keys, key_map) if names is None else names
     canonical = pa.array([table_names.get(k, k) for k in keys], pa.string())
     columns["canonical"] = pc.take(canonical, pc.index_in(columns["key"], saved))
     return pa.table(columns)
