@@ -168,9 +168,11 @@ class Probe:
         })
 
     # -- capture -------------------------------------------------------------------------
-    def save(self, data: dict[str, Any], sample_ids: Any = None, group_ids: Any = None) -> None:
+    def save(self, data: dict[str, Any], sample_ids: Any = None, group_ids: Any = None,
+             micro_step: int | None = None) -> None:
         """Save key data: each value a tensor, array, scalar, or a nested list/tuple/dict of them.
-        None (a value the trainer did not compute) is recorded as a row marked absent.
+        None (a value the trainer did not compute) is recorded as a row marked absent. Each key goes
+        to its next micro-step of the step, or to `micro_step` where given (its count then unchanged).
 
         `sample_ids` (one int or string per row of the batch tensors; default: derived from the
         prompt ids saved in the call) and `group_ids` (GRPO groups) let runs with different
@@ -178,6 +180,8 @@ class Probe:
         where = f"rank {self.rank} step {self.current_step}"
         if not self._usable(where):
             return
+        if micro_step is not None and (not is_whole_number(micro_step) or micro_step < 0):
+            return self._fail(f"{where}: save(micro_step={micro_step!r}): expected a whole number >= 0, or None")
         try:
             leaves = flatten(data, where)
             identity = call_identity([(k, i, _shape_of(leaf)) for k, i, leaf, _ in leaves], sample_ids,
@@ -203,8 +207,8 @@ class Probe:
                 staged[i] = leaf
         micro: dict[str, int] = {}
         for key, _, _, _ in leaves:
-            micro.setdefault(key, self._micro.get(key, 0))
-        for key in micro:
+            micro.setdefault(key, self._micro.get(key, 0) if micro_step is None else operator.index(micro_step))
+        for key in micro if micro_step is None else ():
             self._micro[key] = micro[key] + 1
         jobs = [LeafJob(key, index, micro[key], self.framework or (adapter.name if adapter else None), leaf)
                 for (key, index, _, adapter), leaf in zip(leaves, staged)]

@@ -11,11 +11,13 @@ The package itself is callable (set up by rlprobe/__init__.py, which orchestrate
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 
-def check_dump(dump: Any, params: dict[str, Any] | None = None, only: tuple[str, ...] | None = None) -> Any:
-    """The checks as tables, no reports (see rlprobe.check.run.check_dump)."""
+def check_dump(dump: Any, params: dict[str, Any] | None = None, only: tuple[str, ...] | None = None,
+               key_map: Mapping[str, str] | None = None) -> Any:
+    """The checks as tables, no reports (see rlprobe.check.run.check_dump); `key_map`: saved key ->
+    canonical key, over rlprobe/key_names.csv."""
     from rlprobe.check.run import check_dump as run_checks
 
-    return run_checks(dump, params, only)
+    return run_checks(dump, params, only, key_map=key_map)

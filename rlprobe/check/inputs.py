@@ -6,13 +6,14 @@ and `grad_steps` (per monitor and step: total gradient norm and sign agreement w
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rlprobe.check.keys import CANONICAL, CLIP_CONFIG, GROUP_SIZE_CONFIG, REF_FROM_ACTOR_CONFIG
+from rlprobe.check.keys import CLIP_CONFIG, GROUP_SIZE_CONFIG, REF_FROM_ACTOR_CONFIG
+from rlprobe.key_names import canonical_names
 from rlprobe.lake.configs import config_leaves
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.regular_files import SIGNS, load_npy
@@ -24,7 +25,11 @@ GRAD_STEPS = pa.schema([("monitor", pa.string()), ("step", pa.int64()), ("rank",
                         ("sign_agreement", pa.float64())])
 
 
-def stats_table(dump: Dump) -> pa.Table:
+def stats_table(dump: Dump, names: Mapping[str, str] | None = None,
+                key_map: Mapping[str, str] | None = None) -> pa.Table:
+    """The dump's key-data statistics with each key's canonical name: from `names` (saved key ->
+    canonical, decided by a comparison for both its runs) where given, else from rlprobe/key_names.csv
+    decided by the keys this dump saved, and a user's `key_map` over it."""
     table = dump.arrow("key_data")
     columns = {}
     for name in STATS_COLUMNS:
@@ -33,10 +38,18 @@ def stats_table(dump: Dump) -> pa.Table:
         else:  # msprobe dumps have no dtype or counts
             columns[name] = pa.nulls(table.num_rows, pa.string() if name in ("dtype", "hash", "tensor_file")
                                      else pa.bool_() if name == "absent" else pa.int64())
-    names = pc.unique(columns["key"])  # map each distinct key once, not each row
-    canonical = pa.array([CANONICAL.get(k, k) for k in names.to_pylist()], pa.string())
-    columns["canonical"] = pc.take(canonical, pc.index_in(columns["key"], names))
+    saved = pc.unique(columns["key"])  # map each distinct key once, not each row
+    keys = saved.to_pylist()
+    table_names = canonical_names(keys, key_map) if names is None else names
+    canonical = pa.array([table_names.get(k, k) for k in keys], pa.string())
+    columns["canonical"] = pc.take(canonical, pc.index_in(columns["key"], saved))
     return pa.table(columns)
+
+
+def key_canonical(stats: pa.Table) -> dict[str, str]:
+    """saved key -> its canonical name, as `stats` (stats_table) reads it."""
+    pairs = stats.select(["key", "canonical"]).group_by(["key", "canonical"]).aggregate([])
+    return dict(zip(pairs["key"].to_pylist(), pairs["canonical"].to_pylist()))
 
 
 def config_leaf(configs: dict[int, dict[str, Any]], names: tuple[str, ...]) -> tuple[str, Any] | None:

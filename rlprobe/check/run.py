@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -54,7 +54,8 @@ class CheckResult:
 
 
 def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tuple[str, ...] | None = None,
-               con: Any = None, maxima_only: bool = False) -> CheckResult:
+               con: Any = None, maxima_only: bool = False, key_names: Mapping[str, str] | None = None,
+               key_map: Mapping[str, str] | None = None) -> CheckResult:
     """Run every check (or those named in `only`) on one dump (a path or an open Dump). Raises
     DumpReadError when it cannot be read and ValueError for an unknown parameter or check.
     `con`: a DuckDB connection of the caller's that the check's tables are registered in (compare passes
@@ -62,7 +63,9 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
     The two-run verdict reads the same rules: check_dump(dump, only=("on_policy", "rollout_vs_recompute")).rows;
     with `only`, the token tables hold the pairs those checks read, not every pair (token_selection.py), and
     with `maxima_only` too, the on_policy pairs only their token count and max |Δ|, what its query reads
-    (token_maxima.py: the rules' results are the same, their token tables lean)."""
+    (token_maxima.py: the rules' results are the same, their token tables lean). `key_names`: saved key ->
+    canonical key, as a comparison reads both its runs (default: rlprobe/key_names.csv, decided by this dump's keys,
+    with a user's `key_map` over it: a pipeline's key_map:)."""
     import duckdb
 
     params = dict(params or {})
@@ -73,7 +76,7 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
     timings: dict[str, float] = {}
     t = time.perf_counter()
     dump = dump if isinstance(dump, Dump) else open_dump(dump)
-    stats = inputs.stats_table(dump)
+    stats = inputs.stats_table(dump, key_names, key_map)
     scalars = dump.arrow("scalar")
     configs = dump.configs()
     info = inputs.run_info(dump, stats, configs, params)
@@ -89,7 +92,7 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
         # only the pairs the checks run read (token_selection.py); the full check reduces all: its reports show them
         selection = None if only is None else selection_for(only, stats, info)
         with collections_paused():
-            samples = samples_table(dump)
+            samples = samples_table(dump, inputs.key_canonical(stats))
             workers = int(params.get("workers") or 2)
             if maxima_only and selection is not None:
                 from rlprobe.check.token_maxima import lean_token_tables

@@ -6,29 +6,33 @@ calls, with the row indices to gather from each tensor."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rlprobe.check.keys import CANONICAL
 from rlprobe.check.pair_part import Part, is_float
+from rlprobe.key_names import canonical_names
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.sql_runner import run
 
 _COLUMNS = ("key", "index", "step", "rank", "micro_step", "row", "sample", "occurrence", "group_id", "row_numel")
 
 
-def samples_table(dump: Dump) -> pa.Table:
-    """The dump's sample rows with each key's canonical name (no rows: a dump without sample identity)."""
+def samples_table(dump: Dump, names: Mapping[str, str] | None = None) -> pa.Table:
+    """The dump's sample rows with each key's canonical name (no rows: a dump without sample identity):
+    from `names` (saved key -> canonical: the `stats` table's) where given, else rlprobe/key_names.csv
+    decided by the keys of the sample rows."""
     table = dump.arrow("sample")
     if table.num_rows == 0 or not set(_COLUMNS) <= set(table.column_names):
         return pa.table({})
     table = table.select(list(_COLUMNS))
-    names = pc.unique(table["key"])
-    canonical = pa.array([CANONICAL.get(k, k) for k in names.to_pylist()], pa.string())
-    return table.append_column("canonical", pc.take(canonical, pc.index_in(table["key"], names)))
+    saved = pc.unique(table["key"])
+    keys = saved.to_pylist()
+    table_names = canonical_names(keys) if names is None else names
+    canonical = pa.array([table_names.get(k, k) for k in keys], pa.string())
+    return table.append_column("canonical", pc.take(canonical, pc.index_in(table["key"], saved)))
 
 
 def sample_parts(samples: pa.Table, rows: dict[tuple, dict[str, Any]]) -> list[Part]:

@@ -1,29 +1,25 @@
 """Trainers' own key names -> rlprobe's canonical keys, so the verdict rules (verdict.UPSTREAM_OF,
 RULES) see `old_log_prob` where a verl run saved `old_log_probs` (docs/compare.md, "Key names").
 
-The built-in table is key_aliases.csv beside this file (TRL, verl, OpenRLHF, MindSpeed-RL);
-`rlprobe compare --key-map SAVED=CANONICAL` and a pipeline's `key_map:` add to it and win."""
+The built-in table is rlprobe/key_names.csv (TRL, verl, OpenRLHF, MindSpeed-RL, and spellings of
+any trainer), the one table capture and check read too; its ambiguous names are decided by the keys
+either run saved. `rlprobe compare --key-map SAVED=CANONICAL` and a pipeline's `key_map:` add to it
+and win."""
 
 from __future__ import annotations
 
-import csv
-import functools
-from pathlib import Path
 from typing import Iterable, Mapping
 
 import pyarrow as pa
 
-from rlprobe.compare.dataflow import ALIASES, DEFAULT_ORDER
+from rlprobe.compare.dataflow import DEFAULT_ORDER
 from rlprobe.errors import ProbeError
+from rlprobe.key_names import canonical_names, rows
 
-ALIASES_FILE = Path(__file__).with_name("key_aliases.csv")
 
-
-@functools.lru_cache(maxsize=1)
 def builtin_rows() -> tuple[dict[str, str], ...]:
-    """key_aliases.csv's rows: trainer, name, canonical, note."""
-    with ALIASES_FILE.open(encoding="utf-8", newline="") as f:
-        return tuple(csv.DictReader(f))
+    """rlprobe/key_names.csv's rows: trainer, name, canonical, when_saved, sample_id, note."""
+    return rows()
 
 
 def parse_key_map(items: Iterable[str] | Mapping[str, str] | None, what: str = "--key-map",
@@ -54,20 +50,19 @@ def flow_key(canonical: str, order: Iterable[str] | None = None) -> str:
     return canonical
 
 
-def aliases(key_map: Mapping[str, str] | None = None) -> dict[str, str]:
-    """saved name -> canonical key: dataflow.ALIASES, then key_aliases.csv, then `key_map`."""
-    table = dict(ALIASES)
-    table.update({r["name"]: r["canonical"] for r in builtin_rows() if r["name"] != r["canonical"]})
-    table.update(key_map or {})
-    return table
+def aliases(key_map: Mapping[str, str] | None = None, saved_keys: Iterable[str] = ()) -> dict[str, str]:
+    """saved name -> canonical key: rlprobe/key_names.csv, its ambiguous names decided by `saved_keys`
+    (both runs' keys: one comparison reads a key one way), then `key_map`."""
+    return canonical_names(saved_keys, key_map)
 
 
 def key_order_table(order: list[str] | tuple[str, ...] | None = None,
-                    key_map: Mapping[str, str] | None = None) -> pa.Table:
+                    key_map: Mapping[str, str] | None = None, saved_keys: Iterable[str] = ()) -> pa.Table:
     """(name, canonical, position) for every key of the data flow and every alias (a user's
-    key_map may rename a flow key itself, e.g. rewards=token_level_scores); unknown keys sort after."""
+    key_map may rename a flow key itself, e.g. rewards=token_level_scores); unknown keys sort after.
+    `saved_keys`: the keys either run saved, which decide the table's ambiguous names."""
     order = list(order or DEFAULT_ORDER)
-    table = aliases(key_map)
+    table = aliases(key_map, saved_keys)
     names, canon, pos = [], [], []
     for i, key in enumerate(order):
         if key not in table:
@@ -85,7 +80,7 @@ def flow_warning(saved_keys: Iterable[str], key_map: Mapping[str, str] | None = 
     keys = sorted(set(saved_keys))
     if not keys:
         return None
-    flow, table = set(order or DEFAULT_ORDER), aliases(key_map)
+    flow, table = set(order or DEFAULT_ORDER), aliases(key_map, keys)
     if any(k in flow or table.get(k) in flow for k in keys):
         return None
     shown = ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")

@@ -69,7 +69,8 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
         _start_ahead(ahead, dump_a, dump_b)
     if stats_read is not None:
         stats_read()
-    con.register("key_order", key_order_table(order, key_map))
+    saved = saved_keys(con)  # both runs' keys decide the ambiguous names (rlprobe/key_names.csv)
+    con.register("key_order", key_order_table(order, key_map, saved["A"] | saved["B"]))
     run_layout = layout(con, dump_a, dump_b, read_errors)
     execute(con, "pair_macros.sql")
     execute(con, "key_data_pairs.sql")
@@ -111,6 +112,12 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     key_data = _mark_first(key_data, first)
     con.register("key_data", key_data)
     return KeyDataComparison(key_data, first, read_errors, files.num_rows + gathered, run_layout)
+
+
+def saved_keys(con: Any) -> dict[str, set[str]]:
+    """The keys each run saved ("A", "B": its statistics tables stats_a and stats_b in `con`)."""
+    return {side: {row[0] for row in con.table(table).project("key").distinct().fetchall()}
+            for side, table in (("A", "stats_a"), ("B", "stats_b"))}
 
 
 def check_selection(con: Any, keys: list[str] | None, steps: list[int] | None, ranks: list[int] | None) -> None:

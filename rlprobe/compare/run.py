@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import pyarrow as pa
 
 from rlprobe._version import __version__
-from rlprobe.compare.key_data import compare_key_data
+from rlprobe.compare.key_data import compare_key_data, saved_keys
 from rlprobe.compare.optional_tables import has_grads, has_module_stats, has_params
 from rlprobe.compare.pairs_ahead import PairsAhead
 from rlprobe.compare.single_run import single_run_findings
@@ -53,7 +53,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
 
     own_connection = con is None
     con = con or (connect or duckdb.connect)()
-    beside = _SingleRunBeside(con, dump_a, dump_b, executor, start=workers > 1)
+    beside = _SingleRunBeside(con, dump_a, dump_b, executor, start=workers > 1, key_map=key_map)
     try:
         # with more than one worker (and the local executor), pairs known from the runs' folders are compared
         # while their statistics are read (pairs_ahead.py)
@@ -79,7 +79,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     if beside.started:
         within = beside.wait()
     else:  # each run against itself (rlprobe check)
-        within = single_run_findings({"A": dump_a, "B": dump_b}, _saved_keys(con), _cursors(con))
+        within = single_run_findings({"A": dump_a, "B": dump_b}, saved_keys(con), _cursors(con), key_map)
     verdict = explain(first, diverged_at_step, within)
     if first is not None:
         earliest = records(con, "earliest_in_step.sql", step=first["step"])
@@ -166,12 +166,6 @@ def _cursors(con: "duckdb.DuckDBPyConnection") -> dict[str, Any]:
     return {"A": con.cursor(), "B": con.cursor()}
 
 
-def _saved_keys(con: "duckdb.DuckDBPyConnection") -> dict[str, set[str]]:
-    """The keys each run saved (its statistics tables stats_a and stats_b in `con`)."""
-    return {side: {row[0] for row in con.table(table).project("key").distinct().fetchall()}
-            for side, table in (("A", "stats_a"), ("B", "stats_b"))}
-
-
 class _SingleRunBeside:
     """The executor compare_key_data calls once both runs' statistics are loaded (the saved keys
     are then known). It waits for a numba warm-up still loading (start_warm_up), and, with `start`,
@@ -180,8 +174,9 @@ class _SingleRunBeside:
     most of both is numba, numpy and DuckDB, which release the GIL."""
 
     def __init__(self, con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump,
-                 executor: Callable[..., Any] | None, start: bool):
+                 executor: Callable[..., Any] | None, start: bool, key_map: dict[str, str] | None = None):
         self._con = con
+        self._key_map = key_map  # the single-run rules read the keys as the comparison does
         self._dumps = {"A": dump_a, "B": dump_b}
         self._executor = executor
         self._start = start
@@ -235,7 +230,7 @@ class _SingleRunBeside:
         with _numba_loading:  # numba's registries must not be refreshed while a kernel compiles
             pass
         if self._start:
-            saved = _saved_keys(self._con)  # this thread: the connection is not shared
+            saved = saved_keys(self._con)  # this thread: the connection is not shared
             self._thread = threading.Thread(target=self._findings, args=(saved, _cursors(self._con)),
                                             name="rlprobe-single-run", daemon=True)
             self._thread.start()
@@ -256,7 +251,7 @@ class _SingleRunBeside:
 
     def _findings(self, saved: dict[str, set[str]], connections: dict[str, Any]) -> None:
         try:
-            self._outcome = (single_run_findings(self._dumps, saved, connections), None)
+            self._outcome = (single_run_findings(self._dumps, saved, connections, self._key_map), None)
         except BaseException as exc:  # noqa: BLE001 - raised again by wait(), in the comparison's thread
             self._outcome = (None, exc)
 

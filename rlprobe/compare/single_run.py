@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlprobe.errors import ProbeError
+from rlprobe.key_names import canonical_names
 from rlprobe.lake.reader import Dump
 
 RULES = ("on_policy", "rollout_vs_recompute")
-# the canonical keys (rlprobe.check.keys) without which neither rule applies: a run that saved
+# the canonical keys (rlprobe/key_names.csv) without which neither rule applies: a run that saved
 # none of these sets is not checked at all (reading its statistics again costs ~1 s per 300k rows)
 NEEDS = ({"log_prob", "old_log_prob"}, {"rollout_log_prob", "old_log_prob"}, {"rollout_log_prob", "log_prob"})
 ROLLOUT_PAIRS = ("rollout_vs_old", "rollout_vs_log_prob")
@@ -32,17 +33,18 @@ class SingleRunFindings:
 
 
 def single_run_findings(dumps: dict[str, Dump], saved_keys: dict[str, set[str]],
-                        connections: dict[str, Any] | None = None) -> SingleRunFindings:
+                        connections: dict[str, Any] | None = None,
+                        key_map: dict[str, str] | None = None) -> SingleRunFindings:
     """Run the rules on each dump (name -> Dump) whose saved keys (`saved_keys[name]`) may let one
     apply, in `connections[name]` where given (DuckDB connections of the caller's, one a run: a cursor of
     the comparison's own costs ~20 µs where duckdb.connect() starts a database, ~25 ms of CPU). A rule
     that does not apply (status not_applicable) says nothing; a dump the rules cannot read says nothing
-    either (the comparison reports its read errors)."""
-    from rlprobe.check.keys import canonical
-
+    either (the comparison reports its read errors). The rules read each key as the comparison does: through
+    rlprobe/key_names.csv, its ambiguous names decided by the keys of all `dumps`, and the user's `key_map`."""
+    names = canonical_names(set().union(*saved_keys.values()) if saved_keys else (), key_map)
     found = SingleRunFindings()
     for name, dump in dumps.items():
-        keys = {canonical(k) for k in saved_keys.get(name, ())}
+        keys = {names.get(k, k) for k in saved_keys.get(name, ())}
         if not any(need <= keys for need in NEEDS):
             continue
         # imported only for a run a rule may apply to (~25 kB of source and pyarrow.compute: start-up)
@@ -56,7 +58,7 @@ def single_run_findings(dumps: dict[str, Dump], saved_keys: dict[str, set[str]],
             # default tolerance (rounding of the dtype) covers it
             # maxima_only: the on-policy pairs reduced to what on_policy.sql reads (token count, max |Δ|)
             result = check_dump(dump, {"on_policy_ulps": 0}, only=RULES, con=(connections or {}).get(name),
-                                maxima_only=True)
+                                maxima_only=True, key_names=names)
         except ProbeError:
             continue
         strict = _rows(result, "on_policy")

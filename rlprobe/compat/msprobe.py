@@ -6,10 +6,14 @@
     SingleSave.step()
 
 Unlike msprobe, a second SingleSave(...) with another dump_path really switches to it.
+
+msprobe 26.x removed grad_probe (GradComparator, the `grad_probe` task of PrecisionDebugger): this
+module is where that API is maintained now (docs/compat.md).
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -17,6 +21,10 @@ from rlprobe.capture.probe import Probe
 from rlprobe.errors import ProbeError
 
 _FMK = {"pytorch": "torch", "torch": "torch", "mindspore": "mindspore", "numpy": "numpy"}
+# msprobe 8.1.2's words (single_saver.py) for data that is not a dict; it saves nothing then
+NOT_A_DICT = "SingleSave data type not valid, should be dict. Skip current save process."
+# msprobe's check_process_num: SingleComparator.compare's num_processes is an int in 1..128
+MAX_PROCESSES = 128
 
 
 class SingleSave:
@@ -44,7 +52,24 @@ class SingleSave:
 
     @classmethod
     def save(cls, data: dict[str, Any]) -> None:
-        cls._probe().save(data)
+        """Each key at its next micro-step of the step (msprobe: data/KEY/stepS/rankR/micro_stepM)."""
+        probe = cls._probe()
+        if not isinstance(data, dict):
+            warnings.warn(NOT_A_DICT, RuntimeWarning, stacklevel=2)
+            return
+        probe.save(data)
+
+    @classmethod
+    def save_ex(cls, data: dict[str, Any], micro_batch: int | None = None) -> None:
+        """msprobe's save_ex: the keys at micro-step `micro_batch` of the step, without counting them
+        as save()'s next micro-step; None is msprobe's folder without micro_step<M> (data/KEY/stepS/
+        rankR), read as micro-step 0. A key saved twice at one step and micro-step has two rows here
+        (msprobe keeps the last file)."""
+        probe = cls._probe()
+        if not isinstance(data, dict):
+            warnings.warn(NOT_A_DICT, RuntimeWarning, stacklevel=2)
+            return
+        probe.save(data, micro_step=0 if micro_batch is None else micro_batch)
 
     @classmethod
     def save_config(cls, data: dict[str, Any]) -> None:
@@ -70,9 +95,13 @@ class SingleComparator:
     @classmethod
     def compare(cls, dir1: str, dir2: str, output_path: str = "./msprobe_compare_output",
                 num_processes: int = 8) -> dict[str, Any]:
+        if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes <= 0:
+            raise ValueError(f"process_num({num_processes}) is not a positive integer")  # msprobe's words
+        if num_processes > MAX_PROCESSES:
+            raise ValueError(f"The maximum supported process_num is {MAX_PROCESSES}, current value: {num_processes}.")
         from rlprobe.pipeline.compare_command import compare
 
-        return compare(dir1, dir2, output_path, workers=max(1, int(num_processes)), lang="zh",
+        return compare(dir1, dir2, output_path, workers=num_processes, lang="zh",
                        per_key_files=True, per_key_dir=".")
 
 

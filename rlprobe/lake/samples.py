@@ -22,14 +22,10 @@ import numpy as np
 import pyarrow as pa
 
 from rlprobe.errors import ProbeError
+from rlprobe.key_names import sample_id_keys
 from rlprobe.lake.encoding import widen
 from rlprobe.lake.schema import SAMPLE
 from rlprobe.lake.statistics import STACK_BYTES, stack_groups
-
-# keys whose rows identify the samples of a save call when no sample_ids are given. A small list
-# of its own for now; issue 14's key-alias table (rlprobe/compare/key_aliases.py) is the place
-# for the trainers' names once it exists.
-PROMPT_KEYS = ("prompts", "prompt_ids", "input_ids", "prompt_token_ids", "queries", "query_ids")
 
 _SEED = 0x9E3779B97F4A7C15  # fixed: hashes must agree across runs, processes and hosts
 
@@ -73,14 +69,16 @@ def call_identity(keys: Sequence[tuple[str, str, tuple[int, ...] | None]], sampl
     """Check a save call's identity; `keys`: (key, index, shape or None when absent) per leaf.
     None when the call has neither sample_ids nor a prompt key (no sample rows then)."""
     int_ids = None
+    # the keys whose rows identify the samples when no sample_ids are given: rlprobe/key_names.csv's sample_id
+    prompt_keys = sample_id_keys()
     prompt = next((i for i, (key, index, shape) in enumerate(keys)
-                   if key in PROMPT_KEYS and index == "" and shape is not None and len(shape) >= 1), None)
+                   if key in prompt_keys and index == "" and shape is not None and len(shape) >= 1), None)
     batch = [(key, index, shape) for key, index, shape in keys if shape is not None and len(shape) >= 1]
     if sample_ids is None:
         if prompt is None:
             if group_ids is not None:
                 raise ProbeError(f"{where}: save(group_ids=...) needs sample_ids=..., or a prompt key in the same "
-                                 f"call ({', '.join(PROMPT_KEYS)}) whose rows identify the samples")
+                                 f"call ({', '.join(prompt_keys)}) whose rows identify the samples")
             return None
         rows = keys[prompt][2][0]  # type: ignore[index]
         explicit = text = None

@@ -20,14 +20,16 @@ class CheckStageError(ProbeError):
         self.exit_code = exit_code
 
 
-def check_runs(runs: dict[str, Path], params: dict[str, Any], spec_path: Path) -> dict[str, Any]:
-    """{run name: CheckResult} of every run. Raises CheckStageError."""
+def check_runs(runs: dict[str, Path], params: dict[str, Any], spec_path: Path,
+               key_map: dict[str, str] | None = None) -> dict[str, Any]:
+    """{run name: CheckResult} of every run, its keys read through the pipeline's `key_map:` as the
+    comparison reads them. Raises CheckStageError."""
     from rlprobe.check import check_dump
 
     found = {}
     for name, path in runs.items():
         try:
-            found[name] = check_dump(path, dict(params))
+            found[name] = check_dump(path, dict(params), key_map=key_map)
         except DumpReadError as e:
             raise CheckStageError(f"check of run {name}: {e}", EXIT_UNREADABLE) from None
         except ValueError as e:

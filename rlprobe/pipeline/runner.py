@@ -202,7 +202,7 @@ def _run_gate(con, g: NamedSql) -> GateResult:
 
 def _check_runs(pipeline: Pipeline) -> dict[str, Any]:
     try:
-        return check_runs(pipeline.runs, pipeline.spec.check.params, pipeline.path)
+        return check_runs(pipeline.runs, pipeline.spec.check.params, pipeline.path, pipeline.spec.key_map)
     except CheckStageError as e:
         raise PipelineError(str(e), e.exit_code) from None
 

@@ -70,7 +70,7 @@ def test_key_map_errors_name_the_entry():
 
 def test_the_builtin_table_covers_every_trainer_and_a_user_map_wins():
     trainers = {r["trainer"] for r in builtin_rows()}
-    assert trainers == {"TRL", "verl", "OpenRLHF", "MindSpeed-RL"}
+    assert trainers == {"TRL", "verl", "OpenRLHF", "MindSpeed-RL", "any"}  # any: spellings of every trainer
     order = {n: c for n, c in zip(*(key_order_table()[col].to_pylist() for col in ("name", "canonical")))}
     assert order["old_per_token_logps"] == "old_log_prob" and order["base_action_log_probs"] == "ref_log_prob"
     assert order["rollout_log_probs"] == "rollout_log_prob" and order["old_log_probs"] == "old_log_prob"

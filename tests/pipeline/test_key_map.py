@@ -68,3 +68,18 @@ def test_a_bad_key_map_entry_is_named_with_file_and_line(tmp_path, write_yaml, c
     result = cli("pipeline", "run", empty)
     assert result.exit_code == 2 and f"{empty}:7: key_map: " in result.output
     assert "expected SAVED=CANONICAL, both non-empty" in result.output
+
+
+def test_the_check_stage_reads_the_keys_through_key_map_too(tmp_path, write_yaml, cli):
+    """A pipeline's key_map: made its comparison read my_lp as log_prob, but its check: stage did not
+    (no rule applied, the run passed): now both read the run's keys one way."""
+    with rlprobe.Probe(tmp_path / "run", rank=0, world_size=1) as probe:
+        probe.save({"my_lp": np.full((2, 3), -0.5, np.float32), "my_old": np.full((2, 3), -1.0, np.float32)})
+        probe.step()
+    spec = write_yaml(tmp_path / "check.yaml", f"version: 1\nname: one\nruns: {{run: {tmp_path / 'run'}}}\n"
+                      f"output: {tmp_path / 'out'}\ncheck: {{plots: false}}\n"
+                      "key_map: {my_lp: log_prob, my_old: old_log_prob}\n")
+    result = cli("pipeline", "run", spec)
+    assert result.exit_code == 1, result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["check"]["run"]["failed"] == ["on_policy"]  # log_prob != old_log_prob on-policy
