@@ -68,7 +68,8 @@ def list_tensors(root: str) -> TensorListing:
     """The .npy files of the dump under `root` (scan_key_data's first step: the folders only), in every
     layout msprobe's SingleSave writes (docs/dump-format.md, "msprobe dumps"): in a `micro_step<M>/` folder,
     or directly in `rank<R>/` (micro-step 0, as msprobe's comparator reads them; `<key>_<N>.npy` there is
-    index N). Everything else under `data/` is listed in `unread`. Raises OSError where a folder cannot be read."""
+    index N; one of an index micro_step0/ also holds is not read). Everything else under `data/` is listed in
+    `unread`. Raises OSError where a folder cannot be read."""
     cols: dict[str, list[Any]] = {c: [] for c in COLUMNS[:7]}
     metas: list[str | None] = []
     unread: list[str] = []
@@ -93,38 +94,46 @@ def list_tensors(root: str) -> TensorListing:
                             micro_dirs.append((int(m.group(1)), d.path))
                         else:
                             names.append(d.name)
-                if names:  # tensors saved without micro_batch (msprobe's save_ex): micro-step 0
-                    _add_folder(root, rank_dir, names, key, (step, rank, 0), cols, metas, unread, flat=True)
+                taken = len(cols["key"])
                 for micro, micro_dir in sorted(micro_dirs):
                     _add_folder(root, micro_dir, os.listdir(micro_dir), key, (step, rank, micro), cols, metas, unread)
+                if names:  # tensors saved without micro_batch (msprobe's save_ex): micro-step 0, unless
+                    # micro_step0/ holds the same index (save() too in that step: it wins, the other is named)
+                    zero = {i for i, m in zip(cols["index"][taken:], cols["micro_step"][taken:]) if m == 0}
+                    _add_folder(root, rank_dir, names, key, (step, rank, 0), cols, metas, unread, taken=zero)
     return TensorListing(cols, metas, tuple(sorted(p[len(root) + 1:].replace(sep, "/") for p in unread)))
 
 
 def _add_folder(root: str, folder: str, names: list[str], key: str, where: tuple[int, int, int],
-                cols: dict[str, list[Any]], metas: list[str | None], unread: list[str], flat: bool = False) -> None:
-    """The tensors of one folder of names `names` (a micro-step's, or a rank's where `flat`) into `cols` and
-    `metas`; what is neither a tensor nor a statistics file into `unread` (absolute paths)."""
+                cols: dict[str, list[Any]], metas: list[str | None], unread: list[str],
+                taken: set[str] | None = None) -> None:
+    """The tensors of one folder of names `names` (a micro-step's, or a rank's where `taken`: the indexes its
+    micro_step0/ holds, grown by the rank's own) into `cols` and `metas`; what is neither a tensor nor a statistics
+    file, and a rank's tensor of an index already taken, into `unread` (absolute paths)."""
     keys, steps, ranks, micros, indexes, tensor_files, npys = cols.values()
-    tensors = sorted(n for n in names if n.endswith(".npy") and not n.startswith("."))
     present = set(names)
     base = folder + os.sep
     for name in names:
         if not ((name.endswith(".npy") and not name.startswith("."))
                 or (name.endswith(".json") and (name[:-5] + ".npy" in present or name[:-5] == key))):
             unread.append(base + name)
-    if not tensors:
-        return
     prefix = folder[len(root) + 1:].replace(os.sep, "/") + "/"
     step, rank, micro = where
-    for name in tensors:
+    for name in sorted(n for n in names if n.endswith(".npy") and not n.startswith(".")):
         stem = name[:-4]
+        numbered_id = _NUMBERED.match(stem) if taken is not None else None
+        index = (numbered_id.group(1) if numbered_id and stem[:numbered_id.start(1) - 1] == key
+                 else _index_of(key, stem))
+        if taken is not None:
+            if index in taken:  # <key>.1.npy beside <key>_1.npy, or in micro_step0/ too: the first is read
+                unread.append(base + name)
+                continue
+            taken.add(index)
         keys.append(key)
         steps.append(step)
         ranks.append(rank)
         micros.append(micro)
-        numbered_id = _NUMBERED.match(stem) if flat else None
-        indexes.append(numbered_id.group(1) if numbered_id and stem[:numbered_id.start(1) - 1] == key
-                       else _index_of(key, stem))
+        indexes.append(index)
         tensor_files.append(prefix + name)
         npys.append(base + name)
         meta = stem + ".json"

@@ -170,3 +170,22 @@ def test_rlprobe_info_lists_every_entry_not_read(fixtures_dir, tmp_path):
         table = _cli("info", run)
     assert table.exit_code == 0 and "not read (15" in table.output and "sample11" in table.output
     assert ".tmp-" not in table.output
+
+
+def test_a_tensor_at_a_micro_step_another_file_holds_is_named_not_read_twice(fixtures_dir, tmp_path):
+    """save() (micro_step0/) and save_ex() without micro_batch (rank<R>/) in one step both give micro-step 0, as do
+    <key>.1.npy and <key>_1.npy: msprobe's comparator keeps one of them at random; rlprobe reads micro_step0/'s,
+    then the first by name, and names the other (one row per key, step, rank, micro-step and index)."""
+    run = tmp_path / "run"
+    shutil.copytree(fixtures_dir / "msprobe/keydata/run_a", run)
+    rank = run / "data/log_prob/step0/rank0"
+    np.save(rank / "log_prob.npy", np.zeros(3, np.float32))
+    np.save(rank / "log_prob.1.npy", np.ones(2, np.float32))
+    np.save(rank / "log_prob_1.npy", np.full(2, 2, np.float32))
+    with pytest.warns(UnreadEntriesWarning, match=r"2 entries .*: data/log_prob/step0/rank0/log_prob.npy, "
+                                                  r"data/log_prob/step0/rank0/log_prob_1.npy$"):
+        rows = rlprobe.open(run).arrow("key_data").to_pylist()
+    mine = [(r["micro_step"], r["index"], r["tensor_file"]) for r in rows if r["key"] == "log_prob" and r["step"] == 0]
+    assert mine == [(0, "", "data/log_prob/step0/rank0/micro_step0/log_prob.npy"),
+                    (1, "", "data/log_prob/step0/rank0/micro_step1/log_prob.npy"),
+                    (0, "1", "data/log_prob/step0/rank0/log_prob.1.npy")]
