@@ -1,8 +1,10 @@
-"""Read dumps written by msprobe 8.x as if they were rlprobe dumps.
+"""Read dumps written by msprobe 8.x and 26.x as if they were rlprobe dumps.
 
-Key data (SingleSave): data/<key>/step<S>/rank<R>/micro_step<M>/<key>[.<index>].npy + .json
-(max/min/mean/norm/shape, no dtype). grad_probe: rank<R>/grad_summary_<S>.csv and
-rank<R>/step<S>/<param>.npy sign maps (bool, grad > 0).
+Key data (SingleSave): data/<key>/step<S>/rank<R>/[micro_step<M>/]<key>[.<index>].npy + .json
+(max/min/mean/norm/shape, no dtype; micro-step 0 where the folder has none, and <key>_<N>.npy directly in
+rank<R>/ is index N, as msprobe's comparators read them); what is in no such layout is named
+(unread_entries, one UnreadEntriesWarning). grad_probe: rank<R>/grad_summary_<S>.csv and
+rank<R>/step<S>/<param>.npy sign maps (bool, grad > 0). docs/dump-format.md, "msprobe dumps".
 """
 
 from __future__ import annotations
