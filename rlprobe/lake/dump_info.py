@@ -10,12 +10,13 @@ from rlprobe.lake import msprobe_format, msprobe_scan
 from rlprobe.lake.layout import PACK_SUFFIX
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.sql_runner import records
+from rlprobe.lake.unread import rlprobe_unread
 
 
 def dump_info(dump: Dump) -> dict[str, Any]:
     """What `dump` holds. A stats part or config file that cannot be read is one of the
-    `problems` (naming the file), and the rest is summarised without it; `unread` names every entry of an
-    msprobe dump that is in no layout rlprobe reads (msprobe_format.unread_entries)."""
+    `problems` (naming the file), and the rest is summarised without it; `unread` names every entry that is
+    in no layout rlprobe reads (lake/unread.py, msprobe_format.unread_entries)."""
     import duckdb
 
     problems: list[str] = []
@@ -57,7 +58,7 @@ def dump_info(dump: Dump) -> dict[str, Any]:
         problems.append(f"ranks disagree on run_id: {sorted(map(str, run_ids))}")
     ranks = sorted(manifests) or ranks
     unread = (msprobe_format.unread_entries(dump.path, msprobe_scan.list_tensors(os.fspath(dump.path)).unread)
-              if dump.format == "msprobe" else [])
+              if dump.format == "msprobe" else rlprobe_unread(dump.path) if dump.format == "rlprobe" else [])
     return {
         "path": str(dump.path),
         "format": dump.format,
@@ -71,7 +72,7 @@ def dump_info(dump: Dump) -> dict[str, Any]:
         "keys": keys,
         "scalars": scalars,
         "problems": problems,
-        "unread": unread,  # entries of the dump rlprobe does not read (an msprobe dump's; never an error)
+        "unread": unread,  # entries of the dump rlprobe does not read (never an error)
     }
 
 

@@ -15,17 +15,17 @@ import math
 import os
 import re
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from rlprobe.errors import DumpReadError, UnreadEntriesWarning
+from rlprobe.errors import DumpReadError
 from rlprobe.lake import msprobe_scan
 from rlprobe.lake.regular_files import GRAD_SUMMARY, NPY, NotRegularFileError, load_npy, open_text
 from rlprobe.lake.schema import GRAD, KEY_DATA, with_rank
+from rlprobe.lake.unread import is_own_temporary, warn_unread
 
 _RANK = re.compile(r"^rank(\d+)$")
 _GRAD_SUMMARY = re.compile(r"^grad_summary_(\d+)\.csv$")
@@ -56,7 +56,7 @@ def key_data_table(root: Path, listing: msprobe_scan.TensorListing | None = None
             values = msprobe_scan.read_statistics(listing)
     except msprobe_scan.StatsFileError as e:
         raise DumpReadError(str(e)) from None
-    warn_unread(root, unread_entries(root, listing.unread if listing is not None else ()))
+    warn_unread(root, unread_entries(root, listing.unread if listing is not None else ()), "msprobe")
     shapes = values["shape"]
     if isinstance(shapes, pa.Array) and shapes.null_count:
         shapes = shapes.to_pylist()
@@ -81,24 +81,11 @@ def unread_entries(root: Path, listed: Sequence[str]) -> list[str]:
     (msprobe_scan's TensorListing.unread: under data/; none where the compiled reader read the run, since it
     leaves every run holding such an entry to Python) and the entries beside data/ but configurations*.json
     (lake/configs.py reads or names those), less rlprobe's own temporary files (lake/atomic.py)."""
-    from rlprobe.lake.atomic import TMP_MARK
-
     with os.scandir(root) as entries:
         beside = [d.name for d in entries if not (d.name == "data" and d.is_dir())
                   and not (d.name.startswith("configurations") and d.name.endswith(".json"))]
     found = sorted(beside) + list(listed)
-    return [p for p in found if not (p.rpartition("/")[2].startswith(".") and TMP_MARK in p.rpartition("/")[2])]
-
-
-def warn_unread(root: Path, unread: list[str], shown: int = 10) -> None:
-    """One UnreadEntriesWarning naming `unread` (the first `shown`, then a count); none where it is empty."""
-    if not unread:
-        return
-    more = f" and {len(unread) - shown} more" if len(unread) > shown else ""
-    entries = "1 entry" if len(unread) == 1 else f"{len(unread)} entries"
-    warnings.warn(f"rlprobe: {entries} of the msprobe dump {root} not read (in no layout msprobe writes; "
-                  f"`rlprobe info` lists them all): {', '.join(unread[:shown])}{more}",
-                  UnreadEntriesWarning, stacklevel=2)
+    return [p for p in found if not is_own_temporary(p.rpartition("/")[2])]
 
 
 def compiled_scanner() -> Callable[[np.ndarray], tuple] | None:
