@@ -12,3 +12,8 @@ class DumpReadError(ProbeError):
 class SelectionError(ProbeError):
     """A selection (keys, steps, ranks) that names a key neither run saved, or that matches none of their
     key data: a usage error (exit code 2), not an unreadable run."""
+
+
+class UnreadEntriesWarning(UserWarning):
+    """Files or folders in a dump that rlprobe does not read (an msprobe dump's entries in no layout msprobe
+    writes): named, never an error, since msprobe itself ignores what it does not know."""

@@ -6,14 +6,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rlprobe.lake import msprobe_format, msprobe_scan
 from rlprobe.lake.layout import PACK_SUFFIX
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.sql_runner import records
+from rlprobe.lake.unread import rlprobe_unread
 
 
 def dump_info(dump: Dump) -> dict[str, Any]:
     """What `dump` holds. A stats part or config file that cannot be read is one of the
-    `problems` (naming the file), and the rest is summarised without it."""
+    `problems` (naming the file), and the rest is summarised without it; `unread` names every entry that is
+    in no layout rlprobe reads (lake/unread.py, msprobe_format.unread_entries)."""
     import duckdb
 
     problems: list[str] = []
@@ -54,6 +57,8 @@ def dump_info(dump: Dump) -> dict[str, Any]:
     if len(run_ids) > 1:
         problems.append(f"ranks disagree on run_id: {sorted(map(str, run_ids))}")
     ranks = sorted(manifests) or ranks
+    unread = (msprobe_format.unread_entries(dump.path, msprobe_scan.list_tensors(os.fspath(dump.path)).unread)
+              if dump.format == "msprobe" else rlprobe_unread(dump.path) if dump.format == "rlprobe" else [])
     return {
         "path": str(dump.path),
         "format": dump.format,
@@ -67,6 +72,7 @@ def dump_info(dump: Dump) -> dict[str, Any]:
         "keys": keys,
         "scalars": scalars,
         "problems": problems,
+        "unread": unread,  # entries of the dump rlprobe does not read (never an error)
     }
 
 

@@ -1,8 +1,10 @@
-"""Read dumps written by msprobe 8.x as if they were rlprobe dumps.
+"""Read dumps written by msprobe 8.x and 26.x as if they were rlprobe dumps.
 
-Key data (SingleSave): data/<key>/step<S>/rank<R>/micro_step<M>/<key>[.<index>].npy + .json
-(max/min/mean/norm/shape, no dtype). grad_probe: rank<R>/grad_summary_<S>.csv and
-rank<R>/step<S>/<param>.npy sign maps (bool, grad > 0).
+Key data (SingleSave): data/<key>/step<S>/rank<R>/[micro_step<M>/]<key>[.<index>].npy + .json
+(max/min/mean/norm/shape, no dtype; micro-step 0 where the folder has none, and <key>_<N>.npy directly in
+rank<R>/ is index N, as msprobe's comparators read them); what is in no such layout is named
+(unread_entries, one UnreadEntriesWarning). grad_probe: rank<R>/grad_summary_<S>.csv and
+rank<R>/step<S>/<param>.npy sign maps (bool, grad > 0). docs/dump-format.md, "msprobe dumps".
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +25,7 @@ from rlprobe.errors import DumpReadError
 from rlprobe.lake import msprobe_scan
 from rlprobe.lake.regular_files import GRAD_SUMMARY, NPY, NotRegularFileError, load_npy, open_text
 from rlprobe.lake.schema import GRAD, KEY_DATA, with_rank
+from rlprobe.lake.unread import is_own_temporary, warn_unread
 
 _RANK = re.compile(r"^rank(\d+)$")
 _GRAD_SUMMARY = re.compile(r"^grad_summary_(\d+)\.csv$")
@@ -49,9 +52,11 @@ def key_data_table(root: Path, listing: msprobe_scan.TensorListing | None = None
         if scanner is not None and listing is None:
             values = _compiled_columns(os.fspath(root), scanner)
         if values is None:
-            values = msprobe_scan.read_statistics(listing or msprobe_scan.list_tensors(os.fspath(root)))
+            listing = listing or msprobe_scan.list_tensors(os.fspath(root))
+            values = msprobe_scan.read_statistics(listing)
     except msprobe_scan.StatsFileError as e:
         raise DumpReadError(str(e)) from None
+    warn_unread(root, unread_entries(root, listing.unread if listing is not None else ()), "msprobe")
     shapes = values["shape"]
     if isinstance(shapes, pa.Array) and shapes.null_count:
         shapes = shapes.to_pylist()
@@ -69,6 +74,18 @@ def key_data_table(root: Path, listing: msprobe_scan.TensorListing | None = None
     schema = with_rank(KEY_DATA)
     return pa.table([(values[f.name] if isinstance(values[f.name], pa.Array) else pa.array(values[f.name], f.type))
                      if f.name in values else pa.nulls(n, f.type) for f in schema], schema=schema)
+
+
+def unread_entries(root: Path, listed: Sequence[str]) -> list[str]:
+    """What of the msprobe dump at `root` rlprobe does not read, relative to it (`/` separators): `listed`
+    (msprobe_scan's TensorListing.unread: under data/; none where the compiled reader read the run, since it
+    leaves every run holding such an entry to Python) and the entries beside data/ but configurations*.json
+    (lake/configs.py reads or names those), less rlprobe's own temporary files (lake/atomic.py)."""
+    with os.scandir(root) as entries:
+        beside = [d.name for d in entries if not (d.name == "data" and d.is_dir())
+                  and not (d.name.startswith("configurations") and d.name.endswith(".json"))]
+    found = sorted(beside) + list(listed)
+    return [p for p in found if not is_own_temporary(p.rpartition("/")[2])]
 
 
 def compiled_scanner() -> Callable[[np.ndarray], tuple] | None:

@@ -4,14 +4,16 @@ with no Python and no GIL per folder or file, so that two threads read two runs 
 "Eighth session: the statistics reading off the GIL"). What it cannot read as Python reads it, it leaves
 to Python: a whole run (FALLBACK) where a folder cannot be listed or Python's listing could differ (a name
 that is not UTF-8, a link or an entry of unknown type, a step, rank or micro-step name Python's pattern
-might read otherwise); a statistics file (SLOW) not written the way msprobe writes it.
+might read otherwise) and where a folder holds anything but the `micro_step<M>/` layout's (tensors saved
+without micro_batch, files it does not read: Python reads the one and names the others); a statistics
+file (SLOW) not written the way msprobe writes it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from rlprobe.lake.folder_kernel import (DT_DIR, DT_LNK, DT_UNKNOWN, find_name, grow, is_utf8, list_folder,
+from rlprobe.lake.folder_kernel import (DT_DIR, find_name, grow, is_utf8, list_folder,
                                         sorted_names)
 from rlprobe.lake.msprobe_codes import FALLBACK, NO_FILE, PARSED, SLOW, STAT_NULL, STAT_NUMBER
 from rlprobe.lake.msprobe_json_kernel import MAX_DIMS, READ_SIZE, at, parse_statistics, read_file
@@ -47,8 +49,9 @@ def _grow_rows(a, need):  # pragma: no cover - runs compiled
 @numba.njit(nogil=True, cache=True)
 def _numbered(path, parent_len, parent_names, start, length, prefix, names):  # pragma: no cover - runs compiled
     """msprobe_scan.numbered of the folder path[:parent_len] + "/" + parent_names[start:start + length] (the
-    path is left so): (its path's length, count (-1: not listed, -2: Python's to list), its sub-folders named
-    prefix + digits as names, starts, lengths, numbers, and their order: by number then name)."""
+    path is left so): (its path's length, count (-1: not listed, -2: Python's to list, as is a folder holding
+    anything but sub-folders named prefix + digits: Python names what it does not read), its sub-folders as
+    names, starts, lengths, numbers, and their order: by number then name)."""
     plen = _append(path, parent_len, parent_names, start, length)
     numbers = np.zeros(0, np.int64)
     if plen < 0:
@@ -63,7 +66,7 @@ def _numbered(path, parent_len, parent_names, start, length, prefix, names):  # 
     for e in range(count):
         s, n = starts[e], lengths[e]
         if not at(names, s, s + n, prefix):
-            continue
+            return plen, -2, names, starts, lengths, numbers, numbers  # not read: Python names it
         digits = 0
         value = np.int64(0)
         for k in range(s + prefix.size, s + n):
@@ -76,16 +79,32 @@ def _numbered(path, parent_len, parent_names, start, length, prefix, names):  # 
             else:
                 digits = -1
                 break
-        if digits <= 0:
-            continue
-        if digits > 18 or types[e] == DT_LNK or types[e] == DT_UNKNOWN:
+        if digits <= 0 or digits > 18 or types[e] != DT_DIR:  # a link, an unknown type, an entry not read
             return plen, -2, names, starts, lengths, numbers, numbers
-        if types[e] != DT_DIR:
-            continue
         numbers[e] = value
         picked[found] = e
         found += 1
     return plen, found, names, starts, lengths, numbers, sorted_names(names, starts, lengths, numbers, picked[:found])
+
+
+@numba.njit(nogil=True, cache=True)
+def _all_read(names, starts, lengths, order, key, want):  # pragma: no cover - runs compiled
+    """Whether every entry of a micro-step folder is one msprobe_scan reads: a tensor (`.npy`, not hidden) or a
+    statistics file (`<stem>.json` beside `<stem>.npy`, or `<key>.json`: a list's or dict's)."""
+    for e in order:
+        s, n = starts[e], lengths[e]
+        if n >= _NPY.size and names[s] != 46 and at(names, s + n - _NPY.size, s + n, _NPY):
+            continue
+        if n < _JSON.size or not at(names, s + n - _JSON.size, s + n, _JSON):
+            return False
+        stem = n - _JSON.size
+        if stem == key.size and at(names, s, s + stem, key):
+            continue
+        want[:stem] = names[s:s + stem]
+        want[stem:stem + _NPY.size] = _NPY
+        if find_name(names, starts, lengths, order, want, stem + _NPY.size) < 0:
+            return False
+    return True
 
 
 @numba.njit(nogil=True, cache=True)
@@ -150,9 +169,9 @@ def scan_dump(root):  # pragma: no cover - runs compiled
     if kcount < 0:
         status = FALLBACK
     for e in range(max(kcount, 0)):
-        if ktypes[e] == DT_LNK or ktypes[e] == DT_UNKNOWN:
+        if ktypes[e] != DT_DIR:  # a link, an unknown type, or a file Python names as not read
             status = FALLBACK
-        elif ktypes[e] == DT_DIR:
+        else:
             if not is_utf8(key_names, kstarts[e], kstarts[e] + klengths[e]):
                 status = FALLBACK
             picked[found] = e
@@ -199,6 +218,9 @@ def scan_dump(root):  # pragma: no cover - runs compiled
                         break
                     everything = sorted_names(file_names, fstarts, flengths, np.zeros(fcount, np.int64),
                                          np.arange(fcount))
+                    if not _all_read(file_names, fstarts, flengths, everything, key_names[ks:ks + kn], want):
+                        status = FALLBACK
+                        break
                     for e in everything:
                         fs, fn = fstarts[e], flengths[e]
                         if fn < _NPY.size or file_names[fs] == 46 or not at(file_names, fs + fn - _NPY.size,

@@ -19,6 +19,7 @@ from rlprobe.lake.regular_files import MSPROBE_STATS, NotRegularFileError, open_
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^rank(\d+)$")
 _MICRO = re.compile(r"^micro_step(\d+)$")
+_NUMBERED = re.compile(r"^.+_(\d+)$")  # <name>_<N>.npy in rank<R>/: id N to msprobe 26.x's comparator
 _READ_SIZE = 1 << 16
 _decode = json.JSONDecoder().decode
 # the columns scan_key_data returns, in this order
@@ -30,23 +31,28 @@ class StatsFileError(ValueError):
     lake/regular_files.py); msprobe_format raises it as DumpReadError."""
 
 
-def numbered(parent: str, pattern: re.Pattern[str]) -> list[tuple[int, str]]:
-    """The sub-folders of `parent` whose names match `pattern` (its group: a number), by number."""
+def numbered(parent: str, pattern: re.Pattern[str], unread: list[str] | None = None) -> list[tuple[int, str]]:
+    """The sub-folders of `parent` whose names match `pattern` (its group: a number), by number; the paths of
+    the other entries appended to `unread` where given."""
     found = []
     with os.scandir(parent) as entries:
         for d in entries:
             m = pattern.match(d.name)
             if m and d.is_dir():
                 found.append((int(m.group(1)), d.path))
+            elif unread is not None:
+                unread.append(d.path)
     return sorted(found)
 
 
 class TensorListing(NamedTuple):
-    """What list_tensors found: the columns key to npy of COLUMNS (one entry per .npy file) and each
-    file's statistics file (absolute; None where there is none)."""
+    """What list_tensors found: the columns key to npy of COLUMNS (one entry per .npy file), each
+    file's statistics file (absolute; None where there is none) and the entries under data/ that are neither
+    (relative to the dump, `/` separators: msprobe_format.unread_entries names them)."""
 
     columns: dict[str, list[Any]]
     metas: list[str | None]
+    unread: tuple[str, ...] = ()
 
 
 def scan_key_data(root: str) -> dict[str, list[Any]]:
@@ -59,38 +65,79 @@ def scan_key_data(root: str) -> dict[str, list[Any]]:
 
 
 def list_tensors(root: str) -> TensorListing:
-    """The .npy files of the dump under `root` (scan_key_data's first step: the folders only).
-    Raises OSError where a folder cannot be read."""
+    """The .npy files of the dump under `root` (scan_key_data's first step: the folders only), in every
+    layout msprobe's SingleSave writes (docs/dump-format.md, "msprobe dumps"): in a `micro_step<M>/` folder,
+    or directly in `rank<R>/` (micro-step 0, as msprobe's comparator reads them; `<key>_<N>.npy` there is
+    index N; one of an index micro_step0/ also holds is not read). Everything else under `data/` is listed in
+    `unread`. Raises OSError where a folder cannot be read."""
     cols: dict[str, list[Any]] = {c: [] for c in COLUMNS[:7]}
-    keys, steps, ranks, micros, indexes, tensor_files, npys = cols.values()
     metas: list[str | None] = []
+    unread: list[str] = []
     sep = os.sep
     data = root + sep + "data"
+    key_names = []
     with os.scandir(data) as entries:
-        key_names = sorted(d.name for d in entries if d.is_dir())
-    for key in key_names:
-        for step, step_dir in numbered(data + sep + key, _STEP):
-            for rank, rank_dir in numbered(step_dir, _RANK):
-                for micro, micro_dir in numbered(rank_dir, _MICRO):
-                    names = os.listdir(micro_dir)
-                    tensors = sorted(n for n in names if n.endswith(".npy") and not n.startswith("."))
-                    if not tensors:
-                        continue
-                    present = set(names)
-                    prefix = micro_dir[len(root) + 1:].replace(sep, "/") + "/"
-                    base = micro_dir + sep
-                    for name in tensors:
-                        stem = name[:-4]
-                        keys.append(key)
-                        steps.append(step)
-                        ranks.append(rank)
-                        micros.append(micro)
-                        indexes.append(_index_of(key, stem))
-                        tensor_files.append(prefix + name)
-                        npys.append(base + name)
-                        meta = stem + ".json"
-                        metas.append(base + meta if meta in present else None)
-    return TensorListing(cols, metas)
+        for d in entries:
+            if d.is_dir():
+                key_names.append(d.name)
+            else:
+                unread.append(d.path)
+    for key in sorted(key_names):
+        for step, step_dir in numbered(data + sep + key, _STEP, unread):
+            for rank, rank_dir in numbered(step_dir, _RANK, unread):
+                micro_dirs = []
+                with os.scandir(rank_dir) as entries:
+                    names = []
+                    for d in entries:
+                        m = _MICRO.match(d.name)
+                        if m and d.is_dir():
+                            micro_dirs.append((int(m.group(1)), d.path))
+                        else:
+                            names.append(d.name)
+                taken = len(cols["key"])
+                for micro, micro_dir in sorted(micro_dirs):
+                    _add_folder(root, micro_dir, os.listdir(micro_dir), key, (step, rank, micro), cols, metas, unread)
+                if names:  # tensors saved without micro_batch (msprobe's save_ex): micro-step 0, unless
+                    # micro_step0/ holds the same index (save() too in that step: it wins, the other is named)
+                    zero = {i for i, m in zip(cols["index"][taken:], cols["micro_step"][taken:]) if m == 0}
+                    _add_folder(root, rank_dir, names, key, (step, rank, 0), cols, metas, unread, taken=zero)
+    return TensorListing(cols, metas, tuple(sorted(p[len(root) + 1:].replace(sep, "/") for p in unread)))
+
+
+def _add_folder(root: str, folder: str, names: list[str], key: str, where: tuple[int, int, int],
+                cols: dict[str, list[Any]], metas: list[str | None], unread: list[str],
+                taken: set[str] | None = None) -> None:
+    """The tensors of one folder of names `names` (a micro-step's, or a rank's where `taken`: the indexes its
+    micro_step0/ holds, grown by the rank's own) into `cols` and `metas`; what is neither a tensor nor a statistics
+    file, and a rank's tensor of an index already taken, into `unread` (absolute paths)."""
+    keys, steps, ranks, micros, indexes, tensor_files, npys = cols.values()
+    present = set(names)
+    base = folder + os.sep
+    for name in names:
+        if not ((name.endswith(".npy") and not name.startswith("."))
+                or (name.endswith(".json") and (name[:-5] + ".npy" in present or name[:-5] == key))):
+            unread.append(base + name)
+    prefix = folder[len(root) + 1:].replace(os.sep, "/") + "/"
+    step, rank, micro = where
+    for name in sorted(n for n in names if n.endswith(".npy") and not n.startswith(".")):
+        stem = name[:-4]
+        numbered_id = _NUMBERED.match(stem) if taken is not None else None
+        index = (numbered_id.group(1) if numbered_id and stem[:numbered_id.start(1) - 1] == key
+                 else _index_of(key, stem))
+        if taken is not None:
+            if index in taken:  # <key>.1.npy beside <key>_1.npy, or in micro_step0/ too: the first is read
+                unread.append(base + name)
+                continue
+            taken.add(index)
+        keys.append(key)
+        steps.append(step)
+        ranks.append(rank)
+        micros.append(micro)
+        indexes.append(index)
+        tensor_files.append(prefix + name)
+        npys.append(base + name)
+        meta = stem + ".json"
+        metas.append(base + meta if meta in present else None)
 
 
 def read_statistics(listing: TensorListing) -> dict[str, list[Any]]:

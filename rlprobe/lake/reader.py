@@ -22,6 +22,7 @@ from rlprobe.lake.encoding import restore
 from rlprobe.lake.layout import RUN_MANIFEST, DumpLayout
 from rlprobe.lake.schema import schema_for, step_column, with_rank
 from rlprobe.lake.tensor_pack import read_tensor_file
+from rlprobe.lake.unread import rlprobe_unread, warn_unread
 
 if TYPE_CHECKING:
     import duckdb
@@ -41,6 +42,7 @@ def open_dump(path: Any, include_uncommitted: bool = False) -> "Dump":
     if not root.is_dir():
         raise DumpReadError(f"dump {root} is a file; expected a dump directory (rlprobe or msprobe)")
     if (root / RUN_MANIFEST).exists() or (root / "stats").is_dir() or any(root.glob("rank*.json")):
+        warn_unread(root, rlprobe_unread(root), "rlprobe")  # what its readers list and leave out: named
         return Dump(root, "rlprobe", include_uncommitted)
     if msprobe_format.is_msprobe_key_data(root):
         return Dump(root, "msprobe")
@@ -98,8 +100,7 @@ class Dump:
         return all(self.rank_manifests.get(r, {}).get("closed") for r in range(world))
 
     def committed_ranges(self, rank: int) -> list[tuple[int, int]]:
-        """Rank `rank`'s committed steps as sorted, disjoint (first, last) ranges; none when its
-        manifest is missing."""
+        """Rank `rank`'s committed steps as sorted, disjoint (first, last) ranges; none when its manifest is missing."""
         cache = self.__dict__.setdefault("_ranges", {})
         if rank not in cache:
             steps = self.rank_manifests.get(rank, {}).get("committed_steps") or []
@@ -147,8 +148,7 @@ class Dump:
 
     @property
     def may_hold_tensors(self) -> bool:
-        """Whether element-wise comparison can find tensor files here (key data or module
-        tensors); False for statistics-only and gradient-only dumps. A cheap directory check."""
+        """Whether comparison can find tensor files here (key data, module tensors; not statistics or grads only)."""
         if self.format == "msprobe":
             return True
         if self.format != "rlprobe":

@@ -31,6 +31,9 @@ def print_dump_summary(s: dict[str, Any]) -> None:
                      k["tensor_files"], _bytes(k["bytes"])])
     print_table(console, ["key", "dtypes", "steps", "ranks", "micro steps", "indexes", "tensors", "saved", "bytes"],
                 rows, title="[italic]key data[/]")
+    if s.get("unread"):
+        print_table(console, ["path (relative to the dump)"], [[path] for path in s["unread"]],
+                    title=f"[italic]not read ({len(s['unread'])}: in no layout rlprobe reads)[/]")
     if s["scalars"]:
         print_table(console, ["name", "steps", "ranks", "mean"],
                     [[m["name"], f"{m['first_step']}-{m['last_step']} ({m['steps']})", m["ranks"],

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlprobe.errors import DumpReadError
+from rlprobe.errors import DumpReadError, UnreadEntriesWarning
 from rlprobe.lake import msprobe_codes, msprobe_scan
 from rlprobe.lake.msprobe_format import compiled_scanner, key_data_table
 from tests.lake.test_msprobe_scan import _item, _odd_dump
@@ -108,10 +108,20 @@ def test_statistics_files_written_otherwise_are_left_to_python(tmp_path: Path, s
 
 
 def test_the_odd_dump_reads_the_same(tmp_path: Path, scanner):
-    run = _odd_dump(tmp_path / "run")
+    run = _odd_dump(tmp_path / "run", unread=False)
     status, files = _statuses(run, scanner)
     assert status == 0 and msprobe_codes.PARSED in files  # its non-ASCII key included
     _same_table(run, scanner)
+
+
+def test_a_run_holding_entries_it_does_not_read_is_python_s_to_read_and_name(tmp_path: Path, scanner):
+    """The compiled reader reads only the micro_step<M>/ layout whole: an entry it does not read anywhere
+    under data/ leaves the run to Python, which names it (msprobe_format.unread_entries)."""
+    run = _odd_dump(tmp_path / "run")
+    assert _statuses(run, scanner)[0] == msprobe_codes.FALLBACK
+    with pytest.warns(UnreadEntriesWarning, match=r"2 entries .* data/adv/not-a-step, "
+                                                  r"data/adv/step10/rank0/micro_step0/\.hidden\.npy$"):
+        assert len(_same_table(run, scanner)) == 6
 
 
 def test_every_float_is_the_one_python_reads(tmp_path: Path, scanner):
@@ -147,11 +157,20 @@ def _layout_dump(run: Path) -> Path:
     return run
 
 
-@pytest.mark.parametrize("odd", ["link", "not_utf8", "unicode_digit", "newline"])
+@pytest.mark.parametrize("odd", ["link", "not_utf8", "unicode_digit", "newline", "file_named_like_a_step",
+                                 "folder_of_another_level", "file_in_data", "tensor_without_micro_step"])
 def test_a_run_python_might_list_otherwise_is_python_s_to_read(tmp_path: Path, scanner, odd: str):
     run = _layout_dump(tmp_path / "run")
     key = run / "data" / "adv"
-    if odd == "link":  # Python follows it (is_dir); the listing tells only that it is a link
+    if odd == "file_named_like_a_step":  # no step: named as not read, by Python
+        (key / "step7").write_text("")
+    elif odd == "folder_of_another_level":
+        (key / "rank0").mkdir()
+    elif odd == "file_in_data":
+        (run / "data" / "notes.txt").write_text("")
+    elif odd == "tensor_without_micro_step":  # save_ex without micro_batch: Python reads it as micro-step 0
+        np.save(key / "step2" / "rank0" / "adv.npy", np.ones(2, np.float32))
+    elif odd == "link":  # Python follows it (is_dir); the listing tells only that it is a link
         os.symlink(key / "step2", key / "step3")
     elif odd == "not_utf8":
         os.mkdir(os.fsencode(key / "step2" / "rank0") + b"/micro_step5\xff")
@@ -178,8 +197,6 @@ def test_the_listing_s_order_and_names_are_python_s(tmp_path: Path, scanner):
         np.save(d / "adv.10.npy", np.zeros(1, np.float32))
         (d / "adv.10.json").write_text('{"data": {"max": 1}}')
         (d / "other.npy").mkdir()  # a folder named like a tensor file is listed as one, as listdir does
-    (key / "step7").write_text("")  # a file named like a step is no step
-    (key / "rank0").mkdir()
     status, _ = _statuses(run, scanner)
     assert status == 0
     rows = _same_table(run, scanner)
@@ -219,3 +236,14 @@ def test_a_statistics_file_that_cannot_be_read_is_python_s_error(tmp_path: Path,
         finishes(lambda: _python(run), [bad])
     assert str(compiled.value) == str(python.value) \
         == f"{bad}: not a regular file ({kind}); expected msprobe's statistics .json file"
+
+
+@pytest.mark.parametrize("fixture, status", [("keydata", 0), ("keydata_flat", msprobe_codes.FALLBACK),
+                                             ("keydata_ids", msprobe_codes.FALLBACK)])
+def test_msprobe_s_layouts_read_the_same_compiled_or_not(fixtures_dir, scanner, fixture, status):
+    """msprobe's micro_step<M>/ layout stays the compiled reader's; the layouts without micro_step<M>/ it leaves
+    to Python (tests/lake/test_msprobe_layouts.py), with the same rows."""
+    for run in ("run_a", "run_b"):
+        assert _statuses(fixtures_dir / "msprobe" / fixture / run, scanner)[0] == status
+        assert len(_same_table(fixtures_dir / "msprobe" / fixture / run, scanner)) == {
+            "keydata": 18, "keydata_flat": 21, "keydata_ids": 12}[fixture]

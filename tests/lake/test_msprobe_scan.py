@@ -26,9 +26,10 @@ def _item(run: Path, key: str, step: int, micro: int, stem: str, array: np.ndarr
     return d / f"{stem}.json"
 
 
-def _odd_dump(run: Path) -> Path:
+def _odd_dump(run: Path, unread: bool = True) -> Path:
     """Statistics as msprobe writes them and as it might: NaN and infinities (JSON's NaN/Infinity),
-    integers and text, no shape, no statistics file, indexes, a non-ASCII key, folders to skip."""
+    integers and text, no shape, no statistics file, indexes, a non-ASCII key, and (`unread`) a folder and a
+    hidden file that are not read (named: msprobe_format.unread_entries)."""
     _item(run, "log_prob", 0, 0, "log_prob", np.arange(8, dtype=np.float32).reshape(2, 4),
           json.dumps({"data": {"max": 7.0, "min": 0.0, "mean": 3.5, "norm": 11.832159566199232, "shape": [2, 4]}}))
     _item(run, "log_prob", 0, 1, "log_prob", np.zeros(3, np.float32),
@@ -37,8 +38,9 @@ def _odd_dump(run: Path) -> Path:
     _item(run, "adv", 10, 0, "adv.critic", np.ones((1, 2), np.float64), None)
     _item(run, "adv", 2, 0, "adv", np.ones(5, np.int64), json.dumps({"data": {"shape": [5], "norm": True}}))
     _item(run, "清", 1, 0, "清", np.ones(1, np.float32), json.dumps({"data": {"max": 0.30000000000000004}}))
-    (run / "data" / "adv" / "not-a-step").mkdir()
-    (run / "data" / "adv" / "step10" / "rank0" / "micro_step0" / ".hidden.npy").write_bytes(b"")
+    if unread:
+        (run / "data" / "adv" / "not-a-step").mkdir()
+        (run / "data" / "adv" / "step10" / "rank0" / "micro_step0" / ".hidden.npy").write_bytes(b"")
     return run
 
 
