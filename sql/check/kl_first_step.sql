@@ -6,7 +6,8 @@
 -- every batch of the first step. One row per kl tensor of the first step whose largest |value|
 -- exceeds its tolerance: the larger of kl_first_step_tol and the rounding of the log-probs the KL is
 -- computed from, kl_first_step_ulps x the machine epsilon of the finer dtype of that batch's ref_log_prob
--- and old_log_prob/log_prob (the kl's own dtype where neither is saved; float64 2.2e-16, float32
+-- and old_log_prob/log_prob (of the rank's first step where the kl is saved in a call of its own, the
+-- kl's own dtype where neither is saved; float64 2.2e-16, float32
 -- 1.19e-7, float16 9.8e-4, bfloat16 7.8e-3) x max(1, their largest finite |value|): a reference forward
 -- of another batch shape rounds its log-probs a few ulps apart from the actor's (float32 at |log-prob| 8-16:
 -- 9.5e-7 an ulp), a reference in a coarser dtype than the actor is beyond it.
@@ -30,27 +31,33 @@ applies AS (
                   (SELECT count(*) > 0 AND bool_and(coalesce(equal, false)) FROM first_pairs)) AS yes
   FROM info
 ),
-inputs AS (  -- per batch of the first step: the finest epsilon and the largest finite |value| of its log-probs
-  SELECT rank, micro_step, "index",
-         min(CASE WHEN lower(dtype) LIKE '%bfloat16%' THEN 0.0078125
-                  WHEN lower(dtype) LIKE '%float16%' THEN 0.0009765625
-                  WHEN lower(dtype) LIKE '%float64%' THEN 2.220446049250313e-16
-                  ELSE 1.1920928955078125e-07 END) AS ulp,
-         max(greatest(CASE WHEN isfinite(min) THEN abs(min) ELSE 0 END,
-                      CASE WHEN isfinite(max) THEN abs(max) ELSE 0 END)) AS magnitude
-  FROM first_step WHERE canonical IN ('ref_log_prob', 'old_log_prob', 'log_prob')
+rounding AS (  -- each first-step tensor's machine epsilon and largest finite |value|
+  SELECT *, CASE WHEN lower(dtype) LIKE '%bfloat16%' THEN 0.0078125
+                 WHEN lower(dtype) LIKE '%float16%' THEN 0.0009765625
+                 WHEN lower(dtype) LIKE '%float64%' THEN 2.220446049250313e-16
+                 ELSE 1.1920928955078125e-07 END AS ulp,
+         greatest(CASE WHEN isfinite(min) THEN abs(min) ELSE 0 END,
+                  CASE WHEN isfinite(max) THEN abs(max) ELSE 0 END) AS magnitude
+  FROM first_step
+),
+batch_inputs AS (  -- the log-probs of each batch: the finest epsilon, the largest |value|
+  SELECT rank, micro_step, "index", min(ulp) AS ulp, max(magnitude) AS magnitude
+  FROM rounding WHERE canonical IN ('ref_log_prob', 'old_log_prob', 'log_prob')
   GROUP BY rank, micro_step, "index"
+),
+rank_inputs AS (  -- those of the rank's first step, for a kl saved in a call of its own
+  SELECT rank, min(ulp) AS ulp, max(magnitude) AS magnitude
+  FROM rounding WHERE canonical IN ('ref_log_prob', 'old_log_prob', 'log_prob')
+  GROUP BY rank
 ),
 kl AS (
   SELECT s.*,
          greatest(getvariable('kl_first_step_tol'),
-                  getvariable('kl_first_step_ulps') * greatest(1.0, coalesce(i.magnitude, 0))
-                  * coalesce(i.ulp, CASE WHEN lower(s.dtype) LIKE '%bfloat16%' THEN 0.0078125
-                                         WHEN lower(s.dtype) LIKE '%float16%' THEN 0.0009765625
-                                         WHEN lower(s.dtype) LIKE '%float64%' THEN 2.220446049250313e-16
-                                         ELSE 1.1920928955078125e-07 END)) AS tolerance
-  FROM first_step AS s
-  LEFT JOIN inputs AS i ON i.rank = s.rank AND i.micro_step = s.micro_step AND i."index" = s."index"
+                  getvariable('kl_first_step_ulps') * greatest(1.0, coalesce(b.magnitude, r.magnitude, 0))
+                  * coalesce(b.ulp, r.ulp, s.ulp)) AS tolerance
+  FROM rounding AS s
+  LEFT JOIN batch_inputs AS b ON b.rank = s.rank AND b.micro_step = s.micro_step AND b."index" = s."index"
+  LEFT JOIN rank_inputs AS r ON r.rank = s.rank
   WHERE s.canonical = 'kl'
 )
 SELECT s.key, s.step, s.rank, s.micro_step, s."index", s.min, s.max, s.mean, s.tolerance,

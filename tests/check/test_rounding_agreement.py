@@ -127,3 +127,23 @@ def test_a_difference_beyond_rounding_still_fails(tmp_path, shift, check):
     if check == "on_policy":
         assert {r["within_tolerance"] for r in found.on_policy["A"]} == {False}
         assert all(r["max_abs_diff"] == pytest.approx(1e-3, rel=1e-2) for r in found.on_policy["A"])
+
+
+@pytest.mark.parametrize("kl, status", [(5e-6, "pass"), (1e-4, "fail")])
+def test_a_kl_without_log_probs_in_its_batch_takes_the_rounding_of_its_ranks(tmp_path, kl, status):
+    """The KL's tolerance comes from the log-probs of its batch (the same micro-step and index), else of its
+    rank's first step: 16 eps x 12 = 2.3e-5 for log-probs down to -12, where a kl alone had 16 eps x 1 = 1.9e-6.
+    Here the log-probs are saved once, the kl for two micro-batches."""
+    old = -np.linspace(0.5, 12, 24, dtype=np.float32).reshape(4, 6)
+    with rlprobe.Probe(tmp_path / "d", flush_interval=0) as probe:
+        probe.save_config({"ref_starts_as_actor": True})
+        probe.save({"old_log_prob": old, "ref_log_prob": ulps(old, np.full(old.shape, 2)), "kl": np.zeros((4, 6))})
+        probe.save({"kl": np.full((4, 6), kl, np.float32)})
+        probe.step()
+    result = rlprobe.check(tmp_path / "d")
+    assert statuses(result)["kl_first_step"] == status
+    if status == "fail":
+        assert [(r["micro_step"], r["tolerance"]) for r in result.rows["kl_first_step"].to_pylist()] == \
+            [(1, pytest.approx(16 * np.finfo(np.float32).eps * 12))]
+    strict = rlprobe.check(tmp_path / "d", kl_first_step_ulps=1)  # 1 eps x 12 = 1.4e-6
+    assert statuses(strict)["kl_first_step"] == "fail"
