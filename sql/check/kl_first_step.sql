@@ -5,12 +5,12 @@
 -- old_log_prob (else log_prob) bitwise (equal hashes; equal min/max/mean where no hash is saved) in
 -- every batch of the first step. One row per kl tensor of the first step whose largest |value|
 -- exceeds its tolerance: the larger of kl_first_step_tol and the rounding of the log-probs the KL is
--- computed from, kl_first_step_ulps x the machine epsilon of the finer dtype of that batch's ref_log_prob
--- and old_log_prob/log_prob (of the rank's first step where the kl is saved in a call of its own, the
--- kl's own dtype where neither is saved; float64 2.2e-16, float32
--- 1.19e-7, float16 9.8e-4, bfloat16 7.8e-3) x max(1, their largest finite |value|): a reference forward
--- of another batch shape rounds its log-probs a few ulps apart from the actor's (float32 at |log-prob| 8-16:
--- 9.5e-7 an ulp), a reference in a coarser dtype than the actor is beyond it.
+-- computed from, kl_first_step_ulps x the machine epsilon of the finer dtype of that batch's (same rank,
+-- micro-step, index) ref_log_prob and old_log_prob/log_prob (those of the rank's first step for a batch
+-- that saved none, the kl's own dtype where no rank did; float64 2.2e-16, float32 1.19e-7, float16 9.8e-4,
+-- bfloat16 7.8e-3) x max(1, their largest finite |value|): a reference forward of another batch shape
+-- rounds its log-probs a few ulps apart from the actor's (float32 at |log-prob| 8-16: 9.5e-7 an ulp), a
+-- reference in a coarser dtype than the actor is beyond it (docs/check.md, "Agreement is rounding").
 -- Reads: stats, run_info (ref_starts_as_actor, first_step).
 -- param kl_first_step_tol = 1e-06 : the largest |KL| allowed at the first step, whatever the rounding
 -- param kl_first_step_ulps = 16 : how many machine epsilons (of the log-probs' magnitude) the first step's KL may reach
@@ -45,7 +45,7 @@ batch_inputs AS (  -- the log-probs of each batch: the finest epsilon, the large
   FROM rounding WHERE canonical IN ('ref_log_prob', 'old_log_prob', 'log_prob')
   GROUP BY rank, micro_step, "index"
 ),
-rank_inputs AS (  -- those of the rank's first step, for a kl saved in a call of its own
+rank_inputs AS (  -- those of the rank's first step, for a batch that saved none
   SELECT rank, min(ulp) AS ulp, max(magnitude) AS magnitude
   FROM rounding WHERE canonical IN ('ref_log_prob', 'old_log_prob', 'log_prob')
   GROUP BY rank
