@@ -33,7 +33,11 @@ def test_nondeterministic_layer_is_named(tmp_path):
     first = r["key_data"]["first_divergence"]
     assert (first["key"], first["step"]) == ("old_log_prob", 0)
     assert "not deterministic" in r["key_data"]["suspect"]
-    assert r["key_data"]["on_policy_recompute"].keys() == {"B"}  # the baseline recomputes bit for bit
+    recompute = r["key_data"]["on_policy_recompute"]
+    assert "B" in recompute and recompute.keys() <= {"A", "B"}
+    # the baseline recomputes bit for bit where this CPU's kernels round both batch shapes alike, else
+    # within float32 rounding (docs/check.md, "Agreement is rounding, not bitwise equality")
+    assert all(row["within_tolerance"] for row in recompute.get("A", []))
     mod = r["modules"]["module_first_divergence"]
     assert mod["stage"] == "actor_compute_log_prob"
     assert mod["module"] == "layers.1.mlp.fc2" and mod["inputs_match"] is True  # the planted layer

@@ -55,7 +55,7 @@ def _steps(keys: list[Key], metas: list[dict[str, Any]], f: BatchFigures, eps: f
     mean = f.sums[:, 1] / d
     var = f.sums[:, 2] / d - mean * mean
     sd = np.sqrt(np.where(0.0 > var, 0.0, var))  # max(var, 0.0)
-    quantiles = np.minimum(edges.upper[np.maximum(f.quantile_bins, 0)], f.sums[:, 4:5])
+    quantiles = np.minimum(edges.quantile[np.maximum(f.quantile_bins, 0)], f.sums[:, 4:5])
     columns: dict[str, Any] = {
         "pair": [k[0] for k in keys], "step": [k[1] for k in keys], "rank": [k[2] for k in keys],
         "dtype_a": [m["dtype_a"] for m in metas], "dtype_b": [m["dtype_b"] for m in metas],

@@ -39,6 +39,15 @@ def bin_upper_edges() -> np.ndarray:
     return edges
 
 
+def quantile_edges() -> np.ndarray:
+    """What a quantile in each |Δ| bin reads: its upper edge, but 0 in bin 0. Bin 0 holds the exact zeros (a
+    token whose two log-probs are equal) and float32 denormals below 2^-132 ≈ 1.8e-40, far below the rounding
+    of any log-prob; its upper edge printed a median of zeros as 1.8367e-40."""
+    edges = bin_upper_edges()
+    edges[0] = 0.0
+    return edges
+
+
 def bin_lower_edges() -> np.ndarray:
     with np.errstate(invalid="ignore"):
         return (np.arange(HALF, dtype=np.int64) << 17).astype(np.uint32).view(np.float32).astype(np.float64)
@@ -79,8 +88,8 @@ class PairFigures:
         return self.hist[:HALF] + self.hist[HALF:]
 
     def quantile(self, q: float, upper: np.ndarray | None = None) -> float | None:
-        """The upper edge of the |Δ| bin holding quantile q, at most max |Δ| (None without tokens);
-        `upper`: bin_upper_edges(), when the caller has it already."""
+        """The upper edge of the |Δ| bin holding quantile q (0 in the bin of zeros), at most max |Δ| (None without
+        tokens); `upper`: quantile_edges(), when the caller has it already."""
         return self.quantiles((q,), upper)[0]
 
     def quantiles(self, qs: tuple[float, ...], upper: np.ndarray | None = None, counts: np.ndarray | None = None,
@@ -94,7 +103,7 @@ class PairFigures:
         cumulative = np.cumsum(counts[filled])
         total = int(cumulative[-1])
         index = filled[np.searchsorted(cumulative, [max(1, math.ceil(q * total)) for q in qs])]
-        edges = (bin_upper_edges() if upper is None else upper)[index]
+        edges = (quantile_edges() if upper is None else upper)[index]
         return [float(min(edge, self.max_abs)) for edge in edges]
 
     def clear(self, filled: np.ndarray) -> None:

@@ -13,7 +13,7 @@ import pyarrow as pa
 from rlprobe.check.mapped_tensors import map_tensor
 from rlprobe.check.pair_part import Part
 from rlprobe.check.token_figures import (N_POSITIONS, N_PROBABILITY, TABLE_BITS, bin_lower_edges, bin_upper_edges,
-                                         position_bounds)
+                                         position_bounds, quantile_edges)
 from rlprobe.lake.reader import Dump
 
 QUANTILES = (("p50_abs", 0.5), ("p95_abs", 0.95), ("p99_abs", 0.99))
@@ -66,6 +66,7 @@ class Edges:
 
     def __init__(self) -> None:
         self.lower, self.upper = bin_lower_edges(), bin_upper_edges()
+        self.quantile = quantile_edges()  # what a quantile in each |Δ| bin reads: the upper edge, 0 for the zeros
         self.pos_lo = np.array([position_bounds(p)[0] for p in range(N_POSITIONS)], np.float64)
         self.pos_hi = np.array([position_bounds(p)[1] for p in range(N_POSITIONS)], np.float64)
         self.pos_hi[-1] = np.inf

@@ -287,7 +287,7 @@ def _key_rows(key: tuple[str, int, int], f: PairFigures, meta: dict[str, Any], e
     counts = f.abs_hist()
     filled = np.flatnonzero(counts != 0)  # the few hundred filled bins of 16,384 (on bools: 3x faster)
     row.update(zip((name for name, _ in QUANTILES),
-                   f.quantiles(tuple(q for _, q in QUANTILES), edges.upper, counts, filled)))
+                   f.quantiles(tuple(q for _, q in QUANTILES), edges.quantile, counts, filled)))
     bins = np.concatenate([filled[f.hist[filled] > 0], HALF + filled[f.hist[HALF + filled] > 0]])  # Δ >= 0; Δ < 0
     merged = bins >> TABLE_BITS  # the table's bins: 2^TABLE_BITS of the kernel's summed, in the same order
     starts = np.flatnonzero(np.diff(merged, prepend=-1))
