@@ -3,8 +3,8 @@ headers of pipelines/*.yaml, read as a reader would copy them, and run as writte
 
 A ```bash block is a script; a ```console block is a transcript: its `$ ` lines are the commands, the
 other lines their output. A command's exit status is 0 unless a comment on it says otherwise
-(`# exit 1: a check failed`, `# PNG plots; exit 1 when anything diverges`: the numbers after `exit`). A block that cannot run here
-has `<!-- not run: REASON -->` on the line above it.
+(`# exit 1: a check failed`, `# PNG plots; exit 1 when anything diverges`: the numbers after `exit`).
+A block that cannot run here has `<!-- not run: REASON -->` on the line above it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,21 @@
-"""The README's fresh-machine commands are the ones CI runs."""
+"""The README's fresh-machine commands are the ones CI runs, and every shell block of the docs runs as
+written (tests/doc_blocks.py says how a block is read). The demo block runs first, in a folder of its own;
+its two runs are the dumps every other block is given."""
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import re
+import shutil
+import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import pytest
+
+from tests.doc_blocks import DOC_FILES, REPO, SHELL, Block, doc_blocks, expected_codes, not_run_markers, run_block, \
+    yaml_header_blocks
 
 
 def readme_commands() -> list[str]:
@@ -22,18 +32,6 @@ def test_readme_states_exactly_two_commands_and_ci_runs_the_test_one():
     assert "pytest" in commands[1] and "rlprobe" in commands[0]
 
 
-# Every shell block of the docs runs as written (tests/doc_blocks.py says how a block is read). The demo
-# block runs first, in a folder of its own; its two runs are the dumps every other block is given.
-
-import os
-import shutil
-import sys
-
-import pytest
-
-from doc_blocks import DOC_FILES, SHELL, Block, doc_blocks, expected_codes, not_run_markers, run_block, \
-    yaml_header_blocks
-
 ALL_BLOCKS = [b for f in DOC_FILES for b in doc_blocks(f)]
 TO_RUN = [b for b in ALL_BLOCKS if b.lang in SHELL and b.not_run is None] + yaml_header_blocks()
 DEMO = next(b for b in TO_RUN if b.commands() == "rlprobe demo")
@@ -42,14 +40,24 @@ SKETCH = next(b for b in ALL_BLOCKS if b.lang == "yaml" and "name: ppo-determini
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # `python` is this one, rlprobe this tree
+    return {**os.environ, "PYTHONPATH": str(REPO), "PATH": path}
 
 
 @pytest.fixture(scope="module")
 def demo_folder(tmp_path_factory):
-    """README's demo block, run once: its status, output, and the folder with rlprobe_demo/ in it."""
-    folder = tmp_path_factory.mktemp("demo")
-    codes, output = run_block(DEMO.commands(), folder, _env())
+    """README's demo block, run once per session (under xdist too: the workers share the folder, and a lock):
+    the folder with rlprobe_demo/ in it, the commands' exit statuses and the output."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "readme_demo"
+    folder.mkdir(exist_ok=True)
+    with open(folder.with_suffix(".lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = folder / ".doc-result.json"
+        if not done.exists():
+            codes, output = run_block(DEMO.commands(), folder, _env())
+            done.write_text(json.dumps([codes, output]))
+    codes, output = json.loads(done.read_text())
     return folder, codes, output
 
 
@@ -58,7 +66,8 @@ def _materials(demo: Path) -> dict[str, tuple[str, Path | str]]:
     dumps = demo / "rlprobe_demo" / "dumps"
     return {
         "dumps/a": ("link", dumps / "baseline"), "dumps/b": ("link", dumps / "faulted"),
-        "dumps/tonight": ("link", dumps / "baseline"), "A": ("link", dumps / "baseline"), "B": ("link", dumps / "faulted"),
+        "dumps/tonight": ("link", dumps / "baseline"),
+        "A": ("link", dumps / "baseline"), "B": ("link", dumps / "faulted"),
         "dump": ("copy", dumps / "baseline"),  # compact writes into it
         "msprobe_dump": ("link", REPO / "tests/fixtures/msprobe/keydata/run_a"),
         "out/mon": ("link", demo / "rlprobe_demo" / "compare"), "out/tue": ("link", demo / "rlprobe_demo" / "compare"),
@@ -69,6 +78,7 @@ def _materials(demo: Path) -> dict[str, tuple[str, Path | str]]:
 
 def _named(text: str) -> set[str]:
     tokens = {re.sub(r"^(\$PWD/|\./)", "", t) for t in re.findall(r"[\w./$-]+", text)}
+    # a path names its first folder too: dumps/a/stats names dumps/a and dumps
     return {t for t in tokens if t} | {t.split("/", 1)[0] for t in tokens} | {"/".join(t.split("/")[:2]) for t in tokens}
 
 
@@ -114,7 +124,7 @@ def test_every_shell_block_runs_or_says_why_not():
         assert {(f, n) for n in not_run_markers(f)} <= marked, f"{f}: a not-run marker that is not above a block"
     for b in ALL_BLOCKS:
         if b.not_run is not None:
-            assert b.lang in SHELL and len(b.not_run) > 10, f"{b.name}: a not-run marker needs a shell block and a reason"
+            assert b.lang in SHELL and len(b.not_run) > 10, f"{b.name}: a not-run marker needs a shell block, a reason"
         elif b.lang == "":  # an untagged block shows output or a tree, never commands to run
             first = b.text.lstrip().split("\n", 1)[0]
             assert not re.match(r"(\$ |rlprobe |python |pip |export |bash )", first), \
