@@ -92,3 +92,28 @@ def test_info_names_a_corrupt_table_of_a_comparison(comparison, tmp_path):
     (broken / "grads.parquet").write_bytes(b"not parquet")
     result = CliRunner().invoke(main, ["info", str(broken)])
     assert result.exit_code == 3 and "grads.parquet" in result.output
+
+
+def test_info_and_sql_on_a_pipeline_output_show_its_gates_and_query_tables(comparison, tmp_path):
+    a, b, _ = comparison
+    spec = tmp_path / "p.yaml"
+    spec.write_text(f"""version: 1
+name: tiny
+runs:
+  a: {a}
+  b: {b}
+output: {tmp_path / "out"}
+queries: [sql/first_divergence.sql]
+gates:
+  - {{name: log_prob_same, sql: "select step from key_data where key = 'log_prob' and status <> 'match'"}}
+report: {{xlsx: false, csv: false, markdown: true, junit: false, plots: false}}
+""")
+    assert run("pipeline", "run", spec).exit_code == 1  # the gate fails: log_prob differs at step 1
+    info = json.loads(run("info", tmp_path / "out", "--json").output)
+    assert info["pipeline"] == "tiny" and info["gates"] == [{"name": "log_prob_same", "passed": False, "rows": 1}]
+    tables = {t["table"]: t["rows"] for t in info["tables"]}
+    assert tables["gates_log_prob_same"] == 1 and tables["queries_first_divergence"] == 1 and tables["key_data"] == 4
+    text = " ".join(run("info", tmp_path / "out").output.split())
+    assert "comparison (pipeline tiny)" in text and "gate log_prob_same: FAIL (1 rows)" in text
+    rows = run("sql", tmp_path / "out", "SELECT step FROM gates_log_prob_same", "--format", "json")
+    assert json.loads(rows.output) == [{"step": 1}]
