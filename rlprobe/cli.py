@@ -56,9 +56,16 @@ _INCLUDE_UNCOMMITTED = click.option(
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
 @_INCLUDE_UNCOMMITTED
 def info(dump: str, as_json: bool, include_uncommitted: bool) -> None:
-    """What DUMP holds: keys, steps, ranks, micro steps, dtypes, bytes, whether complete."""
-    from rlprobe.lake.dump_info import dump_info
+    """What DUMP holds: keys, steps, ranks, micro steps, dtypes, bytes, whether complete.
 
+    On a comparison's or pipeline's output folder: the runs compared, the first divergence, the
+    counts, the gates and the tables `rlprobe sql` reads, with their row counts."""
+    from rlprobe.lake.dump_info import dump_info
+    from rlprobe.pipeline.catalog import is_result_dir
+
+    if is_result_dir(Path(dump)):
+        _result_info(dump, as_json)
+        return
     d = _open(dump, include_uncommitted)
     try:
         summary = dump_info(d)
@@ -74,8 +81,34 @@ def info(dump: str, as_json: bool, include_uncommitted: bool) -> None:
     print_dump_summary(summary)
 
 
+def _result_info(out: str, as_json: bool) -> None:
+    from rlprobe.pipeline.result_info import result_info
+
+    try:
+        summary = result_info(Path(out))
+    except DumpReadError as e:
+        raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
+    if as_json:
+        import json
+
+        click.echo(json.dumps(summary, indent=2, default=str))
+        return
+    from rlprobe.pipeline.info_output import print_result_summary
+
+    print_result_summary(summary)
+
+
+def _connect(path: str, include_uncommitted: bool):
+    """DuckDB over a dump (views key_data, scalars, configs) or a comparison's output folder (a view per table)."""
+    from rlprobe.pipeline.catalog import connect_result_dir, is_result_dir
+
+    if is_result_dir(Path(path)):
+        return connect_result_dir(Path(path))
+    return _open(path, include_uncommitted).connect()
+
+
 @main.command()
-@click.argument("args", nargs=-1, required=True, metavar="[DUMP] QUERY")
+@click.argument("args", nargs=-1, required=True, metavar="[DUMP|OUT] QUERY")
 @click.option("--run", "runs", multiple=True, metavar="NAME=PATH",
               help="A dump or comparison result directory, visible as schema NAME (repeatable).")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table",
@@ -85,7 +118,8 @@ def info(dump: str, as_json: bool, include_uncommitted: bool) -> None:
 @_INCLUDE_UNCOMMITTED
 def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | None, max_rows: int,
         include_uncommitted: bool) -> None:
-    """Run a DuckDB QUERY over DUMP (views: key_data, scalars, configs), or over several runs.
+    """Run a DuckDB QUERY over DUMP (views: key_data, scalars, configs), a comparison's output folder
+    OUT (one view per Parquet file, as --run gives), or over several runs.
 
     \b
     rlprobe sql ./dump "SELECT key, step, max(max) FROM key_data GROUP BY ALL"
@@ -112,10 +146,10 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
         if runs:
             pairs = [parse_run_option(r) for r in runs]
             paths += [path for _, path in pairs]
-            con = _open(args[0], include_uncommitted).connect() if len(args) == 2 else None
+            con = _connect(args[0], include_uncommitted) if len(args) == 2 else None
             con = attach_runs(pairs, con, include_uncommitted=include_uncommitted)
         else:
-            con = _open(args[0], include_uncommitted).connect()
+            con = _connect(args[0], include_uncommitted)
         result = con.sql(query)
         # a statement without rows (SET): None. Read whole here: a lazy reader would raise a corrupt
         # page's error later, as a pyarrow OSError that the handlers below never see

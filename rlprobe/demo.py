@@ -67,7 +67,8 @@ def compare_runs(a: Path, b: Path, out: Path) -> dict[str, Any]:
 
     # absolute paths: the pipeline resolves relative ones against its YAML file's folder
     pipeline = load_pipeline(resource_dir("pipelines") / "compare.yaml",
-                             [f"runs.a={Path(a).resolve()}", f"runs.b={Path(b).resolve()}", f"output={out.resolve()}"])
+                             [f"runs.a={Path(a).resolve()}", f"runs.b={Path(b).resolve()}", f"output={out.resolve()}",
+                              "history=null"])  # the demo keeps no history
     return run_pipeline(pipeline).summary
 
 

@@ -1,6 +1,7 @@
 """Many dumps and comparison results in one DuckDB connection, for `rlprobe sql --run name=path`.
 
-Each run becomes a schema: a dump gives `name.key_data`, `name.scalars`, `name.configs`; a
+`rlprobe sql OUT` and `rlprobe info OUT` read a result directory alone (`connect_result_dir`,
+`result_views`). Each run becomes a schema: a dump gives `name.key_data`, `name.scalars`, `name.configs`; a
 comparison or pipeline output directory gives one view per Parquet file (`name.key_data`,
 `name.scalars`, `name.queries_<query>`, `name.gates_<gate>`). Every table name found in any
 run is also in the main schema as `all_<table>`, the runs stacked with a `run` column.
@@ -85,21 +86,37 @@ def _result_files(root: Path) -> list[Path]:
     return sorted(root.glob("*.parquet")) + sorted(root.glob("queries/*.parquet")) + sorted(root.glob("gates/*.parquet"))
 
 
+def result_views(root: Path) -> list[tuple[str, Path]]:
+    """The views of a result directory, (name, Parquet file): key_data, queries_<q>, gates_<g>, ..."""
+    named = [(f.stem if f.parent == root else f"{f.parent.name}_{f.stem}", f) for f in _result_files(root)]
+    return [(view, f) for view, f in named if IDENTIFIER.match(view)]
+
+
+def connect_result_dir(root: Path, con: Any = None) -> Any:
+    """A DuckDB connection whose main schema has the result directory's views, as `rlprobe sql OUT` reads it."""
+    import duckdb
+
+    con = con or duckdb.connect()
+    _create_views(con, root)
+    return con
+
+
 def _attach_result_dir(con: Any, name: str, root: Path) -> list[str]:
     database, previous = con.sql("SELECT current_database(), current_schema()").fetchall()[0]
     con.execute(f'CREATE SCHEMA IF NOT EXISTS "{database}"."{name}"')
     con.execute(f'USE "{database}"."{name}"')
-    views = []
     try:
-        for f in _result_files(root):
-            view = f.stem if f.parent == root else f"{f.parent.name}_{f.stem}"
-            if not IDENTIFIER.match(view):
-                continue
-            try:
-                con.read_parquet(str(f)).create_view(view, replace=True)
-            except Exception as e:  # duckdb.Error: an unreadable file
-                raise DumpReadError(f"{f}: unreadable Parquet file ({e})") from None
-            views.append(view)
+        return _create_views(con, root)
     finally:
         con.execute(f'USE "{database}"."{previous}"')
+
+
+def _create_views(con: Any, root: Path) -> list[str]:
+    views = []
+    for view, f in result_views(root):
+        try:
+            con.read_parquet(str(f)).create_view(view, replace=True)
+        except Exception as e:  # duckdb.Error: an unreadable file
+            raise DumpReadError(f"{f}: unreadable Parquet file ({e})") from None
+        views.append(view)
     return views

@@ -94,3 +94,37 @@ def _render(table: Any, fmt: str, sink: Any, max_rows: int) -> None:
         if file:
             file.flush()
             file.detach()  # the sink stays open: write_report_file closes it
+
+
+def print_result_summary(s: dict[str, Any]) -> None:
+    """`rlprobe info OUT` on a comparison's or pipeline's output folder (pipeline/result_info.py)."""
+    from rich.markup import escape
+
+    from rlprobe.console import make_console, print_table, whole
+
+    console = make_console()
+    made_by = f"pipeline {s['pipeline']}" if s["pipeline"] else "rlprobe compare"
+    console.print("  ".join([f"[bold]{whole(s['path'])}[/]", whole(f"comparison ({made_by})"),
+                             whole(f"rlprobe {s['rlprobe_version'] or '-'}"), whole(s["created_at"] or "-")]))
+    for side, run in s["runs"].items():
+        fmt = f"({run['format']})"
+        console.print(f"run {side.upper()}: {whole(run['path'])} {whole(fmt)}", highlight=False)
+    first = s["first_divergence"]
+    if first and first.get("key") is not None:
+        where = ", ".join(whole(f"{field} {first.get(field)}") for field in ("step", "rank", "micro_step"))
+        console.print(f"first divergence: {whole(first['key'])} at {where}: {escape(str(first.get('status')))}",
+                      highlight=False)
+    elif s["counts"]:
+        console.print("no divergence in key data", highlight=False)
+    for label in ("suspect", "advice"):
+        if s[label]:
+            console.print(f"{label}: {escape(str(s[label]))}", highlight=False)
+    if s["counts"]:
+        console.print("counts: " + ", ".join(whole(f"{status} {n}") for status, n in s["counts"].items()),
+                      highlight=False)
+    for g in s["gates"]:
+        rows = f"({g['rows']} rows)"
+        mark = "[green]pass[/]" if g["passed"] else f"[red]FAIL[/] {whole(rows)}"
+        console.print(f"gate {whole(g['name'])}: {mark}", highlight=False)
+    print_table(console, ["table", "rows", "file"], [[t["table"], t["rows"], t["file"]] for t in s["tables"]],
+                title="[italic]tables (rlprobe sql OUT, rlprobe sql --run NAME=OUT)[/]")
