@@ -25,7 +25,7 @@ from rlprobe.errors import DumpReadError
 from rlprobe.lake import msprobe_scan
 from rlprobe.lake.regular_files import GRAD_SUMMARY, NPY, NotRegularFileError, load_npy, open_text
 from rlprobe.lake.schema import GRAD, KEY_DATA, with_rank
-from rlprobe.lake.unread import is_own_temporary, warn_unread
+from rlprobe.lake.unread import is_own_temporary, printable, warn_unread
 
 _RANK = re.compile(r"^rank(\d+)$")
 _GRAD_SUMMARY = re.compile(r"^grad_summary_(\d+)\.csv$")
@@ -85,7 +85,7 @@ def unread_entries(root: Path, listed: Sequence[str]) -> list[str]:
         beside = [d.name for d in entries if not (d.name == "data" and d.is_dir())
                   and not (d.name.startswith("configurations") and d.name.endswith(".json"))]
     found = sorted(beside) + list(listed)
-    return [p for p in found if not is_own_temporary(p.rpartition("/")[2])]
+    return [printable(p) for p in found if not is_own_temporary(p.rpartition("/")[2])]
 
 
 def compiled_scanner() -> Callable[[np.ndarray], tuple] | None:

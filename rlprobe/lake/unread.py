@@ -19,6 +19,13 @@ _RANK_DIR = re.compile(r"rank=\d+")
 _RANK_MANIFEST = re.compile(r"rank\d+\.json")
 
 
+def printable(name: str) -> str:
+    """`name` as text every writer takes: a byte that is no UTF-8 (os.listdir's surrogate escape) as `\\xff`.
+    A surrogate in a warning, an Arrow column or JSON fails where the text is encoded (a pytest-xdist
+    worker sending the warning died of it)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def is_own_temporary(name: str) -> bool:
     """Whether `name` is one of rlprobe's atomic writes' temporaries (`.<name>.tmp-<pid>-<random>`)."""
     return is_temporary(Path(name))
@@ -34,7 +41,7 @@ def rlprobe_unread(root: Path) -> list[str]:
         for _, rank_path in _entries(kind_path, found, lambda e: bool(_RANK_DIR.fullmatch(e.name)) and e.is_dir()):
             _entries(rank_path, found, lambda e: parse_part(Path(e.path)) is not None)
     prefix = len(os.fspath(root)) + 1
-    return sorted(path[prefix:].replace(os.sep, "/") for path in found)
+    return sorted(printable(path[prefix:].replace(os.sep, "/")) for path in found)
 
 
 def _entries(folder: Path, unread: list[str], read) -> list[tuple[str, Path]]:

@@ -16,10 +16,10 @@ from rlprobe.exit_codes import EXIT_UNREADABLE, EXIT_USAGE
 
 
 def check(dump: Any, out: str | Path | None = None, params: dict[str, Any] | None = None, *, plots: bool = True,
-          **more_params: Any) -> Any:
+          key_map: dict[str, str] | None = None, **more_params: Any) -> Any:
     """Run every check on one dump; with `out`, publish the reports there (check.parquet, summary.json/md,
     report.xlsx, plots/). Parameters (thresholds, eps, group_size...) as in docs/check.md, given as
-    `params` or keywords. Raises DumpReadError, ValueError (a bad parameter) or OutputError (`out`
+    `params` or keywords; `key_map` {saved: canonical} reads a trainer's key names (rlprobe/key_names.csv adds). Raises DumpReadError, ValueError (a bad parameter) or OutputError (`out`
     cannot be written or holds files rlprobe did not write; it keeps its earlier files)."""
     from rlprobe.check import check_dump
 
@@ -27,7 +27,7 @@ def check(dump: Any, out: str | Path | None = None, params: dict[str, Any] | Non
         from rlprobe.report.output_folder import prepare_output
 
         prepare_output(Path(out), "output directory")  # before the work: a folder of other files is refused
-    result = check_dump(dump, {**(params or {}), **more_params})
+    result = check_dump(dump, {**(params or {}), **more_params}, key_map=key_map)
     if out is not None:
         from rlprobe.report.check_report import write_check_outputs
         from rlprobe.report.output_folder import publish_output
@@ -57,16 +57,26 @@ def parse_params(items: tuple[str, ...]) -> dict[str, Any]:
               help="Write check.parquet, summary.json/md, report.xlsx and plots/ here (created).")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
               help="A threshold or setting, e.g. eps=0.1, max_mean_abs_delta=0.01 (docs/check.md lists them).")
+@click.option("--key-map", "key_map", multiple=True, metavar="SAVED=CANONICAL",
+              help="Read a saved key as a canonical one, e.g. my_lp=log_prob (repeatable; as rlprobe compare's).")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def check_command(dump: str, out: str | None, params: tuple[str, ...], no_plots: bool, as_json: bool) -> None:
+def check_command(dump: str, out: str | None, params: tuple[str, ...], key_map: tuple[str, ...], no_plots: bool,
+                  as_json: bool) -> None:
     """What is wrong inside ONE run (no baseline): rollout vs trainer log-probs, on-policy ratio,
     KL at the first step, GRPO advantages, NaN/inf, loss, gradient spikes, entropy and KL trends.
 
     Exit codes: 0 every applicable check passed, 1 a check failed, 2 a bad parameter, 3 unreadable dump.
     """
+    from rlprobe.compare.key_aliases import parse_key_map
+
     try:
-        result = check(dump, out=Path(out) if out else None, params=parse_params(params), plots=not no_plots)
+        key_mapping = parse_key_map(key_map)
+    except ProbeError as e:
+        raise click.BadParameter(str(e), param_hint="--key-map") from None
+    try:
+        result = check(dump, out=Path(out) if out else None, params=parse_params(params), plots=not no_plots,
+                       key_map=key_mapping)
     except DumpReadError as e:
         click.secho(f"error: cannot check {dump}: {e}", fg="red", err=True)
         raise click.exceptions.Exit(EXIT_UNREADABLE) from None

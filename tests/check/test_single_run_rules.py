@@ -3,6 +3,7 @@ when it is not applicable, statistics-only dumps, msprobe dumps and unreadable o
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -170,3 +171,19 @@ def test_only_the_named_checks_run_as_the_two_run_verdict_asks(tmp_path):
     assert result.rows["on_policy"].num_rows == 1
     with pytest.raises(ValueError, match="unknown check"):
         rlprobe.check.check_dump(dump, only=("nope",))
+
+
+def test_check_command_reads_keys_through_key_map(tmp_path):
+    """rlprobe check --key-map reads a trainer's own names as the comparison's --key-map does: without it
+    the run's my_lp/my_old are no log-probs the rules know (on_policy not applicable, exit 0)."""
+    write(tmp_path / "run", [[{"my_lp": np.full((2, 3), -0.5, np.float32), "my_old": np.full((2, 3), -1.0, np.float32)}]])
+    runner = CliRunner()
+    plain = runner.invoke(main, ["check", str(tmp_path / "run"), "--json"])
+    assert plain.exit_code == 0, plain.output
+    mapped = runner.invoke(main, ["check", str(tmp_path / "run"), "--json",
+                                  "--key-map", "my_lp=log_prob", "--key-map", "my_old=old_log_prob"])
+    assert mapped.exit_code == 1, mapped.output
+    failed = [c["check"] for c in json.loads(mapped.output)["checks"] if c["status"] == "fail"]
+    assert failed == ["on_policy"]  # log_prob != old_log_prob on-policy
+    bad = runner.invoke(main, ["check", str(tmp_path / "run"), "--key-map", "my_lp"])
+    assert bad.exit_code == 2 and "expected SAVED=CANONICAL" in bad.output

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -189,3 +190,18 @@ def test_a_tensor_at_a_micro_step_another_file_holds_is_named_not_read_twice(fix
     assert mine == [(0, "", "data/log_prob/step0/rank0/micro_step0/log_prob.npy"),
                     (1, "", "data/log_prob/step0/rank0/micro_step1/log_prob.npy"),
                     (0, "1", "data/log_prob/step0/rank0/log_prob.1.npy")]
+
+
+def test_an_entry_whose_name_is_no_utf8_is_named_printably(fixtures_dir, tmp_path):
+    """os.listdir gives a byte that is no UTF-8 as a surrogate, which no encoder takes: a warning or info
+    table holding it failed where the text was written (it killed a pytest-xdist worker). It is named as \\xff."""
+    run = tmp_path / "run"
+    shutil.copytree(fixtures_dir / "msprobe" / "keydata" / "run_a", run)
+    os.mkdir(os.fsencode(run / "data" / "log_prob") + b"/odd\xff")
+    with pytest.warns(UnreadEntriesWarning) as caught:
+        rlprobe.open(run).arrow("key_data")
+    assert str(caught[0].message).endswith(": data/log_prob/odd\\xff")
+    str(caught[0].message).encode("utf-8")  # no surrogate left
+    with pytest.warns(UnreadEntriesWarning):
+        result = CliRunner().invoke(main, ["info", str(run), "--json"], catch_exceptions=False)
+    assert result.exit_code == 0 and json.loads(result.stdout)["unread"] == ["data/log_prob/odd\\xff"]
