@@ -17,7 +17,7 @@ from typing import Any
 from rlprobe.capture.user_values import is_whole_number
 from rlprobe.errors import DumpReadError, ProbeError
 from rlprobe.frameworks import adapter_for
-from rlprobe.lake.encoding import INT_DTYPES
+from rlprobe.lake.encoding import INT_DTYPES, WIDENED_FLOATS
 from rlprobe.lake.reader import open_dump
 
 
@@ -107,7 +107,7 @@ class Replay:
             array = self.dump.load_row_tensor(row)
         except DumpReadError as e:
             raise ProbeError(f"{where}: {e}") from None
-        dtype = row.get("dtype") or _lake_dtype(array)
+        dtype = row.get("dtype") or _unknown_dtype(array, live_dtype)
         if _kind(dtype) != _kind(live_dtype) or array.ndim != len(live_shape):
             raise ProbeError(f"{where}: the baseline's layout does not fit the live value's: baseline {dtype} "
                              f"{list(array.shape)}, live {live_dtype} {list(live_shape)} (same dimensions and kind of "
@@ -133,8 +133,17 @@ def _kind(dtype: str) -> str:
     return "bool" if dtype == "bool" else "integer" if dtype in INT_DTYPES else "float"
 
 
-def _lake_dtype(array: Any) -> str:
-    return "bool" if array.dtype.kind == "b" else array.dtype.name
+def _unknown_dtype(array: Any, live: str) -> str:
+    """The dtype of a baseline tensor whose row has none (msprobe stores integer tokens as float32): the live
+    value's where the values convert to it exactly, else the array's own."""
+    import numpy as np
+
+    own = "bool" if array.dtype.kind == "b" else array.dtype.name
+    if live in WIDENED_FLOATS or _kind(live) == _kind(own):
+        return own
+    with np.errstate(invalid="ignore", over="ignore"):
+        exact = np.isfinite(array).all() and np.array_equal(array.astype(live).astype(array.dtype), array)
+    return live if exact else own
 
 
 def _ranges(values: list[int]) -> str:

@@ -4,6 +4,7 @@ micro-step, in the live value's type and device (rlprobe/capture/replay.py, docs
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -158,3 +159,16 @@ def test_from_config_replays_from_the_config_s_baseline(baseline, tmp_path):
 def test_bad_replay_configs_name_the_field(section, message):
     with pytest.raises(ProbeError, match=message):
         rlprobe.from_config({"rlprobe_config": section})
+
+
+def test_an_msprobe_baseline_replays_its_tokens_in_the_live_integer_dtype(tmp_path):
+    # msprobe stores int64 tokens as float32 and records no dtype: they come back as the live value's integers
+    source = Path(__file__).resolve().parents[1] / "fixtures" / "msprobe" / "keydata" / "run_a"
+    with rlprobe.Probe(tmp_path / "b", replay_from=source) as probe:
+        got = probe.replay({"responses": torch.zeros(1, 1, dtype=torch.int64), "log_prob": torch.zeros(1, 1)},
+                           micro_step=1)
+    stored = rlprobe.open(source).tensor("responses", 0, 0, 1)
+    assert stored.dtype == np.float32 and got["responses"].dtype == torch.int64
+    assert np.array_equal(got["responses"].numpy(), stored)
+    assert got["log_prob"].dtype == torch.float32
+    assert got["log_prob"].numpy().tobytes() == rlprobe.open(source).tensor("log_prob", 0, 0, 1).tobytes()
