@@ -66,8 +66,10 @@ class Replay:
                 f"holds no tensor files for rank {rank} ({table.num_rows} key-data rows of that rank)"
             raise ProbeError(f"{where}: the baseline {what}; replay needs its tensors: record the baseline with "
                              "rlprobe.Probe(stats_only=False) and key_data_dump on, on as many ranks as this run")
-        self.rows = table.select([c for c in table.column_names if c != "rank"]).to_pylist()
-        self.at = {(r["key"], r["step"], r["micro_step"], r["index"] or ""): i for i, r in enumerate(self.rows)}
+        self.table = table.drop_columns(["rank"])
+        # the last of duplicate rows wins, as in Dump.tensor; a row is read whole only when replayed
+        where_is = zip(*(table[c].to_pylist() for c in ("key", "step", "micro_step", "index")))
+        self.at = {(k, s, m, i or ""): n for n, (k, s, m, i) in enumerate(where_is)}
         self.record = {"path": os.fspath(source.resolve()), "run_id": self.dump.manifest.get("run_id")}
 
     def values(self, data: dict[str, Any], step: int, micro: dict[str, int] | int) -> dict[str, Any]:
@@ -99,7 +101,7 @@ class Replay:
         i = self.at.get((key, step, micro_step, ""))
         if i is None:
             raise ProbeError(f"{where}: the baseline has no row of it; {self._saved(key, step)}")
-        row = self.rows[i]
+        row = self.table.slice(i, 1).to_pylist()[0]
         if row.get("absent") or row.get("tensor_file") is None:
             saved = "as None (absent)" if row.get("absent") else "as statistics only (no tensor file)"
             raise ProbeError(f"{where}: the baseline saved it {saved}; there is no tensor to replay")

@@ -70,4 +70,6 @@ def test_replay_into_a_trainer_without_rollout_func_is_refused(trl_runs, tmp_pat
 
     with pytest.raises(ProbeError, match=r"replay_from=.*RLOOTrainer has no rollout_func.*replay supports GRPOTrainer"):
         attach(trainer, cfg)
+    with pytest.raises(ProbeError, match=r"RLOOTrainer has no rollout_func"):
+        attach(trainer, dump_path=tmp_path / "b", replay_from=trl_runs.get("base"))
     assert not (tmp_path / "b").exists()  # refused before a probe was made
