@@ -172,3 +172,34 @@ def test_an_msprobe_baseline_replays_its_tokens_in_the_live_integer_dtype(tmp_pa
     assert np.array_equal(got["responses"].numpy(), stored)
     assert got["log_prob"].dtype == torch.float32
     assert got["log_prob"].numpy().tobytes() == rlprobe.open(source).tensor("log_prob", 0, 0, 1).tobytes()
+
+
+def test_low_precision_floats_come_back_bit_for_bit(tmp_path):
+    values = {"bf16": torch.randn(3, 5, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16),
+              "fp16": torch.randn(4, generator=torch.Generator().manual_seed(2)).half(),
+              "fp8": torch.randn(6, generator=torch.Generator().manual_seed(3)).to(torch.float8_e4m3fn)}
+    with rlprobe.Probe(tmp_path / "a") as probe:
+        probe.save(values)
+    with rlprobe.Probe(tmp_path / "b", replay_from=tmp_path / "a") as probe:
+        got = probe.replay({k: torch.zeros(1, dtype=torch.float32).reshape([1] * v.dim()) for k, v in values.items()})
+    for key, want in values.items():
+        assert got[key].dtype == want.dtype, key  # the baseline's dtype, not the live float32
+        assert got[key].view(torch.uint8).tolist() == want.view(torch.uint8).tolist(), key
+
+
+def test_python_numbers_and_numpy_scalars_come_back_as_such(tmp_path):
+    with rlprobe.Probe(tmp_path / "a") as probe:
+        probe.save({"loss": 1.25, "count": 7, "scale": np.float32(0.5)})
+    with rlprobe.Probe(tmp_path / "b", replay_from=tmp_path / "a") as probe:
+        got = probe.replay({"loss": 0.0, "count": 0, "scale": np.float32(0)})
+    assert got == {"loss": 1.25, "count": 7, "scale": np.float32(0.5)}
+    assert type(got["loss"]) is float and type(got["count"]) is int and type(got["scale"]) is np.float32
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_value_gets_the_baseline_on_its_own_device(baseline, tmp_path):
+    device = torch.device("cuda", torch.cuda.device_count() - 1)
+    with rlprobe.Probe(tmp_path / "b", replay_from=baseline) as probe:
+        got = probe.replay({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in live().items()})
+    assert got["responses"].device == device and got["rewards"].device == device
+    assert torch.equal(got["responses"].cpu(), rollout(0, 0)["responses"])
