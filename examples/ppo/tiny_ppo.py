@@ -2,6 +2,7 @@
 
     python examples/ppo/tiny_ppo.py --config examples/ppo/config.yaml --out ./dumps/base
     python examples/ppo/tiny_ppo.py --config examples/ppo/config.yaml --out ./dumps/bad --fault ref-bf16
+    python examples/ppo/tiny_ppo.py --out ./dumps/replayed --replay-from ./dumps/base --fault advantage-bug@2
     torchrun --nproc-per-node 2 examples/ppo/tiny_ppo.py --config examples/ppo/config.yaml --out ./dumps/ddp
 
 The flow follows PPO as RLHF frameworks run it: synthetic prompts -> the rollout engine (a copy
@@ -20,7 +21,11 @@ Faults that `--fault` plants (what rlprobe should conclude):
   lr                the actor's learning rate differs               -> responses from step 1, the update
   rollout-bf16      the rollout engine computes in bfloat16         -> rollout_log_prob vs old_log_prob (check)
   stale-rollout-weights  the rollout engine is never re-synced      -> rollout_log_prob vs old_log_prob from step 1
+`--fault NAME@STEP` plants it from step STEP on; `--fault` may be given several times.
 
+`--replay-from DUMP` (or rlprobe_config.replay_from) consumes the baseline's rollout: each step's
+prompts and sampled tokens are DUMP's (the rollout engine scores those tokens instead of drawing its
+own) and so are the rewards, so the trainer side is compared on the same tokens (docs/replay.md).
 The rollout engine's own log-probs of the sampled tokens, computed at generation time, are saved as
 `rollout_log_prob`; `rlprobe check DUMP` compares them with the trainer's `old_log_prob`.
 """
@@ -108,11 +113,11 @@ class Block(nn.Module):
 class TinyLM(nn.Module):
     """A causal transformer; `head` is the LM head (vocab logits) or a scalar head (critic, reward)."""
 
-    def __init__(self, vocab: int, d: int, layers: int, heads: int, max_len: int, out: int, faulty_layer: int = -1):
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, max_len: int, out: int):
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(max_len, d)
-        self.layers = nn.ModuleList(Block(d, heads, i == faulty_layer) for i in range(layers))
+        self.layers = nn.ModuleList(Block(d, heads) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Linear(d, out)
 
@@ -172,15 +177,18 @@ def whiten(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sample(model: nn.Module, prompts: torch.Tensor, length: int, uniforms: torch.Tensor,
-           temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(model: nn.Module, prompts: torch.Tensor, length: int, uniforms: torch.Tensor, temperature: float,
+           forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(prompts + sampled responses, the engine's log-probs of the sampled tokens), as vLLM returns them.
-    Inverse-CDF sampling with one row of uniforms per sample (see sample_uniforms)."""
+    Inverse-CDF sampling with one row of uniforms per sample (see sample_uniforms); `forced` (a replayed
+    baseline's responses) are taken instead of the draws, their log-probs computed the same way."""
     seq, log_probs = prompts, []
     for t in range(length):
         logits = model(seq)[:, -1].float() / temperature
         probs = torch.softmax(logits, -1)
         nxt = (probs.cumsum(-1) < uniforms[:, t:t + 1]).sum(-1, keepdim=True).clamp(max=probs.shape[-1] - 1)
+        if forced is not None:
+            nxt = forced[:, t:t + 1]
         log_probs.append(torch.log_softmax(logits, -1).gather(-1, nxt))
         seq = torch.cat([seq, nxt], dim=1)
     return seq, torch.cat(log_probs, dim=1)
@@ -215,9 +223,30 @@ def whiten_global(x: torch.Tensor, world: int) -> torch.Tensor:
 
 
 # -- the trainer ---------------------------------------------------------------------------
-def train(cfg: dict[str, Any], out: str | None = None, fault: str | None = None, mode: str = "overwrite") -> Path:
-    if fault is not None and fault not in FAULTS:
-        raise SystemExit(f"--fault {fault!r}: expected one of {', '.join(FAULTS)}")
+def planted(fault: str | list[str] | None) -> dict[str, int]:
+    """`--fault` values (NAME, or NAME@STEP: from step STEP on) as {name: first step}."""
+    found = {}
+    for item in [fault] if isinstance(fault, str) else fault or []:
+        name, _, start = item.partition("@")
+        if name not in FAULTS or (start and not start.isdigit()):
+            raise SystemExit(f"--fault {item!r}: expected NAME or NAME@STEP, NAME one of {', '.join(FAULTS)}")
+        found[name] = int(start or 0)
+    return found
+
+
+def replay_rollout(probe: Any, micro: int, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The baseline's values of `data` (this rank's batch), read one micro-batch at a time as they were saved."""
+    parts = [probe.replay({k: v.chunk(micro)[i] for k, v in data.items()}, micro_step=i) for i in range(micro)]
+    return {k: torch.cat([part[k] for part in parts]) for k in data}
+
+
+def train(cfg: dict[str, Any], out: str | None = None, fault: str | list[str] | None = None,
+          mode: str = "overwrite", replay_from: str | None = None) -> Path:
+    faults = planted(fault)
+
+    def on(name: str, step: int) -> bool:
+        return name in faults and step >= faults[name]
+
     torch.set_num_threads(1)  # tiny matrices: threads only add scheduling noise
     rank, world = 0, 1
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -229,29 +258,24 @@ def train(cfg: dict[str, Any], out: str | None = None, fault: str | None = None,
     probe_cfg = copy.deepcopy(cfg)
     if out is not None:
         probe_cfg.setdefault("rlprobe_config", {})["dump_path"] = str(out)
+    if replay_from is not None:
+        probe_cfg.setdefault("rlprobe_config", {})["replay_from"] = str(replay_from)
+    replaying = probe_cfg.get("rlprobe_config", {}).get("replay_from") is not None
     probe = rlprobe.from_config(probe_cfg, mode=mode)
 
     torch.manual_seed(cfg["seed"])
     data_gen = torch.Generator().manual_seed(cfg["seed"])  # the global batch: each rank takes its share
-    sampling_seed = cfg["sampling_seed"] + (7 if fault == "sampling-seed" else 0)
-    faulty_layer = m["layers"] - 1 if fault == "nondeterministic" else -1
     max_len = m["prompt_len"] + m["response_len"]
-    actor = TinyLM(m["vocab"], m["d_model"], m["layers"], m["heads"], max_len, m["vocab"], faulty_layer)
+    actor = TinyLM(m["vocab"], m["d_model"], m["layers"], m["heads"], max_len, m["vocab"])
     rollout = TinyLM(m["vocab"], m["d_model"], m["layers"], m["heads"], max_len, m["vocab"])  # the inference engine
     reference = TinyLM(m["vocab"], m["d_model"], m["layers"], m["heads"], max_len, m["vocab"])
     critic = TinyLM(m["vocab"], m["d_model"], m["layers"], m["heads"], max_len, 1)
     rollout.load_state_dict(actor.state_dict())
     reference.load_state_dict(actor.state_dict())
     reference.requires_grad_(False)
-    if fault == "ref-bf16":
-        reference.to(torch.bfloat16)
-    if fault == "rollout-bf16":
-        rollout.to(torch.bfloat16)  # weight syncs keep its dtype: load_state_dict copies into bf16
     reward_model = train_reward_model(cfg, torch.Generator().manual_seed(cfg["seed"] + 1))
-    lr = p["actor_lr"] * (3.0 if fault == "lr" else 1.0)
-    actor_opt = torch.optim.AdamW(actor.parameters(), lr=lr)
+    actor_opt = torch.optim.AdamW(actor.parameters(), lr=p["actor_lr"])
     critic_opt = torch.optim.AdamW(critic.parameters(), lr=p["critic_lr"])
-    lam = p["lam"] * (0.5 if fault == "advantage-bug" else 1.0)
     probe.save_config(cfg)
     probe.monitor_grads(actor, optimizer=actor_opt, name="actor", level="L1")
     probe.monitor_grads(critic, optimizer=critic_opt, name="critic", level="L0")
@@ -266,17 +290,35 @@ def train(cfg: dict[str, Any], out: str | None = None, fault: str | None = None,
     mine = range(rank * batch, (rank + 1) * batch)  # the global indices of this rank's samples
     train_actor, train_critic = data_parallel(world, actor, critic)
     for step in range(p["steps"]):
+        # the planted faults of this step (a fault from step S on leaves the steps before S clean)
+        if on("ref-bf16", step):
+            reference.to(torch.bfloat16)
+        if on("rollout-bf16", step):
+            rollout.to(torch.bfloat16)  # weight syncs keep its dtype: load_state_dict copies into bf16
+        actor.layers[-1].mlp.fc2.nondeterministic = on("nondeterministic", step)
+        for group in actor_opt.param_groups:
+            group["lr"] = p["actor_lr"] * (3.0 if on("lr", step) else 1.0)
+        lam = p["lam"] * (0.5 if on("advantage-bug", step) else 1.0)
+        sampling_seed = cfg["sampling_seed"] + (7 if on("sampling-seed", step) else 0)
+
         t_all = time.perf_counter()
         prompts = make_prompts(data_gen, global_batch, m["prompt_len"], m["vocab"])[mine.start:mine.stop]
         t0 = time.perf_counter()
         uniforms = sample_uniforms(sampling_seed, step, mine, m["response_len"])
-        seq, rollout_log_prob = sample(rollout, prompts, m["response_len"], uniforms, p["temperature"])
+        forced = None
+        if replaying:  # the baseline's prompts and tokens; this run's engine scores the tokens as it samples
+            replayed = replay_rollout(probe, micro, {"prompts": prompts, "responses": torch.zeros(
+                batch, m["response_len"], dtype=torch.int64)})
+            prompts, forced = replayed["prompts"], replayed["responses"]
+        seq, rollout_log_prob = sample(rollout, prompts, m["response_len"], uniforms, p["temperature"], forced)
         timing = {"timing/rollout": time.perf_counter() - t0}
         responses = seq[:, m["prompt_len"]:]
 
         t0 = time.perf_counter()
         with probe.stage("reward_compute", model=reward_model, steps=_steps(cfg)), torch.no_grad():
             scores = rule_reward(responses) + torch.sigmoid(reward_model(seq)[:, -1, 0])
+        if replaying:
+            scores = replay_rollout(probe, micro, {"rewards": scores})["rewards"]
         timing["timing/rule_reward"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         with probe.stage("actor_compute_log_prob", model=actor, steps=_steps(cfg)), torch.no_grad():
@@ -334,7 +376,7 @@ def train(cfg: dict[str, Any], out: str | None = None, fault: str | None = None,
             actor_opt.step()
             critic_opt.step()
         timing["timing/update"] = time.perf_counter() - t0
-        if fault != "stale-rollout-weights":
+        if not on("stale-rollout-weights", step):
             rollout.load_state_dict(actor.state_dict())  # weight sync to the inference engine
         timing["timing/all"] = time.perf_counter() - t_all
         tokens = batch * max_len / world
@@ -364,7 +406,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(Path(__file__).with_name("config.yaml")))
     ap.add_argument("--out", help="dump directory (overrides rlprobe_config.dump_path)")
-    ap.add_argument("--fault", choices=FAULTS)
+    ap.add_argument("--fault", action="append", metavar="NAME[@STEP]",
+                    help=f"plant a fault (from step STEP on), repeatable: {', '.join(FAULTS)}")
+    ap.add_argument("--replay-from", metavar="DUMP", help="consume DUMP's rollout (prompts, responses, rewards)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config value, e.g. --set ppo.steps=2 (YAML syntax for the value)")
     args = ap.parse_args()
@@ -372,7 +416,7 @@ def main() -> None:
     for item in args.set:
         key, _, value = item.partition("=")
         overrides[key] = yaml.safe_load(value)
-    path = train(load_config(args.config, overrides), args.out, args.fault)
+    path = train(load_config(args.config, overrides), args.out, args.fault, replay_from=args.replay_from)
     print(f"wrote {path}")
 
 

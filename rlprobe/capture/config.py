@@ -22,6 +22,7 @@ KEYS = {
     "actor_train_dump": bool, "reference_dump": bool, "grads_dump": bool, "param_fingerprints": bool,
     "metrics_dump": bool,
     "step_start": int, "step_end": int, "stages": list, "tensors": bool, "mode": str, "flush_interval": float,
+    "replay_from": str,
 }
 
 
@@ -42,6 +43,7 @@ class ProbeConfig:
     tensors: bool = False
     mode: str | None = None
     flush_interval: float | None = None  # seconds; None: the Probe's default
+    replay_from: str | None = None  # the baseline dump whose rollout this run consumes (docs/replay.md)
 
     @property
     def any_switch(self) -> bool:
@@ -66,7 +68,7 @@ def parse_config(cfg: Any) -> ProbeConfig:
               isinstance(value, int) and not isinstance(value, bool) if want is int else
               isinstance(value, (int, float)) and not isinstance(value, bool) if want is float else
               isinstance(value, (list, tuple)) if want is list else isinstance(value, (str, os.PathLike)))
-        if not ok and not (value is None and key in ("step_start", "step_end", "stages", "flush_interval")):
+        if not ok and not (value is None and key in ("step_start", "step_end", "stages", "flush_interval", "replay_from")):
             raise ProbeError(f"{name}.{key}: expected {want.__name__}, got {type(value).__name__} {value!r}")
     msprobe = name == "msprobe_config"
     # an rlprobe_config section is on unless it says otherwise; MindSpeed-RL's msprobe switch defaults to off
@@ -89,6 +91,15 @@ def parse_config(cfg: Any) -> ProbeConfig:
             raise ProbeError(f"{name}.{key}: expected a step >= 0, got {v}")
     if start is not None and end is not None and end < start:
         raise ProbeError(f"{name}: step_end {end} is before step_start {start}; for one step give both the same value")
+    replay_from = values.get("replay_from")
+    if replay_from is not None and not os.fspath(replay_from):
+        raise ProbeError(f"{name}.replay_from: expected the baseline dump's directory, got an empty string")
+    if replay_from is not None and not enabled:
+        raise ProbeError(f"{name}.replay_from is set but the section is switched off ({'msprobe' if msprobe else 'enable'}"
+                         ": false): the run would sample its own rollout; switch it on or remove replay_from")
+    if replay_from is not None and not values.get("key_data_dump"):
+        raise ProbeError(f"{name}.replay_from needs key_data_dump: true: replay follows the micro-steps of the saves, "
+                         "and this run's key data is what is compared with the baseline's")
     return ProbeConfig(
         enabled=enabled,
         dump_path=str(values.get("dump_path") or ("./msprobe_dump" if msprobe else "./rlprobe_dump")),
@@ -100,6 +111,7 @@ def parse_config(cfg: Any) -> ProbeConfig:
         stages=frozenset(stages), step_start=start, step_end=end,
         tensors=bool(values.get("tensors", False)), mode=values.get("mode"),
         flush_interval=values.get("flush_interval"),
+        replay_from=None if replay_from is None else os.fspath(replay_from),
     )
 
 
@@ -161,6 +173,9 @@ class DisabledProbe:
     def save_config(self, config: Any) -> None:
         return None
 
+    def replay(self, data: Any, micro_step: Any = None) -> Any:
+        return data  # nothing to replay from: the live values
+
     def log_metrics(self, metrics: Any, step: Any = None) -> None:
         return None
 
@@ -219,6 +234,9 @@ class ConfiguredProbe:
 
     def save_config(self, config: Any) -> None:
         self.probe.save_config(config)
+
+    def replay(self, data: Any, micro_step: Any = None) -> Any:
+        return self.probe.replay(data, micro_step)
 
     def log_metrics(self, metrics: Any, step: Any = None) -> None:
         self.probe.log_metrics(metrics, step)
@@ -291,4 +309,6 @@ def from_config(cfg: Any, **probe_kwargs: Any) -> "ConfiguredProbe | DisabledPro
         probe_kwargs.setdefault("mode", config.mode)
     if config.flush_interval is not None:
         probe_kwargs.setdefault("flush_interval", config.flush_interval)
+    if config.replay_from is not None:
+        probe_kwargs.setdefault("replay_from", config.replay_from)
     return ConfiguredProbe(config, Probe(config.dump_path, **probe_kwargs))

@@ -84,3 +84,8 @@ def _walk(value: Any, prefix: str, path: str, where: str, parents: tuple[int, ..
                              depth + 1)
     else:
         yield prefix, path, value
+
+
+def shape_of(leaf: Any) -> tuple[int, ...] | None:
+    """A leaf's shape before staging (None for an absent value, () for a Python scalar)."""
+    return None if leaf is None else tuple(getattr(leaf, "shape", ()))

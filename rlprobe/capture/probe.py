@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlprobe._version import __version__
-from rlprobe.capture.flatten import flatten
+from rlprobe.capture.flatten import flatten, shape_of
 from rlprobe.capture.rank_claim import RankClaim, read_json
+from rlprobe.capture.replay import open_replay
 from rlprobe.capture.user_values import as_number, is_whole_number, jsonable, whole
 from rlprobe.capture.save_calls import SaveCall
 from rlprobe.capture.writer import BackgroundWriter, LeafJob
@@ -65,6 +66,7 @@ class Probe:
         start_step: int | None = None,
         max_inflight_bytes: int = 1 << 30,
         flush_interval: float = 1.0,
+        replay_from: str | os.PathLike[str] | None = None,
     ):
         if framework is not None and framework not in framework_names():
             raise ProbeError(f"framework={framework!r}: expected one of {', '.join(framework_names())} or None "
@@ -107,6 +109,7 @@ class Probe:
             source = " (from the environment: RANK, WORLD_SIZE)" if rank is None or world_size is None else ""
             raise ProbeError(f"rank={self.rank}, world_size={self.world_size}{source}: expected world_size >= 1 and "
                              "0 <= rank < world_size")
+        self._replay = open_replay(replay_from, self.path, self.rank)  # refused before a file is touched
         claim = RankClaim(self.layout, self.rank, self.world_size)
         claim.prepare_directory()
         from rlprobe.lake.rank_lock import RankLock
@@ -164,7 +167,7 @@ class Probe:
             "world_size": self.world_size,
             "host": socket.gethostname(),
             "stats_only": self.stats_only,
-            "tags": tags,
+            "tags": tags, **({"replay_from": self._replay.record} if self._replay.record else {}),
         })
 
     # -- capture -------------------------------------------------------------------------
@@ -184,7 +187,7 @@ class Probe:
             return self._fail(f"{where}: save(micro_step={micro_step!r}): expected a whole number >= 0, or None")
         try:
             leaves = flatten(data, where)
-            identity = call_identity([(k, i, _shape_of(leaf)) for k, i, leaf, _ in leaves], sample_ids,
+            identity = call_identity([(k, i, shape_of(leaf)) for k, i, leaf, _ in leaves], sample_ids,
                                      group_ids, where)
         except ProbeError as e:
             self._fail(str(e))
@@ -218,6 +221,11 @@ class Probe:
         self._calls += 1
         self._step_has_data = True
         self._raise_background_errors()
+
+    def replay(self, data: dict[str, Any], micro_step: int | None = None) -> dict[str, Any]:
+        """The baseline's tensors (replay_from) of `data`'s keys at this step, rank and the micro-step their next
+        save gets (or `micro_step`), as `data`'s types and devices; `data` itself when replay is off (docs/replay.md)."""
+        return self._replay.values(data, self.current_step, self._micro if micro_step is None else micro_step)
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         """Record scalars such as timings, throughput and losses, at `step` (default: the current
@@ -389,8 +397,3 @@ class Probe:
             warnings.warn(f"rlprobe: {message}", RuntimeWarning, stacklevel=3)
         else:
             raise ProbeError(message)
-
-
-def _shape_of(leaf: Any) -> tuple[int, ...] | None:
-    """A leaf's shape before staging (None for an absent value, () for a Python scalar)."""
-    return None if leaf is None else tuple(getattr(leaf, "shape", ()))

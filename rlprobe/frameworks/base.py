@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from rlprobe.errors import ProbeError
 from rlprobe.lake.grad_stats import GradBatch
 from rlprobe.lake.param_stats import ParamBatch
 
@@ -101,6 +102,12 @@ class Adapter:
     def stage(self, values: Sequence[Any], keep_raw: bool) -> list[StagedLeaf]:
         """Snapshot `values` (one save call) so later in-place changes cannot alter what is saved."""
         raise NotImplementedError
+
+    def from_host(self, array: np.ndarray, dtype: str, like: Any) -> Any:
+        """`array` (a lake tensor as `Dump.tensor` reads it: float32 for widened floats) as this framework's
+        value of the lake dtype `dtype`, of `like`'s type and on its device (probe.replay, docs/replay.md)."""
+        raise ProbeError(f"replaying a baseline's tensors into {self.name or type(self).__name__} values is not "
+                         "supported; pass torch tensors or numpy arrays to probe.replay()")
 
     # -- processes ---------------------------------------------------------------------------
     def prepare(self) -> None:

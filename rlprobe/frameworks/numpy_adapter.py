@@ -8,7 +8,7 @@ import numpy as np
 
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks.base import Adapter, StagedLeaf
-from rlprobe.lake.encoding import SUPPORTED
+from rlprobe.lake.encoding import SUPPORTED, WIDENED_FLOATS
 
 
 class NumpyAdapter(Adapter):
@@ -44,6 +44,15 @@ class NumpyAdapter(Adapter):
             arr = np.array(self.as_array(value), copy=True, order="C")  # a snapshot, C order
             staged.append(StagedLeaf(self.dtype_name(arr), arr.shape, arr, nbytes=arr.nbytes))
         return staged
+
+    def from_host(self, array: np.ndarray, dtype: str, like: Any) -> Any:
+        if dtype in WIDENED_FLOATS and dtype != "float16":
+            raise ProbeError(f"numpy has no {dtype}: the baseline's {dtype} tensor can only be replayed into a "
+                             "framework tensor (pass a torch tensor of that dtype)")
+        out = np.array(array, dtype=np.dtype(dtype), copy=True)  # a copy the caller may change
+        if isinstance(like, np.generic) or (isinstance(like, (bool, int, float)) and out.ndim == 0):
+            return out[()] if isinstance(like, np.generic) else out.item()
+        return out
 
 
 def _short(value: int) -> str:

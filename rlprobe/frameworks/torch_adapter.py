@@ -238,6 +238,12 @@ class TorchAdapter(Adapter):
             leaf.finish = finish
             leaf.release = release
 
+    def from_host(self, array: np.ndarray, dtype: str, like: Any) -> torch.Tensor:
+        # a copy: the lake's array may be a read-only view of its file, and the caller's tensor is its own
+        t = torch.from_numpy(np.array(array, copy=True, order="C"))
+        want = getattr(torch, dtype)
+        return (t if t.dtype == want else t.to(want)).to(like.device)
+
     # -- processes ---------------------------------------------------------------------------
     def prepare(self) -> None:
         host_ring()  # its first pages are faulted in by a thread of its own while the probe sets up

@@ -10,6 +10,7 @@ total, advantages, ref and rollout log-probs, sample and group ids) and the upda
 (old_log_prob, log_prob, entropies, loss); TRL's logged metrics as scalars at their step; the
 trainer's arguments and model configs; gradients and parameter fingerprints once the optimizer
 exists; module stages as the rlprobe_config switches them. RewardTrainer: chosen and rejected rewards and the loss.
+With rlprobe_config.replay_from (GRPOTrainer), the generated completions and their rewards are the baseline's.
 Nothing is installed on the trainer's class: the wrappers sit on this one trainer instance.
 """
 
@@ -90,6 +91,7 @@ def attach(trainer: Any, config: Any = None, *, dump_path: str | os.PathLike[str
         config = {"rlprobe_config": {"dump_path": os.fspath(dump_path), "key_data_dump": True,
                                      "configurations_dump": True, "metrics_dump": True, "grads_dump": True,
                                      "param_fingerprints": True}}
+    replay_from = replay_source(trainer, config, probe_kwargs)
     accelerator = trainer.accelerator
     probe_kwargs.setdefault("rank", accelerator.process_index)
     probe_kwargs.setdefault("world_size", accelerator.num_processes)
@@ -98,7 +100,7 @@ def attach(trainer: Any, config: Any = None, *, dump_path: str | os.PathLike[str
         return TRLProbe(trainer, probe, None)
     from rlprobe.integrations.trl_capture import Capture
 
-    capture = Capture(trainer, probe, kind, grad_level, lambda: config_snapshot(trainer))
+    capture = Capture(trainer, probe, kind, grad_level, lambda: config_snapshot(trainer), replay_from)
     try:
         capture.install()
     except BaseException:
@@ -107,6 +109,19 @@ def attach(trainer: Any, config: Any = None, *, dump_path: str | os.PathLike[str
     handle = TRLProbe(trainer, probe, capture)
     trainer.__dict__["_rlprobe_trl"] = handle
     return handle
+
+
+def replay_source(trainer: Any, config: Any, probe_kwargs: dict[str, Any]) -> str | None:
+    """The baseline whose rollout the trainer consumes (replay_from), refused before a probe is made where the
+    trainer has no rollout_func to replace its generation (RLOOTrainer, RewardTrainer)."""
+    from rlprobe.capture.config import parse_config
+
+    source = probe_kwargs.get("replay_from") or parse_config(config).replay_from
+    if source is not None and not hasattr(trainer, "rollout_func"):
+        raise ProbeError(f"rlprobe_config.replay_from={os.fspath(source)!r}: {type(trainer).__name__} has no "
+                         "rollout_func, the hook through which a baseline's rollout replaces the generation; replay "
+                         "supports GRPOTrainer")
+    return None if source is None else os.fspath(source)
 
 
 def trainer_kind(trainer: Any) -> str:

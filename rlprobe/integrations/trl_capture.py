@@ -23,7 +23,7 @@ import torch
 from transformers import TrainerCallback
 
 from rlprobe.errors import ProbeError
-from rlprobe.integrations.trl_guard import Patch, patch, unsupported
+from rlprobe.integrations.trl_guard import patch, unsupported
 
 SAMPLE_IDS = "_rlprobe_sample_ids"  # travels with TRL's batch through its shuffle and split
 OLD_LOG_PROB = "_rlprobe_old_log_prob"  # per-token old log-probs where TRL keeps only sums (RLOO)
@@ -67,11 +67,13 @@ class StepCallback(TrainerCallback):
 class Capture:
     """Everything the integration installed on one trainer; `detach()` removes it."""
 
-    def __init__(self, trainer: Any, probe: Any, kind: str, grad_level: str | None, snapshot: Callable[[], dict]):
+    def __init__(self, trainer: Any, probe: Any, kind: str, grad_level: str | None, snapshot: Callable[[], dict],
+                 replay_from: str | None = None):
         self.trainer, self.probe, self.kind = trainer, probe, kind
+        self.replay_from = replay_from  # the baseline whose rollout the trainer consumes (trl_replay.py)
         self.grad_level = grad_level
         self._snapshot = snapshot
-        self._patches: list[Patch] = []
+        self._patches: list[Any] = []  # Patch, and ReplayHooks with replay_from: each has remove()
         self._callback: StepCallback | None = None
         self._stage: Any = None  # the open actor_update stage
         self._in_training_step = False
@@ -99,6 +101,10 @@ class Capture:
                                    ("_prepare_inputs", self._wrap_prepare_inputs),
                                    ("training_step", self._wrap_training_step)):
                     self._patches.append(patch(self.trainer, name, make))
+            if self.replay_from is not None:
+                from rlprobe.integrations.trl_replay import ReplayHooks
+
+                self._patches.append(ReplayHooks(self.trainer, self.probe, self.replay_from))
             self._callback = StepCallback(self)
             self.trainer.add_callback(self._callback)
         except BaseException:
