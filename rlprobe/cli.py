@@ -60,15 +60,25 @@ def info(dump: str, as_json: bool, include_uncommitted: bool) -> None:
 
     On a comparison's or pipeline's output folder: the runs compared, the first divergence, the
     counts, the gates and the tables `rlprobe sql` reads, with their row counts."""
-    from rlprobe.lake.dump_info import dump_info
+    from rlprobe.pipeline import info_output
     from rlprobe.pipeline.catalog import is_result_dir
 
     if is_result_dir(Path(dump)):
-        _result_info(dump, as_json)
+        from rlprobe.pipeline.result_info import result_info
+
+        _print_info(lambda: result_info(Path(dump)), as_json, info_output.print_result_summary)
         return
+    from rlprobe.lake.dump_info import dump_info
+
     d = _open(dump, include_uncommitted)
+    _print_info(lambda: dump_info(d), as_json, info_output.print_dump_summary)
+
+
+def _print_info(read, as_json: bool, print_summary) -> None:
+    """`rlprobe info`'s output of the summary `read()` gives: JSON, or `print_summary`'s table; exit 3 where it
+    cannot be read."""
     try:
-        summary = dump_info(d)
+        summary = read()
     except DumpReadError as e:
         raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
     if as_json:
@@ -76,26 +86,7 @@ def info(dump: str, as_json: bool, include_uncommitted: bool) -> None:
 
         click.echo(json.dumps(summary, indent=2, default=str))
         return
-    from rlprobe.pipeline.info_output import print_dump_summary
-
-    print_dump_summary(summary)
-
-
-def _result_info(out: str, as_json: bool) -> None:
-    from rlprobe.pipeline.result_info import result_info
-
-    try:
-        summary = result_info(Path(out))
-    except DumpReadError as e:
-        raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
-    if as_json:
-        import json
-
-        click.echo(json.dumps(summary, indent=2, default=str))
-        return
-    from rlprobe.pipeline.info_output import print_result_summary
-
-    print_result_summary(summary)
+    print_summary(summary)
 
 
 def _connect(path: str, include_uncommitted: bool):
