@@ -42,12 +42,14 @@ def main() -> None:
         print(f"\n{name}: first divergence", "none" if first is None else
               f"{first['key']} step {first['step']} {first['status']} (max-norm rel err {first['norm_rel_err']})")
         rows = pq.read_table(out / f"compare-{name}" / "key_data.parquet").to_pylist()
+        tolerance = {k["key"]: (k["rtol"], k["atol"]) for k in summary["keys"]}
         worst: dict[str, tuple[float, float]] = {}
         for r in rows:
-            if r["max_abs_err"] is None or r["rtol"] is None:
+            rtol, atol = tolerance.get(r["key"], (None, None))
+            if r["max_abs_err"] is None or rtol is None:
                 continue
             scale = max(abs(r[c]) for c in ("min_a", "max_a", "min_b", "max_b") if r[c] is not None)
-            used = r["max_abs_err"] / (r["atol"] + r["rtol"] * scale) if r["atol"] + r["rtol"] * scale else 0.0
+            used = r["max_abs_err"] / (atol + rtol * scale) if atol + rtol * scale else 0.0
             err, share = worst.get(r["key"], (0.0, 0.0))
             worst[r["key"]] = (max(err, r["norm_rel_err"] or 0.0), max(share, used))
         for key, (err, share) in worst.items():

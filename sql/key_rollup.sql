@@ -1,7 +1,13 @@
 -- Per key: how many rows of each kind (close: within rounding, counted as matching too), where it first
 -- diverged beyond tolerance, its worst errors, and the tolerance it was judged by (rtol, atol and their
--- source, the largest where its rows have several) with its largest measured error against it
--- (norm_rel_err: max|a-b| / max(|a|inf, |b|inf), rlprobe/compare/tolerance.py).
+-- source from key_tolerance, the largest where the key was saved in several dtypes) with its largest
+-- measured error against it (norm_rel_err: max|a-b| / max(|a|inf, |b|inf), rlprobe/compare/tolerance.py).
+-- Tables: key_data, key_tolerance.
+WITH tolerance AS (
+    SELECT key, max(rtol) AS rtol, max(atol) AS atol, max(tolerance_source) AS tolerance_source
+    FROM key_tolerance GROUP BY key
+),
+per_key AS (
 SELECT
     key,
     count(*)                                                               AS rows,
@@ -18,11 +24,12 @@ SELECT
     max(max_abs_err)                                                       AS max_abs_err,
     max(max_rel_err)                                                       AS max_rel_err,
     max(norm_rel_err)                                                      AS max_norm_rel_err,
-    max(rtol)                                                              AS rtol,
-    max(atol)                                                              AS atol,
-    max(tolerance_source)                                                  AS tolerance_source,
     min(cosine)                                                            AS min_cosine,
     min(flow_position)                                                     AS flow_position
 FROM key_data
 GROUP BY key
-ORDER BY flow_position, key
+)
+SELECT p.* EXCLUDE (min_cosine, flow_position), t.rtol, t.atol, t.tolerance_source, p.min_cosine, p.flow_position
+FROM per_key AS p
+LEFT JOIN tolerance AS t USING (key)
+ORDER BY p.flow_position, p.key

@@ -26,9 +26,9 @@ if TYPE_CHECKING:
     import duckdb
 
 Progress = Callable[[int, int], None]
-# summary.json's first_divergence (and first_difference, with tolerance_source, without kind)
+# summary.json's first_divergence (and first_difference, without kind)
 FIRST_FIELDS = ("kind", "key", "step", "rank", "micro_step", "index", "status", "max_abs_err", "max_rel_err",
-                "norm_rel_err", "rtol", "atol", "message")
+                "norm_rel_err", "rtol", "atol", "tolerance_source", "message")
 
 
 def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = None, *,
@@ -103,7 +103,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
         "first_divergence": None if first is None else {
             k: first.get(k) for k in FIRST_FIELDS},
         "first_difference": None if compared.first_difference is None else {
-            k: compared.first_difference.get(k) for k in FIRST_FIELDS + ("tolerance_source",) if k != "kind"},
+            k: compared.first_difference.get(k) for k in FIRST_FIELDS if k != "kind"},
         "module_first_divergence": None,
         "grad_first_flagged": None,
         "param_first_difference": None,
