@@ -155,7 +155,7 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
               help="Relative tolerance of every float key (not tokens), instead of the dtype's default "
                    "(float32 1.5e-05: docs/compare.md, Tolerances); a pair within it is 'close', no divergence.")
 @click.option("--atol", type=float, callback=lambda ctx, param, value: _tolerance(value),
-              help="Absolute tolerance (default: rtol x 1, the floor below which magnitudes count as 1).")
+              help="Absolute tolerance (default: rtol x 1 for log-probs, rtol / 16 for the other keys).")
 @click.option("--stats-rtol", type=float, callback=lambda ctx, param, value: _tolerance(value),
               help="Relative tolerance of rows saved as statistics only (default: --rtol or the dtype's; 0: exact).")
 @click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True,

@@ -4,9 +4,10 @@
 The measure is the max-norm relative error, max|a-b| / max(|a|inf, |b|inf): the kernel's max_abs_err
 over the larger of both sides' largest magnitudes (from their min and max statistics), so a
 near-zero element cannot inflate it. A pair is close when max_abs_err <= atol + rtol * scale, with
-rtol = ULPS x eps of the dtype both runs saved it in, and atol = rtol x SCALE_FLOOR: a value of
-magnitude below 1 is judged as if it were of magnitude 1, since its error comes from inputs of that
-size (a KL is the difference of two log-probs of order 1-10). Integer and bool dtypes, and the
+rtol = ULPS x eps of the dtype both runs saved it in, and atol = rtol x the family's scale floor: a
+value smaller than its floor is judged as if it were of that size, since its error comes from inputs
+of that size (a KL is the difference of two log-probs of order 1-10: floor 1; others 1/16, so that a
+loss of 0.1 is judged nearly by its own size). Integer and bool dtypes, and the
 token family, are exact. Statistics-only rows: each of min, max, mean within atol + rtol * scale and
 the norm within atol + rtol * the larger norm. Overrides: --rtol/--atol (every float key but tokens),
 per family, per key (saved name or canonical key); --stats-rtol for statistics-only rows only.
@@ -27,7 +28,11 @@ EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "tf32": 2.0**-10, "float16": 2.
 # through. Narrow dtypes (accumulated wider, rounded once per op): a rounding that flips the last bit
 # in each of a few layers, 4 ulps of the largest element.
 WIDE, WIDE_ULPS, NARROW_ULPS = ("float64", "float32", "tf32"), 128, 4
-SCALE_FLOOR = 1.0
+# atol = rtol x the scale floor of a key's family: log-probs and what is made of their differences (a KL,
+# a ratio) carry the rounding of log-probs of order 1-10; every other key the floor 1/16, so a loss of
+# 0.1 moved by 5e-5 of itself (TRL's beta change, tests/integrations/test_trl_faults.py) is a divergence
+# while the noise of a mean of differences (kl_loss, 2.6e-8 on 2e-3) stays within it
+SCALE_FLOOR, SCALE_FLOORS = 2.0**-4, {"log_probs": 1.0}
 # the coarser dtypes a float32/float64 pair's errors beyond tolerance are recognised as (a run that computed
 # it in one of them): an error between float16's eps / 8 and bfloat16's rtol (sql/pair_macros.sql's
 # coarser_rounding holds these numbers)
@@ -163,10 +168,11 @@ class Tolerance:
                 rtol = rtol if rule.rtol is None else rule.rtol
                 atol = atol if rule.atol is None else rule.atol
                 source = level
-        atol = rtol * SCALE_FLOOR if atol is None else atol
+        floor = SCALE_FLOORS.get(family or "", SCALE_FLOOR)
+        atol = rtol * floor if atol is None else atol
         if self.stats_rtol is None:
             return Resolved(rtol, atol, rtol, atol, source)
-        return Resolved(rtol, atol, self.stats_rtol, self.stats_rtol * SCALE_FLOOR, source)
+        return Resolved(rtol, atol, self.stats_rtol, self.stats_rtol * floor, source)
 
     def table(self, rows: Iterable[tuple[str, str | None, str | None]]) -> Any:
         """The table `key_tolerance` sql/key_data.sql joins: (key, dtype) -> rtol, atol, stats_rtol, stats_atol,

@@ -66,10 +66,10 @@ def test_noise_alone_is_no_divergence_beyond_rounding(runs, tmp_path):
     rows = pq.read_table(out / "key_data.parquet").to_pylist()
     # tokens are exact and equal: the sampling did not part under noise in two steps
     assert {r["status"] for r in rows if r["key"] in ("prompts", "responses")} == {"match"}
-    # the noise uses a tenth of its tolerance at most (measured: 0.03 at most, kl_loss's 1.2e-05 of its own
-    # magnitude is 2.6e-08 absolute, within the floor atol)
+    # the noise uses a tenth of its tolerance at most (measured: 0.055 at most, pg_loss; kl_loss's 1.2e-05 of
+    # its own magnitude is 2.6e-08 absolute, within the floor atol)
     tolerance = {k["key"]: (k["rtol"], k["atol"]) for k in summary["keys"]}  # the per-key table's
-    assert tolerance["advantages"] == (2.0**-16, 2.0**-16) and tolerance["responses"] == (0.0, 0.0)
+    assert tolerance["advantages"] == (2.0**-16, 2.0**-20) and tolerance["responses"] == (0.0, 0.0)
     used = [r["max_abs_err"] / (tolerance[r["key"]][1] + tolerance[r["key"]][0] * max(
             abs(r["min_a"]), abs(r["max_a"]), abs(r["min_b"]), abs(r["max_b"]))) for r in rows if r["status"] == "close"]
     assert used and max(used) < 0.1

@@ -40,7 +40,8 @@ def test_defaults_per_dtype():
     assert default_rtol("float8_e4m3fn") == 0.5 and default_rtol("float8_e5m2") == 1.0
     assert default_rtol("int64") == default_rtol("bool") == 0.0
     r = Tolerance().resolve("advantages", "advantages", "float32")
-    assert (r.rtol, r.atol, r.source) == (2.0**-16, 2.0**-16, "float32 default")  # atol: rtol x a scale of 1
+    assert (r.rtol, r.atol, r.source) == (2.0**-16, 2.0**-20, "float32 default")  # atol: rtol x a scale of 1/16
+    assert Tolerance().resolve("kl", "kl", "float32").atol == 2.0**-16  # log-probs' floor: 1
     assert Tolerance(rtol=1.0).resolve("prompts", "prompts", "float32").rtol == 0.0  # tokens: exact
     assert Tolerance(rtol=1.0).resolve("x", "x", "int64").source == "exact (int64)"
 
@@ -49,7 +50,7 @@ def test_overrides_key_over_family_over_global_and_stats_rtol_alias():
     t = Tolerance.of({"rtol": 1e-3, "families": {"log_probs": {"rtol": 1e-4}},
                       "keys": {"old_log_probs": {"atol": 0.5}}, "stats_rtol": 0.0})
     g = t.resolve("advantages", "advantages", "float32")
-    assert (g.rtol, g.atol) == (1e-3, 1e-3)
+    assert (g.rtol, g.atol) == (1e-3, 1e-3 / 16)
     lp = t.resolve("ref_log_prob", "ref_log_prob", "float32")
     assert (lp.rtol, lp.atol, lp.source) == (1e-4, 1e-4, "family log_probs")
     saved = t.resolve("old_log_probs", "old_log_prob", "float32")  # a trainer's name, by its saved name
