@@ -170,3 +170,23 @@ report: {{xlsx: false, csv: false, markdown: false}}
         load_pipeline(spec)
     saved = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert saved["first_divergence"]["key"] == "kl"
+
+
+def test_close_rows_have_their_colour_and_count_in_the_workbook_and_summary_md(tmp_path):
+    import openpyxl
+
+    x = np.linspace(1, 2, 32, dtype=np.float32)
+    a = _dump(tmp_path / "a", {"kl": x, "loss": np.float32(1.0)})
+    b = _dump(tmp_path / "b", {"kl": _ulp_apart(x), "loss": np.float32(1.0)})
+    rlprobe.compare(a, b, tmp_path / "out")
+    book = openpyxl.load_workbook(tmp_path / "out" / "report.xlsx")
+    rows = list(book["kl"].iter_rows(max_row=2))
+    assert rows[1][rows[0].index(next(c for c in rows[0] if c.value == "status"))].value == "close"
+    assert rows[1][0].fill.fgColor.rgb == "FFDDEBF7"  # close: a fill of its own (workbook.FILLS)
+    assert list(book["loss"].iter_rows(max_row=2))[1][0].fill.fill_type is None  # match: none
+    summary = [[c.value for c in row] for row in book["Summary"].iter_rows()]
+    assert any(r[0] == "close" and r[1] == 1 for r in summary)  # rows per status
+    assert any(str(r[1]).startswith("no divergence beyond rounding — first difference, within rounding: 'kl'")
+               for r in summary if r[0] == "verdict")
+    md = (tmp_path / "out" / "summary.md").read_text(encoding="utf-8")
+    assert "| close | 1 |" in md and "| kl | 1 | 1 | 1 | 0 |" in md  # counts; per key: rows, matching, close
