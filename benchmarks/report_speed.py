@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from rlprobe.compare.options import CompareOptions
 
 HERE = Path(__file__).resolve().parent
 WRITERS = ("tables", "summary_json", "csv", "xlsx", "markdown")
@@ -82,7 +83,7 @@ def compare_once(a: Path, b: Path, cache: Path) -> None:
     from rlprobe.compare.run import compare_dumps
     from rlprobe.lake.reader import open_dump
 
-    tables, summary = compare_dumps(open_dump(a), open_dump(b), workers=2)
+    tables, summary = compare_dumps(open_dump(a), open_dump(b), CompareOptions(workers=2))
     summary["elapsed_s"] = 1.0
     cache.mkdir(parents=True)
     for name, table in tables.items():

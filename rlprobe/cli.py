@@ -20,9 +20,11 @@ def _open(path: str, include_uncommitted: bool = False):
         raise click.exceptions.Exit(_err(str(e), EXIT_UNREADABLE)) from None
 
 
-def _tolerance(value: float) -> float:
-    if not value >= 0:  # NaN too: DuckDB orders NaN above every number, so every statistics-only row matched
-        raise click.BadParameter(f"{value!r} is not a relative tolerance (a number >= 0)")
+def _tolerance(value: float | None) -> float | None:
+    if value is None:
+        return None
+    if not value >= 0 or value == float("inf"):  # NaN too: DuckDB orders NaN above every number, so every row agreed
+        raise click.BadParameter(f"{value!r} is not a tolerance (a finite number >= 0)")
     return value
 
 
@@ -174,15 +176,21 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
 @click.option("--steps", help="Only these steps, e.g. 0-10,12.")
 @click.option("--ranks", help="Only these ranks, e.g. 0,2-3.")
 @click.option("--workers", type=click.IntRange(1, 256), default=2, show_default=True, help="Parallel comparison workers.")
-@click.option("--stats-rtol", type=float, default=0.0, show_default=True, callback=lambda ctx, param, value:
-              _tolerance(value), help="Relative tolerance for rows saved as statistics only (no tensors, no hash).")
+@click.option("--rtol", type=float, callback=lambda ctx, param, value: _tolerance(value),
+              help="Relative tolerance of every float key (not tokens), instead of the dtype's default "
+                   "(float32 1.5e-05: docs/compare.md, Tolerances); a pair within it is 'close', no divergence.")
+@click.option("--atol", type=float, callback=lambda ctx, param, value: _tolerance(value),
+              help="Absolute tolerance (default: rtol x 1 for log-probs, rtol / 16 for the other keys).")
+@click.option("--stats-rtol", type=float, callback=lambda ctx, param, value: _tolerance(value),
+              help="Relative tolerance of rows saved as statistics only (default: --rtol or the dtype's; 0: exact).")
 @click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True,
               help="Report column headers; zh gives msprobe's Chinese headers.")
 @click.option("--per-key-files", is_flag=True, help="Also write msprobe-style <key>.xlsx files (in OUT/per_key).")
 @click.option("--plots", is_flag=True, help="Also write PNG plots (OUT/plots).")
 @click.option("--plot-every-param", is_flag=True,
               help="With the plots, one PNG per gradient parameter (OUT/plots/grad_params); implies --plots.")
-@click.option("--fail-on-diff", is_flag=True, help="Exit with code 1 when anything diverges.")
+@click.option("--fail-on-diff", is_flag=True,
+              help="Exit with code 1 when anything diverges beyond tolerance ('close' rows agree).")
 @click.option("--quiet", is_flag=True, help="No progress bar, only the verdict.")
 @click.option("--key-map", "key_map", multiple=True, metavar="SAVED=CANONICAL",
               help="Read saved key SAVED as the data-flow key CANONICAL, e.g. old_log_probs=old_log_prob (repeatable).")
@@ -190,7 +198,7 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
               help="Leave config paths matching GLOB out of the config diff, e.g. trainer.project_name (repeatable).")
 @click.option("--no-default-config-ignore", is_flag=True,
               help="Show the config paths the default ignore list leaves out (output paths, run names, ...).")
-def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, per_key_files, plots, plot_every_param,
+def compare(run_a, run_b, out, keys, steps, ranks, workers, rtol, atol, stats_rtol, lang, per_key_files, plots, plot_every_param,
             fail_on_diff, quiet, key_map, config_ignore, no_default_config_ignore):
     """Compare two runs (rlprobe or msprobe dumps) and say where they diverge first.
 
@@ -216,7 +224,7 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, stats_rtol, lang, pe
     from rlprobe.pipeline.compare_command import run_compare
 
     code = run_compare(run_a, run_b, out, keys=key_list, steps=step_list, ranks=rank_list, workers=workers,
-                       stats_rtol=stats_rtol, lang=lang, per_key_files=per_key_files, plots=plots,
+                       rtol=rtol, atol=atol, stats_rtol=stats_rtol, lang=lang, per_key_files=per_key_files, plots=plots,
                        plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet,
                        key_map=key_mapping, config_ignore=list(config_ignore),
                        config_ignore_defaults=not no_default_config_ignore)

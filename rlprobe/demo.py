@@ -26,6 +26,8 @@ from rlprobe.errors import ProbeError
 from rlprobe.resources import resource_dir
 
 FAULTS = ("ref-bf16", "nondeterministic", "advantage-bug", "sampling-seed", "lr")
+# faults whose differences are of rounding size, which the demo compares bitwise (tolerance 0)
+BITWISE_FAULTS = ("nondeterministic",)
 
 
 def example_dir() -> Path:
@@ -60,15 +62,18 @@ def run_training(cfg: dict[str, Any], runs: dict[str, str | None], out: Path) ->
     return dumps
 
 
-def compare_runs(a: Path, b: Path, out: Path) -> dict[str, Any]:
-    """Run the bundled pipelines/compare.yaml on two dumps; returns its summary."""
+def compare_runs(a: Path, b: Path, out: Path, bitwise: bool = False) -> dict[str, Any]:
+    """Run the bundled pipelines/compare.yaml on two dumps; returns its summary. `bitwise`: tolerance 0, every
+    difference a divergence (a nondeterministic reduction differs by rounding only: docs/compare.md, Tolerances)."""
     from rlprobe.pipeline.runner import run_pipeline
     from rlprobe.pipeline.spec import load_pipeline
 
     # absolute paths: the pipeline resolves relative ones against its YAML file's folder
     pipeline = load_pipeline(resource_dir("pipelines") / "compare.yaml",
                              [f"runs.a={Path(a).resolve()}", f"runs.b={Path(b).resolve()}", f"output={out.resolve()}",
-                              "history=null"])  # the demo keeps no history
+                              "history=null",  # the demo keeps no history
+                              *(["compare.key_data.tolerance.rtol=0", "compare.key_data.tolerance.atol=0"]
+                                if bitwise else [])])
     return run_pipeline(pipeline).summary
 
 
@@ -83,7 +88,8 @@ def run_demo(fault: str = "ref-bf16", out: str | Path = "./rlprobe_demo", *, ste
     say(f"[1/4] training the tiny PPO model twice (baseline, and with fault '{fault}'), capturing key data and gradients")
     dumps = run_training(cfg, {"baseline": None, "faulted": fault}, out)
     say("[2/4] comparing the two runs (pipelines/compare.yaml)")
-    first = compare_runs(dumps["baseline"], dumps["faulted"], out / "compare")
+    bitwise = fault in BITWISE_FAULTS  # both runs on one CPU: a difference of rounding is the fault itself
+    first = compare_runs(dumps["baseline"], dumps["faulted"], out / "compare", bitwise)
     chain = [_key_data_line(first)]
     modules = None
     next_config = first.get("next_config")
@@ -96,7 +102,7 @@ def run_demo(fault: str = "ref-bf16", out: str | Path = "./rlprobe_demo", *, ste
         cfg2["ppo"]["steps"] = step + 1
         dumps2 = run_training(cfg2, {"baseline_modules": None, "faulted_modules": fault}, out)
         say("[4/4] comparing the module dumps")
-        modules = compare_runs(dumps2["baseline_modules"], dumps2["faulted_modules"], out / "compare_modules")
+        modules = compare_runs(dumps2["baseline_modules"], dumps2["faulted_modules"], out / "compare_modules", bitwise)
         chain.append(_module_line(modules))
     else:
         say("[3/4] no module dump advised: the suspect is not a model")

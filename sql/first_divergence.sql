@@ -1,7 +1,13 @@
--- The earliest row that is neither match, stats_only_match nor absent_in_both (None in both runs), in (step, dataflow order of
--- keys, rank, micro_step, index) order. Empty when the runs agree.
-SELECT key, step, rank, micro_step, "index", status, max_abs_err, max_rel_err, message
-FROM key_data
-WHERE status NOT IN ('match', 'stats_only_match', 'absent_in_both')
-ORDER BY step, flow_position, key, rank, micro_step, "index"
+-- The earliest row beyond tolerance: neither match, close (within rounding: rlprobe/compare/tolerance.py),
+-- stats_only_match, stats_only_close nor absent_in_both (None in both runs), in (step, dataflow order of
+-- keys, rank, micro_step, index) order, with the tolerance it was judged by (key_tolerance; a row without
+-- element metrics, equal_count NULL, by that of statistics-only rows). Empty when the runs agree within
+-- rounding (first_difference.sql then gives the first bitwise difference).
+SELECT k.key, k.step, k.rank, k.micro_step, k."index", k.status, k.max_abs_err, k.max_rel_err, k.norm_rel_err,
+       CASE WHEN k.equal_count IS NULL THEN t.stats_rtol ELSE t.rtol END AS rtol,
+       CASE WHEN k.equal_count IS NULL THEN t.stats_atol ELSE t.atol END AS atol, t.tolerance_source, k.message
+FROM key_data AS k
+LEFT JOIN key_tolerance AS t ON t.key = k.key AND t.dtype = coalesce(k.dtype_a, k.dtype_b)
+WHERE k.status NOT IN ('match', 'close', 'stats_only_match', 'stats_only_close', 'absent_in_both')
+ORDER BY k.step, k.flow_position, k.key, k.rank, k.micro_step, k."index"
 LIMIT 1

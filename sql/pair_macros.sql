@@ -55,9 +55,48 @@ CREATE OR REPLACE TEMP MACRO compared_metrics(compared, kernel_numel, numel_a, n
     'nan_mismatch_count': nan_mismatch_count
 };
 
--- a pair's status; stats_equal: whether its statistics agree (each comparison's own rule)
+-- the scale a pair's errors are measured against: the larger of both sides' largest magnitudes
+-- (|x|inf = max(|min|, |max|), from their statistics; NULL where neither side has them)
+CREATE OR REPLACE TEMP MACRO pair_scale(min_a, max_a, min_b, max_b) AS
+    greatest(abs(min_a), abs(max_a), abs(min_b), abs(max_b));
+
+-- the max-norm relative error max|a-b| / max(|a|inf, |b|inf) (rlprobe/compare/tolerance.py): not
+-- inflated by near-zero elements, as the element-wise max_rel_err is
+CREATE OR REPLACE TEMP MACRO norm_rel_err(max_abs_err, scale) AS
+    CASE WHEN max_abs_err = 0 THEN 0.0 WHEN scale > 0 THEN max_abs_err / scale END;
+
+-- an element-wise compared pair whose difference rounding explains: NaN in the same places and
+-- max|a-b| <= atol + rtol * scale
+CREATE OR REPLACE TEMP MACRO within_tolerance(max_abs_err, nan_mismatch_count, scale, rtol, atol) AS
+    coalesce(coalesce(nan_mismatch_count, 0) = 0 AND max_abs_err <= atol + rtol * coalesce(scale, 0), false);
+
+-- one statistic of both runs within atol + rtol * scale
+CREATE OR REPLACE TEMP MACRO stat_close(x, y, scale, rtol, atol) AS x = y OR abs(x - y) <= atol + rtol * scale;
+
+-- statistics-only rows: min, max, mean within atol + rtol * scale, the norm within atol + rtol * the
+-- larger norm, NaN and inf counts equal (a statistic missing on both sides, an empty tensor's min, agrees)
+CREATE OR REPLACE TEMP MACRO stats_close(min_a, min_b, max_a, max_b, mean_a, mean_b, norm_a, norm_b,
+                                         nan_count_a, nan_count_b, inf_count_a, inf_count_b, rtol, atol) AS
+    coalesce(
+        stat_close(min_a, min_b, pair_scale(min_a, max_a, min_b, max_b), rtol, atol)
+        AND stat_close(max_a, max_b, pair_scale(min_a, max_a, min_b, max_b), rtol, atol)
+        AND stat_close(mean_a, mean_b, pair_scale(min_a, max_a, min_b, max_b), rtol, atol)
+        AND stat_close(norm_a, norm_b, greatest(abs(norm_a), abs(norm_b)), rtol, atol)
+        AND nan_count_a IS NOT DISTINCT FROM nan_count_b AND inf_count_a IS NOT DISTINCT FROM inf_count_b,
+        min_a IS NULL AND min_b IS NULL AND norm_a IS NOT DISTINCT FROM norm_b);
+
+-- statistics-only rows' error against their tolerance's measure: the largest difference of min, max and
+-- mean over the scale, or of the norms over the larger norm
+CREATE OR REPLACE TEMP MACRO stats_rel_err(min_a, min_b, max_a, max_b, mean_a, mean_b, norm_a, norm_b) AS
+    greatest(norm_rel_err(greatest(abs(min_a - min_b), abs(max_a - max_b), abs(mean_a - mean_b)),
+                          pair_scale(min_a, max_a, min_b, max_b)),
+             norm_rel_err(abs(norm_a - norm_b), greatest(abs(norm_a), abs(norm_b))));
+
+-- a pair's status; close: element-wise within its tolerance; stats_equal, stats_close: whether its
+-- statistics agree bitwise (or by hash) and within tolerance (each comparison's own rule)
 CREATE OR REPLACE TEMP MACRO pair_status(in_a, in_b, absent_a, absent_b, shape_a, shape_b, dtype_a, dtype_b,
-                                         compared, kernel_error, kernel_numel, equal_count, stats_equal) AS
+                                         compared, kernel_error, kernel_numel, equal_count, close, stats_equal,
+                                         stats_close) AS
     CASE
         WHEN NOT in_b THEN 'only_in_a'
         WHEN NOT in_a THEN 'only_in_b'
@@ -68,9 +107,31 @@ CREATE OR REPLACE TEMP MACRO pair_status(in_a, in_b, absent_a, absent_b, shape_a
         WHEN kernel_error IS NOT NULL THEN 'error'
         WHEN dtype_differs(dtype_a, dtype_b) THEN 'dtype_mismatch'
         WHEN compared AND equal_count = kernel_numel THEN 'match'
+        WHEN compared AND close THEN 'close'
         WHEN compared THEN 'mismatch'
         WHEN stats_equal THEN 'stats_only_match'
+        WHEN stats_close THEN 'stats_only_close'
         ELSE 'stats_only_mismatch'
+    END;
+
+-- whether a float32/float64 pair's error `err` (norm_rel_err) beyond its own rtol is the size of a half-precision
+-- rounding: between float16's eps / 8 and bfloat16's rtol (tolerance.py's COARSER: eps 2^-10 and 2^-7, rtol
+-- 4 eps; tests/compare/test_tolerance.py holds these numbers to tolerance.py's). Which of the two is not
+-- told apart: a model computed in bfloat16 whose output is float32 (the example's ref-bf16) measured 1.3e-3,
+-- near float16's eps, since its errors are of its logits, not of the log-probs saved
+CREATE OR REPLACE TEMP MACRO coarser_rounding(dtype, err, own_rtol) AS
+    dtype IN ('float32', 'float64') AND err > own_rtol AND err >= 0.0009765625 / 8 AND err <= 4 * 0.0078125;
+
+-- a pair's words on its tolerance: how far within it a close pair is, and for a float32/float64 pair beyond it
+-- whose errors are those of a coarser dtype's rounding, that one run computes it in that dtype
+CREATE OR REPLACE TEMP MACRO tolerance_text(status, dtype, err, rtol, source) AS
+    CASE WHEN status IN ('close', 'stats_only_close')
+             THEN format('within rounding: max|a-b|/max|a| {} <= rtol {} ({})', printf('%.3g', err),
+                         printf('%.3g', rtol), source)
+         WHEN status IN ('mismatch', 'stats_only_mismatch') AND coarser_rounding(dtype, err, rtol)
+             THEN format('errors of half-precision rounding (max|a-b|/max|a| {}; eps: float16 9.8e-04, bfloat16 '
+                         '7.8e-03): one run computes it in a coarser dtype (bfloat16 or float16) than {}',
+                         printf('%.2e', err), dtype)
     END;
 
 -- a pair's message: its status in words, a dtype difference, how statistics-only rows were

@@ -126,7 +126,12 @@ SELECT
         CASE WHEN r.numel = 0 THEN 100.0 ELSE 100.0 * r.equal_count / r.numel END END AS same_pct,
     NULL::BIGINT AS first_mismatch_index, r.max_abs_err, r.max_rel_err,
     NULL::DOUBLE AS within_1e3_pct, NULL::DOUBLE AS within_1e2_pct, NULL::DOUBLE AS cosine,
-    r.nan_mismatch_count, r.message,
+    r.nan_mismatch_count,
+    -- the measure of key_data.sql's tolerance (the layout tolerance judged these rows)
+    CASE WHEN r.max_abs_err = 0 THEN 0.0
+         ELSE r.max_abs_err / nullif(greatest(abs(r.min_a), abs(r.max_a), abs(r.min_b), abs(r.max_b)), 0) END
+                                                   AS norm_rel_err,
+    r.message,
     r.min_a, r.min_b, r.max_a, r.max_b, r.mean_a, r.mean_b,
     NULL::DOUBLE AS norm_a, NULL::DOUBLE AS norm_b,
     NULL::BIGINT AS nan_count_a, NULL::BIGINT AS nan_count_b, NULL::BIGINT AS inf_count_a,

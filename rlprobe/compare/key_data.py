@@ -14,7 +14,8 @@ from rlprobe.compare.key_aliases import key_order_table
 from rlprobe.compare.pair_results import pair_results_table
 from rlprobe.compare.pairs_ahead import AHEAD_MIN_PAIRS
 from rlprobe.compare.sample_alignment import layout, sample_key_data
-from rlprobe.errors import ProbeError, SelectionError
+from rlprobe.compare.tolerance import Tolerance
+from rlprobe.errors import SelectionError
 from rlprobe.lake.msprobe_format import compiled_scanner
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import KEY_DATA, with_rank
@@ -29,8 +30,8 @@ _NO_FILES = pa.table({"file_a": pa.array([], pa.string()), "file_b": pa.array([]
 
 @dataclass
 class KeyDataComparison:
-    """key_data (one row per pair, `is_first_divergence` marked), its first divergence (None:
-    none), the parts that could not be read (as messages), how many tensor pairs (or sample pairs)
+    """key_data (one row per pair, `is_first_divergence` marked), its first divergence beyond tolerance
+    (None: none) and first bitwise difference (first_difference, within rounding or not), the parts that could not be read (as messages), how many tensor pairs (or sample pairs)
     were compared element-wise, and both runs' layouts (summary.json's `layout`)."""
 
     table: pa.Table
@@ -38,11 +39,13 @@ class KeyDataComparison:
     read_errors: list[str]
     pairs_compared: int
     layout: dict[str, Any]
+    first_difference: dict[str, Any] | None = None
 
 
 def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | None = None,
                      steps: list[int] | None = None, ranks: list[int] | None = None, workers: int = 2,
-                     stats_rtol: float = 0.0, order: list[str] | None = None, progress: Progress | None = None,
+                     tolerance: Tolerance | None = None, order: list[str] | None = None,
+                     progress: Progress | None = None,
                      executor: Callable[..., dict] | None = None,
                      key_map: dict[str, str] | None = None,
                      ahead: Callable[[list[Any]], None] | None = None,
@@ -52,9 +55,9 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     Runs with different layouts (micro-batches, ranks) are compared per sample (sample_alignment.py).
     `ahead(tasks)`: starts comparing pairs (PairTask) that `executor` will then be asked for, while
     the statistics are read (rlprobe.compare.pairs_ahead); called for two msprobe dumps (run A of many
-    tensor files) without a selection. `stats_read()` is called once both runs' statistics are loaded."""
-    if not stats_rtol >= 0:  # NaN as well (the command and pipelines refuse it first, as usage)
-        raise ProbeError(f"stats_rtol must be a relative tolerance (a number >= 0), not {stats_rtol!r}")
+    tensor files) without a selection. `stats_read()` is called once both runs' statistics are loaded.
+    `tolerance`: when a pair that is not bitwise equal is close (tolerance.py; default: per dtype)."""
+    tolerance = tolerance or Tolerance()
     read_errors: list[str] = []
     reading_b = _read_beside(dump_b) if dump_a.format == "msprobe" else None  # whatever `workers`: not a worker
     try:
@@ -71,6 +74,8 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
         stats_read()
     saved = saved_keys(con)  # both runs' keys decide the ambiguous names (rlprobe/key_names.csv)
     con.register("key_order", key_order_table(order, key_map, saved["A"] | saved["B"]))
+    con.register("key_tolerance", tolerance.table(  # each (key, dtype) the runs saved, as its tolerance judges it
+        (r["key"], r["canonical"], r["dtype"]) for r in records(con, "saved_dtypes.sql")))
     run_layout = layout(con, dump_a, dump_b, read_errors)
     execute(con, "pair_macros.sql")
     execute(con, "key_data_pairs.sql")
@@ -98,20 +103,22 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     else:
         con.register("pair_results", pair_results_table(results, files))
         try:
-            key_data = run(con, "key_data.sql", stats_rtol=stats_rtol)
+            key_data = run(con, "key_data.sql")
         finally:
             con.unregister("pair_results")
     key_data = _prepend_read_errors(key_data, read_errors)
     con.register("key_data", key_data)
     first = records(con, "first_divergence.sql")
     first = first[0] if first else None
+    difference = records(con, "first_difference.sql")  # the first bitwise difference, within rounding or not
+    difference = difference[0] if difference else None
     if first is not None:
         first["kind"] = "key_data"
         canonical = records(con, "canonical_key.sql", key=first["key"])
         first["canonical_key"] = canonical[0]["canonical"] if canonical else first["key"]
     key_data = _mark_first(key_data, first)
     con.register("key_data", key_data)
-    return KeyDataComparison(key_data, first, read_errors, files.num_rows + gathered, run_layout)
+    return KeyDataComparison(key_data, first, read_errors, files.num_rows + gathered, run_layout, difference)
 
 
 def saved_keys(con: Any) -> dict[str, set[str]]:

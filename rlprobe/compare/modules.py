@@ -13,25 +13,24 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from rlprobe.compare.pair_results import pair_results_table
+from rlprobe.compare.tolerance import EPS, Tolerance
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import MODULE, with_rank
 from rlprobe.lake.sql_runner import execute, records, run
 
-# Relative tolerance of statistics-only rows whose bits differ (no tensors saved): exact for
-# float32/float64/integers (rtol 0: hashes decide), about one unit in the last place of the
-# statistics for the narrow float types.
-DTYPE_RTOL = {"float16": 1e-3, "bfloat16": 1e-2, "float8_e4m3fn": 1.25e-1, "float8_e5m2": 2.5e-1}
 FIRST_FIELDS = ("stage", "step", "rank", "module", "call", "direction", "io", "index", "status", "inputs_match",
                 "seq", "max_abs_err", "max_rel_err", "message")
 PRIVATE_COLUMNS = ("file_a", "file_b", "io_order")
 
 
 def compare_modules(dump_a: Dump, dump_b: Dump, *, stages: list[str] | None = None, steps: list[int] | None = None,
-                    ranks: list[int] | None = None, workers: int = 2, stats_rtol: float | None = None,
-                    progress: Callable[[int, int], None] | None = None,
+                    ranks: list[int] | None = None, workers: int = 2, tolerance: Tolerance | None = None,
+                    stats_rtol: float | None = None, progress: Callable[[int, int], None] | None = None,
                     executor: Callable[..., dict] | None = None,
                     read_errors: list[str] | None = None) -> tuple[pa.Table, dict[str, Any] | None]:
-    """(modules table, first divergence or None). `stats_rtol` None: DTYPE_RTOL by dtype."""
+    """(modules table, first divergence or None). Pairs are judged as key data are (`tolerance`: the
+    comparison's, its defaults per dtype and --rtol/--atol; families and keys are key data's only);
+    `stats_rtol` overrides the tolerance of statistics-only rows (0: exact)."""
     import duckdb
 
     from rlprobe.compare.executor import PairTask, run_pairs
@@ -40,8 +39,8 @@ def compare_modules(dump_a: Dump, dump_b: Dump, *, stages: list[str] | None = No
     con = duckdb.connect()
     con.register("module_a", _module_stats(dump_a, errors, "A"))
     con.register("module_b", _module_stats(dump_b, errors, "B"))
-    con.register("module_tolerance", pa.table({"dtype": pa.array(list(DTYPE_RTOL), pa.string()),
-                                               "rtol": pa.array(list(DTYPE_RTOL.values()), pa.float64())}))
+    tolerance = (tolerance or Tolerance()).with_overrides(stats_rtol=stats_rtol)
+    con.register("module_tolerance", tolerance.table((None, None, dtype) for dtype in EPS))
     execute(con, "pair_macros.sql")
     pairs = run(con, "module_pairs.sql", stages=stages, steps=steps, ranks=ranks)
     con.register("module_pairs", pairs)
@@ -51,7 +50,7 @@ def compare_modules(dump_a: Dump, dump_b: Dump, *, stages: list[str] | None = No
             tasks.append(PairTask(row["pair_id"], str(dump_a.path / row["file_a"]), str(dump_b.path / row["file_b"])))
     results = (executor or run_pairs)(tasks, workers=workers, progress=progress)
     con.register("module_results", pair_results_table(results))
-    modules = run(con, "modules.sql", stats_rtol=stats_rtol)
+    modules = run(con, "modules.sql")
     con.register("modules", modules)
     rows = records(con, "module_first_divergence.sql")
     first = {k: rows[0].get(k) for k in FIRST_FIELDS} if rows else None

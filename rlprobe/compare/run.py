@@ -15,6 +15,7 @@ import pyarrow as pa
 from rlprobe._version import __version__
 from rlprobe.compare.key_data import compare_key_data, saved_keys
 from rlprobe.compare.optional_tables import has_grads, has_module_stats, has_params
+from rlprobe.compare.options import CompareOptions
 from rlprobe.compare.pairs_ahead import PairsAhead
 from rlprobe.compare.single_run import single_run_findings
 from rlprobe.compare.verdict import explain, explain_beyond_key_data
@@ -25,30 +26,33 @@ if TYPE_CHECKING:
     import duckdb
 
 Progress = Callable[[int, int], None]
+# summary.json's first_divergence (and first_difference, without kind)
+FIRST_FIELDS = ("kind", "key", "step", "rank", "micro_step", "index", "status", "max_abs_err", "max_rel_err",
+                "norm_rel_err", "rtol", "atol", "tolerance_source", "message")
 
 
-def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=None, workers=2, stats_rtol=0.0,
-                  order=None, progress: Progress | None = None,
-                  executor: Callable[..., dict] | None = None, grads: dict[str, float] | None = None,
-                  modules: dict[str, Any] | None = None,
-                  con: "duckdb.DuckDBPyConnection | None" = None, key_map: dict[str, str] | None = None,
-                  config_ignore: list[str] | None = None, config_ignore_defaults: bool = True,
+def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = None, *,
+                  progress: Progress | None = None, executor: Callable[..., dict] | None = None,
+                  con: "duckdb.DuckDBPyConnection | None" = None,
                   key_data_ready: Callable[[pa.Table], None] | None = None,
                   connect: "Callable[[], duckdb.DuckDBPyConnection] | None" = None,
                   stats: bool = True) -> tuple[dict[str, pa.Table], dict[str, Any]]:
-    """The comparison itself, in memory: (tables by name, summary). `executor` runs the pair
-    kernels, called like rlprobe.compare.executor.run_pairs(tasks, workers=, progress=) (default).
+    """The comparison itself, in memory: (tables by name, summary). `options`: what to compare and how
+    (compare/options.py: selection, workers, tolerance, key map, config ignore list, gradient and module
+    settings; default CompareOptions()). `executor` runs the pair kernels, called like
+    rlprobe.compare.executor.run_pairs(tasks, workers=, progress=) (default).
 
-    `grads`: thresholds for compare_grads (first_step_min, max_drop, norm_rtol); `modules`:
-    keyword arguments for compare_modules (e.g. stages=[...]). With `con`, both runs' statistics
-    are left in it as the tables stats_a and stats_b (and key_data, key_rollup, step_rollup are
-    registered there) instead of being returned as Arrow tables. `key_map`: a trainer's key names
-    (key_aliases.py); `config_ignore`: config paths the config diff leaves out (config_diff.py).
+    With `con`, both runs' statistics are left in it as the tables stats_a and stats_b (and key_data,
+    key_rollup, step_rollup are registered there) instead of being returned as Arrow tables.
     `key_data_ready(key_data)` is called once key_data is final, before the verdict's queries (the
     command renders its files on a thread from then on: rlprobe.report.key_data_files). `connect()`
     opens the connection when `con` is not given (default duckdb.connect; the command's is opened by a
     thread during its imports: rlprobe.lake.connection_ahead). `stats=False`: stats_a and stats_b are not
     returned (the command writes neither: their Arrow copies took ~0.04 s of the 25,600-pair dump's main thread)."""
+    options = options or CompareOptions()
+    keys, steps, ranks, workers = options.keys, options.steps, options.ranks, options.workers
+    key_map = dict(options.key_map) if options.key_map is not None else None
+    order = options.order
     import duckdb
 
     own_connection = con is None
@@ -58,7 +62,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
         # with more than one worker (and the local executor), pairs known from the runs' folders are compared
         # while their statistics are read (pairs_ahead.py)
         compared = compare_key_data(con, dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
-                                    stats_rtol=stats_rtol, order=order, progress=progress,
+                                    tolerance=options.tolerance, order=order, progress=progress,
                                     executor=beside.run_pairs, key_map=key_map,
                                     ahead=partial(beside.start_ahead, workers=workers)
                                     if workers > 1 and executor is None else None, stats_read=beside.stats_read)
@@ -80,7 +84,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
         within = beside.wait()
     else:  # each run against itself (rlprobe check)
         within = single_run_findings({"A": dump_a, "B": dump_b}, saved_keys(con), _cursors(con), key_map)
-    verdict = explain(first, diverged_at_step, within)
+    verdict = explain(first, diverged_at_step, within, compared.first_difference)
     if first is not None:
         earliest = records(con, "earliest_in_step.sql", step=first["step"])
         if earliest and earliest[0]["micro_step"] < first["micro_step"]:
@@ -97,8 +101,9 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
         "run_a": str(dump_a.path), "run_b": str(dump_b.path),
         "format_a": dump_a.format, "format_b": dump_b.format,
         "first_divergence": None if first is None else {
-            k: first.get(k) for k in ("kind", "key", "step", "rank", "micro_step", "index", "status",
-                                      "max_abs_err", "max_rel_err", "message")},
+            k: first.get(k) for k in FIRST_FIELDS},
+        "first_difference": None if compared.first_difference is None else {
+            k: compared.first_difference.get(k) for k in FIRST_FIELDS if k != "kind"},
         "module_first_divergence": None,
         "grad_first_flagged": None,
         "param_first_difference": None,
@@ -127,7 +132,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
         tables["modules"], summary["module_first_divergence"] = compare_modules(
             dump_a, dump_b, steps=steps, ranks=ranks, workers=workers, progress=progress,
             executor=_after_warm_up(executor),
-            read_errors=read_errors, **(modules or {}))
+            read_errors=read_errors, tolerance=options.tolerance, **(options.modules or {}))
         summary["module_suspect"] = describe(summary["module_first_divergence"])
         summary["suspect"] = summary["suspect"] or summary["module_suspect"]
     if has_grads(dump_a) or has_grads(dump_b):  # gradient monitors (probe.monitor_grads): docs/grads.md
@@ -135,7 +140,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
 
         grad_tables, summary["grad_first_flagged"] = compare_grads(dump_a, dump_b, read_errors=read_errors,
                                                                    steps=steps, ranks=ranks, layout=summary["layout"],
-                                                                   **(grads or {}))
+                                                                   **(options.grads or {}))
         tables.update(grad_tables)
     explain_beyond_key_data(summary, _grad_probe_step(tables.get("grads"), summary["grad_first_flagged"]))
     if has_params(dump_a) or has_params(dump_b):  # parameter fingerprints (monitor_params): docs/dump-format.md
@@ -148,8 +153,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, *, keys=None, steps=None, ranks=No
     from rlprobe.compare.verdict_modules import follow_up
 
     follow_up(summary, tables.get("modules"))  # docs/modules.md: after the module dump; docs/compare.md: config diff
-    tables["config_diff"] = diff_configs(dump_a, dump_b, ignore=config_ignore, ignore_defaults=config_ignore_defaults,
-                                         read_errors=read_errors)
+    tables["config_diff"] = diff_configs(dump_a, dump_b, ignore=options.config_ignore,
+                                         ignore_defaults=options.config_ignore_defaults, read_errors=read_errors)
     explain_config(summary, tables["config_diff"], first and first["canonical_key"], saved_configs(dump_a, dump_b),
                    flow_warning([k["key"] for k in summary["keys"]], key_map, order))
     # what held rows to compare; [] says "nothing compared" where "no divergence" would claim agreement

@@ -73,12 +73,24 @@ LOSSES = {"ratio", "pg_loss", "vf_loss", "kl_loss", "entropy", "loss"}
 RULES["token_level_scores"] = RULES["rewards"]
 
 
-def explain(first: dict[str, Any] | None, diverged_at_step: dict[str, bool], within: Any) -> dict[str, Any]:
-    """suspect, advice and next_config for a first divergence.
+def explain(first: dict[str, Any] | None, diverged_at_step: dict[str, bool], within: Any,
+            difference: dict[str, Any] | None = None) -> dict[str, Any]:
+    """suspect, advice and next_config for a first divergence (beyond tolerance); without one, `difference`
+    (the first bitwise difference, within rounding) is named in the advice.
 
     `diverged_at_step`: canonical key -> whether it diverged at the first divergent step;
     `within`: what each run shows about itself (single_run.SingleRunFindings: the on_policy and
     rollout_vs_recompute rules of rlprobe check, per run)."""
+    if first is None and difference is not None:
+        advice = ("no divergence beyond rounding: every difference is within the tolerance of its dtype "
+                  "(docs/compare.md, Tolerances); key_data's close rows give each one's error against it")
+        unsteady = sorted(name for name, rows in (getattr(within, "on_policy", None) or {}).items() if rows)
+        if unsteady:  # a reduction order that changes per call is rounding too: only a bitwise comparison tells
+            advice += (f"; note: the actor of run {' and of run '.join(unsteady)} recomputes its log-probs on-policy "
+                       "not bit for bit "
+                       "(rlprobe check): where both runs ran on one device, compare bitwise (--rtol 0 --atol 0) "
+                       "to find a nondeterministic kernel")
+        return {"suspect": None, "advice": advice, "next_config": None}
     if first is None:
         return {"suspect": None, "advice": "the runs agree on every compared value", "next_config": None}
     key, canon, step, status = first["key"], first["canonical_key"], first["step"], first["status"]

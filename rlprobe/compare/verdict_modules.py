@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-MATCHING = ("match", "stats_only_match")
+MATCHING = ("match", "stats_only_match", "close", "stats_only_close")  # close: within rounding
 # what surrounds a model in each stage, where the difference must be when all its modules match
 AROUND = {
     "actor_update": "the inputs assembled for the update (the batch, masks, old log-probs and advantages it is "

@@ -24,10 +24,12 @@ def compare(
     keys: str | list[str] | None = None, steps: str | int | list[int | str] | None = None,
     ranks: str | int | list[int | str] | None = None,
     workers: int = 2, lang: str = "en", per_key_files: bool = False, per_key_dir: str = "per_key",
-    stats_rtol: float = 0.0, order: list[str] | None = None, reports: bool = True,
+    tolerance: Any = None, rtol: float | None = None, atol: float | None = None, stats_rtol: float | None = None,
+    order: list[str] | None = None, reports: bool = True,
     plots: bool = False, plot_every_param: bool = False, progress: Progress | None = None,
     extra_files: Callable[[Path], None] | None = None,
     key_map: dict[str, str] | None = None, config_ignore: list[str] | None = None, config_ignore_defaults: bool = True,
+    options: Any = None,
 ) -> dict[str, Any]:
     """Compare dumps `a` and `b` (rlprobe or msprobe format); publish the results as the folder
     `out`; return the summary. Raises ProbeError when a run cannot be read or `out` cannot be
@@ -35,15 +37,17 @@ def compare(
     `extra_files(folder)` adds files to the folder before it is published (msprobe's layout).
     `key_map`: a trainer's key names; `config_ignore`: config paths the config diff leaves out. `keys`, `steps`
     and `ranks` as the command takes them ("log_prob,kl", "0-10,12") or as lists; SelectionError (a ProbeError)
-    for one that is malformed or names nothing the runs hold."""
-    from rlprobe.selection import parse_int_set, parse_key_list
+    for one that is malformed or names nothing the runs hold. `tolerance`: when a pair that is not bitwise
+    equal agrees (`close`): a number (rtol), or {rtol, atol, stats_rtol, families: {log_probs: {rtol: ...}},
+    keys: {advantages: {...}}} (docs/compare.md, "Tolerances"); `rtol`, `atol`, `stats_rtol` over it.
+    `options`: a rlprobe.compare.options.CompareOptions instead of the comparison's arguments."""
+    from rlprobe.compare.options import CompareOptions
 
-    try:  # as the command line and pipelines take them: "0-10,12", "log_prob,kl" or lists
-        keys, steps, ranks = parse_key_list(keys), parse_int_set(steps, "steps"), parse_int_set(ranks, "ranks")
-    except ValueError as e:
-        raise SelectionError(str(e)) from None
-    if type(workers) is not int or workers < 1:
-        raise ProbeError(f"workers must be a whole number >= 1, not {workers!r}")
+    if options is None:  # as the command line and pipelines take them: "0-10,12", "log_prob,kl" or lists
+        options = CompareOptions.build(keys=keys, steps=steps, ranks=ranks, tolerance=tolerance, rtol=rtol, atol=atol,
+                                       stats_rtol=stats_rtol, workers=workers, order=order, key_map=key_map,
+                                       config_ignore=config_ignore, config_ignore_defaults=config_ignore_defaults)
+    workers = options.workers
     from rlprobe.lake.connection_ahead import ConnectionAhead
 
     with ConnectionAhead() as ahead:  # DuckDB starts its database on a thread while the modules below load
@@ -66,9 +70,7 @@ def compare(
             from rlprobe.report.key_data_files import KeyDataFiles
 
             rendered = KeyDataFiles(lang)
-        tables, summary = compare_dumps(dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
-                                        stats_rtol=stats_rtol, order=order, progress=progress, key_map=key_map,
-                                        config_ignore=config_ignore, config_ignore_defaults=config_ignore_defaults,
+        tables, summary = compare_dumps(dump_a, dump_b, options, progress=progress,
                                         key_data_ready=rendered and rendered.start, connect=ahead.take,
                                         stats=False)  # written nowhere
         summary["elapsed_s"] = round(time.perf_counter() - started, 3)
@@ -138,6 +140,10 @@ def print_verdict(console: Console, summary: dict[str, Any], out: str) -> None:
         console.print("[yellow]nothing compared[/]: neither run holds key data, gradients, module dumps or parameter "
                       "fingerprints")
         console.print(f"[bold]next[/]: {escape(str(summary['advice']))}")
+    elif first is None and summary.get("first_difference"):  # only close rows: within rounding
+        from rlprobe.report.comparison_words import within_rounding
+
+        console.print(f"[green]no divergence beyond rounding[/]: {escape(within_rounding(summary['first_difference']))}")
     elif first is None:
         console.print("[green]no divergence[/]: every compared value agrees")
     else:

@@ -62,7 +62,7 @@ def history_rows(summary: dict[str, Any], scalars: pa.Table, grad_steps: pa.Tabl
     first = summary.get("first_divergence")
     add("first_divergence_step", first["step"] if first else None, text=first["key"] if first else None)
     counts = summary.get("counts") or {}
-    matching = ("match", "stats_only_match", "absent_in_both")
+    matching = ("match", "stats_only_match", "close", "stats_only_close", "absent_in_both")
     add("diverging_rows", sum(n for status, n in counts.items() if status not in matching))
     for k in summary.get("keys") or []:
         for metric in ("max_abs_err", "max_rel_err"):

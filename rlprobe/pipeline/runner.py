@@ -92,13 +92,8 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
     t = time.perf_counter()
     con = duckdb.connect()  # the comparison leaves stats_a, stats_b, key_data, ... in it for the queries
     try:
-        tables, summary = compare_dumps(
-            dump_a, dump_b, keys=spec.select.key_list(), steps=spec.select.step_list(),
-            ranks=spec.select.rank_list(), workers=spec.executor.workers,
-            stats_rtol=spec.compare.key_data.stats_rtol, order=spec.compare.key_data.order, progress=progress,
-            executor=_executor(spec.executor), grads=_grad_thresholds(spec.compare.grads),
-            modules=_module_options(spec.compare.modules), con=con, key_map=spec.key_map,
-            config_ignore=spec.compare.config.ignore, config_ignore_defaults=spec.compare.config.ignore_defaults)
+        tables, summary = compare_dumps(dump_a, dump_b, _compare_options(spec), progress=progress,
+                                        executor=_executor(spec.executor), con=con)
     except DumpReadError as e:
         raise PipelineError(str(e), EXIT_UNREADABLE) from None
     except SelectionError as e:  # its select: names nothing the runs hold
@@ -151,6 +146,18 @@ def _executor(executor) -> Callable[..., dict] | None:
 
         return partial(run_pairs_ray, address=executor.address)
     return None  # compare_dumps' default: the local thread executor
+
+
+def _compare_options(spec) -> Any:
+    """The spec's select:, executor: and compare: sections as the comparison's CompareOptions."""
+    from rlprobe.compare.options import CompareOptions
+
+    key_data = spec.compare.key_data
+    return CompareOptions(keys=spec.select.key_list(), steps=spec.select.step_list(), ranks=spec.select.rank_list(),
+                          workers=spec.executor.workers, tolerance=key_data.tolerance_rules(), order=key_data.order,
+                          key_map=spec.key_map, config_ignore=spec.compare.config.ignore,
+                          config_ignore_defaults=spec.compare.config.ignore_defaults,
+                          grads=_grad_thresholds(spec.compare.grads), modules=_module_options(spec.compare.modules))
 
 
 def _grad_thresholds(grads) -> dict[str, float] | None:

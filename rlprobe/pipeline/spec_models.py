@@ -63,9 +63,44 @@ class Executor(_Strict):
     address: str | None = None  # ray only: "auto" joins a running cluster, else ray://host:port
 
 
+class ToleranceRule(_Strict):
+    """rtol and/or atol of a key family or a key (docs/compare.md, "Tolerances")."""
+    rtol: float | None = Field(None, ge=0, allow_inf_nan=False)
+    atol: float | None = Field(None, ge=0, allow_inf_nan=False)
+
+
+class KeyDataTolerance(_Strict):
+    """compare.key_data.tolerance: over the dtypes' defaults (rlprobe/compare/tolerance.py)."""
+    rtol: float | None = Field(None, ge=0, allow_inf_nan=False)
+    atol: float | None = Field(None, ge=0, allow_inf_nan=False)
+    stats_rtol: float | None = Field(None, ge=0, allow_inf_nan=False)
+    families: dict[str, ToleranceRule] = {}
+    keys: dict[str, ToleranceRule] = {}
+
+    @field_validator("families")
+    @classmethod
+    def _known_families(cls, value: dict[str, ToleranceRule]) -> dict[str, ToleranceRule]:
+        from rlprobe.compare.tolerance import FAMILIES
+
+        unknown = sorted(set(value) - set(FAMILIES))
+        if unknown:
+            raise ValueError(f"unknown key family {', '.join(unknown)}; the families are {', '.join(FAMILIES)}")
+        return value
+
+
 class KeyDataCompare(_Strict):
-    stats_rtol: float = Field(0.0, ge=0)
+    stats_rtol: float | None = Field(None, ge=0, allow_inf_nan=False)  # an alias of tolerance.stats_rtol
+    tolerance: KeyDataTolerance = KeyDataTolerance()
     order: list[str] | None = None
+
+    def tolerance_rules(self) -> Any:
+        """The comparison's Tolerance (rlprobe/compare/tolerance.py) of this section."""
+        from rlprobe.compare.tolerance import Tolerance
+
+        rules = self.tolerance.model_dump(exclude_none=True)
+        if self.stats_rtol is not None and "stats_rtol" not in rules:
+            rules["stats_rtol"] = self.stats_rtol
+        return Tolerance.of(rules, "compare.key_data.tolerance")
 
 
 class GradsCompare(_Strict):

@@ -16,9 +16,10 @@ if TYPE_CHECKING:
 # summary.json roll-up columns that exist for sorting, not for readers
 HIDDEN_ROLLUP_COLUMNS = frozenset({"flow_position", "canonical_key"})
 # a canonical status order for counts; others follow alphabetically
-STATUS_ORDER = ("match", "stats_only_match", "absent_in_both", "mismatch", "stats_only_mismatch", "shape_mismatch",
+STATUS_ORDER = ("match", "stats_only_match", "close", "stats_only_close", "absent_in_both", "mismatch", "stats_only_mismatch", "shape_mismatch",
                 "dtype_mismatch", "absent_in_a", "absent_in_b", "only_in_a", "only_in_b", "error")
-MATCHING_STATUSES = frozenset({"match", "stats_only_match", "absent_in_both"})  # None in both runs agrees
+# None in both runs agrees; so do close rows (within rounding: rlprobe/compare/tolerance.py)
+MATCHING_STATUSES = frozenset({"match", "stats_only_match", "close", "stats_only_close", "absent_in_both"})
 
 
 def format_number(value: Any) -> str:
@@ -45,6 +46,21 @@ def differs(summary: Mapping[str, Any]) -> bool:
     return any(summary.get(k) for k in ("first_divergence", "module_first_divergence", "grad_first_flagged"))
 
 
+def within_rounding(difference: Mapping[str, Any], lang: str = "en") -> str:
+    """"first difference, within rounding: 'KEY' step S (max|a-b|/max|a| X, rtol Y, its source)" of
+    summary.json's first_difference."""
+    colon = "：" if lang == "zh" else ": "
+    where = [repr(difference.get("key")), f"step {difference.get('step')}"]
+    if difference.get("rank"):
+        where.append(f"rank {difference['rank']}")
+    figures = [f"{header(f, lang)} {format_number(difference[f])}" for f in ("norm_rel_err", "rtol")
+               if difference.get(f) is not None]
+    if difference.get("tolerance_source"):
+        figures.append(str(difference["tolerance_source"]))
+    text = f"{label('first_difference', lang)}{colon}{', '.join(where)}"
+    return text + (f" ({', '.join(figures)})" if figures else "")
+
+
 def verdict(summary: Mapping[str, Any], lang: str = "en") -> str:
     """One line: where the runs first part ways, or that they do not."""
     check_lang(lang)
@@ -60,6 +76,8 @@ def verdict(summary: Mapping[str, Any], lang: str = "en") -> str:
         if grad:
             return (f"{label('grads_flagged', lang)}{colon}monitor {grad.get('monitor')!r}, step {grad.get('step')}, "
                     f"rank {grad.get('rank')} — weighted similarity {format_number(grad.get('weighted_similarity'))}")
+        if summary.get("first_difference"):  # only close rows: within rounding
+            return f"{label('no_divergence_beyond_rounding', lang)} — {within_rounding(summary['first_difference'], lang)}"
         return label("nothing_compared" if summary.get("compared") == [] else "no_divergence", lang)
     where = []
     if first.get("key") is not None:

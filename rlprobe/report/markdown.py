@@ -17,9 +17,11 @@ from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, diffe
 MAX_DIVERGING_ROWS = 20
 MAX_STEP_ROWS = 50  # a CI comment holds about 65,000 characters
 MAX_CELL_CHARS = 200
-KEY_COLUMNS = ("key", "rows", "match", "matching", "mismatch", "diverging", "other", "only_in_a", "only_in_b",
-               "errors", "first_divergent_step", "max_abs_err", "max_rel_err")
-STEP_COLUMNS = ("step", "rows", "diverging", "diverged_keys", "max_abs_err", "max_rel_err")
+# close: within rounding; the tolerance each key was judged by and its largest error against it
+KEY_COLUMNS = ("key", "rows", "match", "matching", "close", "mismatch", "diverging", "other", "only_in_a", "only_in_b",
+               "errors", "first_divergent_step", "max_abs_err", "max_rel_err", "max_norm_rel_err", "rtol", "atol",
+               "tolerance_source")
+STEP_COLUMNS = ("step", "rows", "close", "diverging", "diverged_keys", "max_abs_err", "max_rel_err")
 ROW_COLUMNS = ("key", "step", "rank", "micro_step", "index", "status", "shape_a", "shape_b", "same_pct",
                "max_abs_err", "max_rel_err", "message")
 

@@ -82,7 +82,7 @@ def key_step_grids(table: pa.Table) -> tuple[list[str], list[int], np.ndarray, n
     row_key = pc.index_in(table["key"], value_set=pa.array(keys, table["key"].type)).to_numpy()
     row_step = pc.index_in(table["step"], value_set=pa.array(steps, table["step"].type)).to_numpy()
     err = table["max_rel_err"].to_numpy()  # nulls read as NaN
-    matching = pa.array(["match", "stats_only_match", "absent_in_both"])
+    matching = pa.array(["match", "stats_only_match", "close", "stats_only_close", "absent_in_both"])
     match = pc.is_in(table["status"], matching).to_numpy(zero_copy_only=False)
     with np.errstate(invalid="ignore", divide="ignore"):
         value = np.where(match, -8.0, np.where(np.isfinite(err), np.log10(np.maximum(err, 1e-8)), 1.0))

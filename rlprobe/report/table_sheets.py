@@ -23,8 +23,9 @@ ROWS_PER_SHEET = MAX_ROWS - 1  # one row is the header
 STATUS_FAMILY = {
     "mismatch": "bad", "stats_only_mismatch": "bad", "shape_mismatch": "bad", "dtype_mismatch": "bad",
     "error": "bad", "only_in_a": "missing", "only_in_b": "missing", "absent_in_a": "missing", "absent_in_b": "missing",
+    "close": "close", "stats_only_close": "close",  # within rounding (rlprobe/compare/tolerance.py)
 }
-FAMILIES = (None, "bad", "missing", "first")
+FAMILIES = (None, "bad", "missing", "first", "close")
 
 
 def number_format(column: str) -> str | None:
@@ -109,7 +110,7 @@ def write_grid(book: Workbook, name: str, heads: list[str], formats: list[str | 
 
 
 def row_families(table: pa.Table, marks: pa.Array | None) -> pa.Array:
-    """Per row, the index into FAMILIES (int32): 0 plain, 1 bad, 2 missing, 3 first divergence."""
+    """Per row, the index into FAMILIES (int32): 0 plain, 1 bad, 2 missing, 3 first divergence, 4 close."""
     families = pa.nulls(table.num_rows, pa.int32())
     if "status" in table.column_names:
         status = table.column("status").combine_chunks()

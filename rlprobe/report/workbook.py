@@ -36,7 +36,8 @@ from rlprobe.report.arrow_text import join, write_all
 from rlprobe.report.xlsx_cells import cell_xml, column_cells, column_letter
 
 # Row fills by status family (the first-divergence row is bold on its own fill) and headers
-FILLS = {"bad": "FFC7CE", "missing": "FFEB9C", "first": "FF7C80", "header": "D9D9D9"}
+FILLS = {"bad": "FFC7CE", "missing": "FFEB9C", "first": "FF7C80", "header": "D9D9D9",
+         "close": "DDEBF7"}  # close: within rounding, a light blue of its own
 MAX_ROWS = 1_048_576  # rows per sheet in Excel
 ROWS_PER_CHUNK = 16_384  # rows that Sheet.append_columns turns into text at once
 _ZIP64_FROM = 1 << 31  # entries this large need ZIP64 headers (some Excel versions warn about them otherwise)

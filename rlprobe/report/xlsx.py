@@ -37,12 +37,13 @@ MAX_SHEET_ROWS = 20_000  # rows of a key sheet in report.xlsx; key_data.csv / .p
 KEY_SHEET_COLUMNS = (
     "step", "rank", "micro_step", "index", "status", "first_divergence", "shape_a", "shape_b", "dtype_a",
     "dtype_b", "numel", "equal_count", "same_pct", "first_mismatch_index", "max_abs_err", "max_rel_err",
-    "within_1e3_pct", "within_1e2_pct", "cosine", "nan_mismatch_count", "min_a", "min_b", "max_a", "max_b",
+    "norm_rel_err", "within_1e3_pct", "within_1e2_pct", "cosine", "nan_mismatch_count", "min_a", "min_b", "max_a", "max_b",
     "mean_a", "mean_b", "norm_a", "norm_b", "nan_count_a", "nan_count_b", "inf_count_a", "inf_count_b",
     "zero_count_a", "zero_count_b", "hash_a", "hash_b", "message",
 )
-ROLLUP_KEY_COLUMNS = ("key", "sheet", "rows", "match", "matching", "mismatch", "diverging", "other",
-                      "only_in_a", "only_in_b", "errors", "first_divergent_step", "max_abs_err", "max_rel_err")
+ROLLUP_KEY_COLUMNS = ("key", "sheet", "rows", "match", "matching", "close", "mismatch", "diverging", "other",
+                      "only_in_a", "only_in_b", "errors", "first_divergent_step", "max_abs_err", "max_rel_err",
+                      "max_norm_rel_err", "rtol", "atol", "tolerance_source")
 FIRST_DIVERGENCE_FIELDS = ("key", "step", "rank", "micro_step", "index", "status", "max_abs_err", "max_rel_err",
                            "message")
 DETAIL_FIELDS = ("created_at", "rlprobe_version", "format_a", "format_b", "pairs_compared", "elapsed_s")

@@ -15,6 +15,7 @@ import rlprobe
 from rlprobe.pipeline.compare_command import compare
 
 from tests.lake.layouts import unpack
+from rlprobe.compare.options import CompareOptions
 
 
 def _dump(path: Path, steps: dict[int, dict], **probe_kw) -> Path:
@@ -130,12 +131,17 @@ def test_no_divergence(tmp_path):
 
 def test_stats_only_rows_compare_by_hash_and_tolerance(tmp_path):
     x = np.linspace(0, 1, 100, dtype=np.float32)
-    a = _dump(tmp_path / "a", {0: {"same": x, "near": x}}, stats_only=True)
-    b = _dump(tmp_path / "b", {0: {"same": x, "near": x * (1 + 1e-7)}}, stats_only=True)
+    a = _dump(tmp_path / "a", {0: {"same": x, "near": x, "far": x}}, stats_only=True)
+    b = _dump(tmp_path / "b", {0: {"same": x, "near": x * (1 + 1e-7), "far": x * (1 + 1e-3)}}, stats_only=True)
     rows = _rows(tmp_path / "out") if compare(a, b, tmp_path / "out") else None
     assert rows[("same", 0, 0, 0, "")]["status"] == "stats_only_match"
-    assert rows[("near", 0, 0, 0, "")]["status"] == "stats_only_mismatch"  # CPU stats-only rows carry hashes
+    # CPU stats-only rows carry hashes: other bits, statistics within float32's tolerance (1.5e-05)
+    assert rows[("near", 0, 0, 0, "")]["status"] == "stats_only_close"
     assert "hash" in rows[("near", 0, 0, 0, "")]["message"]
+    assert rows[("far", 0, 0, 0, "")]["status"] == "stats_only_mismatch"
+    # --stats-rtol 0: statistics-only rows are compared exactly, bits by hash
+    rows = _rows(tmp_path / "exact") if compare(a, b, tmp_path / "exact", stats_rtol=0) else None
+    assert rows[("near", 0, 0, 0, "")]["status"] == "stats_only_mismatch"
 
 
 def test_corrupt_and_truncated_tensors_are_error_rows_and_the_rest_completes(tmp_path):
@@ -273,7 +279,7 @@ def test_no_kernel_runs_while_the_warm_up_still_loads_numba(tmp_path, monkeypatc
         loaded.clear()
         thread = compare_run.start_warm_up()
         tables, summary = compare_run.compare_dumps(open_dump(tmp_path / "a"), open_dump(tmp_path / "b"),
-                                                    workers=workers, executor=executor)
+                                                    CompareOptions(workers=workers), executor=executor)
         thread.join()
         assert summary["counts"] == {"mismatch": 1}
     assert seen == [True, True]
@@ -285,9 +291,9 @@ def test_both_runs_statistics_are_returned_unless_asked_not_to(tmp_path):
 
     x = {0: {"log_prob": np.linspace(-3, 0, 7, dtype=np.float32)}, 1: {"log_prob": np.zeros(3, np.float32)}}
     a, b = open_dump(_dump(tmp_path / "a", x)), open_dump(_dump(tmp_path / "b", x))
-    tables, summary = compare_dumps(a, b, workers=1)
+    tables, summary = compare_dumps(a, b, CompareOptions(workers=1))
     assert tables["stats_a"].num_rows == tables["stats_b"].num_rows == 2
     assert sorted(tables["stats_a"]["step"].to_pylist()) == [0, 1]
-    without, summary_without = compare_dumps(a, b, workers=1, stats=False)
+    without, summary_without = compare_dumps(a, b, CompareOptions(workers=1), stats=False)
     assert "stats_a" not in without and "stats_b" not in without
     assert without["key_data"].equals(tables["key_data"]) and summary_without["counts"] == summary["counts"]

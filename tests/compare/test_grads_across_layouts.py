@@ -12,6 +12,7 @@ import pytest
 from rlprobe.compare.grads import compare_grads
 from rlprobe.compare.run import compare_dumps
 from rlprobe.lake.reader import open_dump
+from rlprobe.compare.options import CompareOptions
 from ppo_runs import train, train_two_ranks
 
 RUN = {"ppo.steps": 2, "rlprobe_config.grads_dump": True, "rlprobe_config.metrics_dump": False}
@@ -70,7 +71,7 @@ def test_the_other_ranks_are_counted_in_the_layout_note(runs):
 
 
 def test_a_rank_only_one_run_holds_is_compared_with_the_other_run_s_first_rank(runs):
-    tables, summary = compare_dumps(open_dump(runs["m2"]), open_dump(runs["r2"]), ranks=[1])
+    tables, summary = compare_dumps(open_dump(runs["m2"]), open_dump(runs["r2"]), CompareOptions(ranks=[1]))
     assert summary["layout"]["grads"] == {"rank_a": 0, "rank_b": 1, "rows_covered_a": 0, "rows_covered_b": 0}
     assert "A holds none of ranks [1]: its rank 0 stands in for them" in summary["layout"]["note"]
     grads = tables["grads"]
@@ -81,7 +82,7 @@ def test_a_rank_only_one_run_holds_is_compared_with_the_other_run_s_first_rank(r
     key_data = tables["key_data"]
     assert key_data.num_rows and summary["first_divergence"] is None
     assert set(key_data["rank"].to_pylist()) == {0} and set(key_data["status"].to_pylist()) <= {"match", "close"}
-    tables, summary = compare_dumps(open_dump(runs["m2"]), open_dump(runs["r2_adv"]), ranks=[1])
+    tables, summary = compare_dumps(open_dump(runs["m2"]), open_dump(runs["r2_adv"]), CompareOptions(ranks=[1]))
     assert (summary["grad_first_flagged"]["monitor"], summary["grad_first_flagged"]["step"]) == ("actor", 0)
 
 

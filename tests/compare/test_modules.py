@@ -49,6 +49,15 @@ def bump(name: str, by: float = 1e-3):
     return perturb
 
 
+def bump_bias(name: str, by: float):
+    """A perturbation of `name`'s bias: its output moves by `by` (a weight added to evenly moves the output of a
+    layer norm's zero-mean output only by rounding, which the comparison's tolerance lets pass)."""
+    def perturb(model):
+        with torch.no_grad():
+            model.get_submodule(name).bias.add_(by)
+    return perturb
+
+
 @pytest.mark.parametrize("tensors", [False, True], ids=["stats", "tensors"])
 def test_perturbed_layer_is_named_with_matching_inputs(tmp_path, tensors):
     a = run(tmp_path / "a", tensors=tensors)
@@ -79,7 +88,7 @@ def test_identical_runs_have_no_module_divergence(tmp_path):
 def test_backward_divergence_in_an_update_stage(tmp_path):
     # the head's bias changes only the forward output; the embedding gradient is the deepest backward row
     a = run(tmp_path / "a", stage="actor_update", update=True)
-    b = run(tmp_path / "b", bump("head", 1e-3), stage="actor_update", update=True)
+    b = run(tmp_path / "b", bump_bias("head", 1e-3), stage="actor_update", update=True)
     modules, first = compare_modules(rlprobe.open(a), rlprobe.open(b))
     assert first["module"] == "head" and first["direction"] == "forward" and first["inputs_match"] is True
     backward = [r for r in modules.to_pylist() if r["direction"] == "backward"]
@@ -112,7 +121,7 @@ def test_bf16_statistics_use_a_dtype_tolerance(tmp_path):
     modules, first = compare_modules(rlprobe.open(a), rlprobe.open(b))
     head = next(r for r in modules.to_pylist() if r["module"] == "head" and r["io"] == "output")
     assert head["hash_a"] != head["hash_b"]
-    assert head["status"] == "stats_only_match" and "rtol 0.01" in head["message"]
+    assert head["status"] == "stats_only_close" and "rtol 0.03125" in head["message"]  # bfloat16: 4 eps
     _, strict = compare_modules(rlprobe.open(a), rlprobe.open(b), stats_rtol=0.0)
     assert strict["module"] == "head" and strict["inputs_match"] is True
 
@@ -132,7 +141,7 @@ def test_only_in_one_run_is_reported(tmp_path):
 
 def test_compare_writes_modules_parquet_summary_and_sheet(tmp_path):
     a = run(tmp_path / "a", tensors=True)
-    b = run(tmp_path / "b", bump("layers.2.attn.out_proj"), tensors=True)
+    b = run(tmp_path / "b", bump("layers.2.attn.out_proj", 1e-2), tensors=True)
     summary = rlprobe.compare(a, b, tmp_path / "out")
     first = summary["module_first_divergence"]
     assert first["module"] == "layers.2.attn" and first["inputs_match"] is True and first["io"] == "output"

@@ -121,7 +121,11 @@ def test_a_recomputation_off_by_rounding_only_is_named_when_the_runs_part_there(
             old = dump.tensor("old_log_prob", step * 2, micro_step=0)
             probe.save({"log_prob": old, "old_log_prob": np.nextafter(old, np.float32(0))})
             probe.step()
-    summary = rlprobe.compare(tmp_path / "d", tmp_path / "c", tmp_path / "out")
+    # by default the runs differ within rounding (one ulp): no divergence, and the advice names run B's recompute
+    summary = rlprobe.compare(tmp_path / "d", tmp_path / "c", tmp_path / "default")
+    assert summary["first_divergence"] is None and summary["first_difference"]["status"] == "close"
+    assert "the actor of run A and of run B recomputes its log-probs on-policy not bit for bit" in summary["advice"]
+    summary = rlprobe.compare(tmp_path / "d", tmp_path / "c", tmp_path / "out", rtol=0, atol=0)  # bitwise
     rows = summary["on_policy_recompute"]["B"]
     assert [(r["step"], r["within_tolerance"]) for r in rows] == [(0, True), (1, True)]
     assert ("in run B log_prob differs from old_log_prob where the run is on-policy (step 0, rank 0"

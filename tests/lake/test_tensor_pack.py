@@ -20,6 +20,7 @@ from rlprobe.errors import DumpReadError
 from rlprobe.lake.tensor_pack import PACK_BUFFERED_BELOW, Record, TensorPack, TensorRecordError, load_record, pack_records, record_layout
 
 from tests.lake.layouts import unpack
+from rlprobe.compare.options import CompareOptions
 
 MICRO = 20  # more pairs than compare's batch (16) and check's compiled path take
 
@@ -55,7 +56,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def _key_data(a: Path, b: Path) -> list[dict]:
-    tables, _ = compare_dumps(rlprobe.open(a), rlprobe.open(b), workers=2)
+    tables, _ = compare_dumps(rlprobe.open(a), rlprobe.open(b), CompareOptions(workers=2))
     drop = [c for c in tables["key_data"].column_names if c.startswith("file_")]
     return tables["key_data"].drop_columns(drop).to_pylist()
 
@@ -191,7 +192,7 @@ def test_a_truncated_pack_is_an_error_row_of_compare_naming_file_and_offset(smal
     pack = other / "tensors/key_data/rank=0/steps=0-0.call=0.npys"
     with open(pack, "r+b") as f:
         f.truncate(pack.stat().st_size - 100)
-    tables, _ = compare_dumps(rlprobe.open(small), rlprobe.open(other), workers=1)
+    tables, _ = compare_dumps(rlprobe.open(small), rlprobe.open(other), CompareOptions(workers=1))
     rows = {r["key"]: r for r in tables["key_data"].to_pylist()}
     assert rows["first"]["status"] == "match"
     assert rows["log_prob"]["status"] == "error"

@@ -155,7 +155,7 @@ def test_shipped_compare_and_nightly_run(tmp_path, dumps, cli, monkeypatch):
     monkeypatch.setenv("CANDIDATE", str(dumps["b"]))
     monkeypatch.setenv("RLPROBE_OUT", str(tmp_path))
     result = cli("pipeline", "run", resource_dir("pipelines") / "compare.yaml")
-    assert result.exit_code == 1 and "gate key_data_identical: FAIL (2 rows)" in result.output
+    assert result.exit_code == 1 and "gate key_data_agree: FAIL (2 rows)" in result.output
     assert (tmp_path / "compare" / "plots" / "key_data_heatmap.png").stat().st_size > 0
     result = cli("pipeline", "run", resource_dir("pipelines") / "nightly.yaml")
     assert result.exit_code == 1, result.output

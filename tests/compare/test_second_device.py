@@ -1,0 +1,122 @@
+"""A comparison across devices names the fault a comparison on one device names, and noise alone is
+"no divergence beyond rounding" (issue 41). Run A is the PPO example on this CPU; run B the same run
+on the second device of tests/second_device.py (every nn.Linear accumulated in float64: about one
+float32 ulp apart), clean or with a planted fault. The expected key, step and suspect of each fault
+are those the one-device tests assert (tests/test_demo.py, tests/compare/test_single_run_verdict.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+import rlprobe
+from ppo_runs import train
+from second_device import train_on_second_device
+
+# two steps (the lr and stale-weights faults show at step 1); gradients and parameter fingerprints are
+# judged bitwise still (a later item of issue 41), so they are not captured; the reference forward's
+# module dump (statistics only) is, in every run alike, so the configs agree
+SETTINGS = {"ppo.steps": 2, "rlprobe_config.grads_dump": False, "rlprobe_config.param_fingerprints": False,
+            "rlprobe_config.stages": ["reference_compute_log_prob"]}
+FAULTS = ("advantage-bug", "ref-bf16", "sampling-seed", "lr", "rollout-bf16", "stale-rollout-weights",
+          "nondeterministic")
+# fault -> (key, step, words of the suspect) of the first divergence on one device
+EXPECTED = {
+    "advantage-bug": ("advantages", 0, "not a model"),
+    "ref-bf16": ("ref_log_prob", 0, "reference model's forward"),
+    "sampling-seed": ("responses", 0, "rollout sampling"),
+    "lr": ("responses", 1, "the parameter update after step 0"),
+    "rollout-bf16": ("responses", 0, "run B's rollout engine disagrees with its trainer"),
+    "stale-rollout-weights": ("responses", 1, "run B's rollout engine disagrees with its trainer"),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("second_device")
+    made = {"one": train(root / "one", None, **SETTINGS), "noise": train_on_second_device(root / "noise", None, **SETTINGS)}
+    for fault in FAULTS:
+        made[fault] = train_on_second_device(root / fault, fault, **SETTINGS)
+    return made
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "rlprobe.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_noise_alone_is_no_divergence_beyond_rounding(runs, tmp_path):
+    out = tmp_path / "out"
+    proc = _cli("compare", runs["one"], runs["noise"], "-o", out, "--quiet", "--fail-on-diff")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no divergence beyond rounding" in proc.stdout
+    assert "first difference, within rounding: 'rollout_log_prob', step 0" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["first_divergence"] is None and summary["module_first_divergence"] is None
+    first = summary["first_difference"]
+    assert (first["key"], first["step"], first["status"]) == ("rollout_log_prob", 0, "close")
+    assert 0 < first["norm_rel_err"] < first["rtol"] == 2.0**-23 * 128  # float32's default
+    assert summary["counts"].get("close", 0) > 0 and set(summary["counts"]) <= {"match", "close"}
+    modules = pq.read_table(out / "modules.parquet").to_pylist()
+    assert {r["status"] for r in modules} == {"stats_only_match", "stats_only_close"}  # statistics only
+    rows = pq.read_table(out / "key_data.parquet").to_pylist()
+    # tokens are exact and equal: the sampling did not part under noise in two steps
+    assert {r["status"] for r in rows if r["key"] in ("prompts", "responses")} == {"match"}
+    # the noise uses a tenth of its tolerance at most (measured: 0.055 at most, pg_loss; kl_loss's 1.2e-05 of
+    # its own magnitude is 2.6e-08 absolute, within the floor atol)
+    tolerance = {k["key"]: (k["rtol"], k["atol"]) for k in summary["keys"]}  # the per-key table's
+    assert tolerance["advantages"] == (2.0**-16, 2.0**-20) and tolerance["responses"] == (0.0, 0.0)
+    used = [r["max_abs_err"] / (tolerance[r["key"]][1] + tolerance[r["key"]][0] * max(
+            abs(r["min_a"]), abs(r["max_a"]), abs(r["min_b"]), abs(r["max_b"]))) for r in rows if r["status"] == "close"]
+    assert used and max(used) < 0.1
+    md = (out / "summary.md").read_text(encoding="utf-8")
+    assert "no divergence beyond rounding" in md and "| close |" in md
+
+
+def test_bitwise_gate_and_bitwise_tolerance_see_the_noise(runs, tmp_path):
+    proc = _cli("compare", runs["one"], runs["noise"], "-o", tmp_path / "o", "--quiet", "--fail-on-diff",
+                "--rtol", "0", "--atol", "0")
+    assert proc.returncode == 1 and "first divergence: rollout_log_prob at step 0" in proc.stdout
+
+
+@pytest.mark.parametrize("fault", sorted(EXPECTED))
+def test_each_fault_on_the_second_device_is_named_as_on_one_device(runs, tmp_path, fault):
+    key, step, words = EXPECTED[fault]
+    summary = rlprobe.compare(runs["one"], runs[fault], tmp_path / "out", reports=False)
+    first = summary["first_divergence"]
+    assert (first["key"], first["step"]) == (key, step), first
+    assert first["status"] not in ("close", "stats_only_close")
+    assert words in summary["suspect"], summary["suspect"]
+    rows = pq.read_table(tmp_path / "out" / "key_data.parquet").to_pylist()
+    assert {r["status"] for r in rows if r["step"] < step} <= {"match", "close"}  # noise before the fault
+
+
+def test_the_advantage_bug_differs_by_more_than_one_while_its_inputs_differ_by_rounding(runs, tmp_path):
+    rlprobe.compare(runs["one"], runs["advantage-bug"], tmp_path / "out", reports=False)
+    rows = pq.read_table(tmp_path / "out" / "key_data.parquet").to_pylist()
+    step0 = [r for r in rows if r["step"] == 0]
+    for key in ("responses", "rewards", "values", "old_log_prob", "ref_log_prob", "kl", "token_level_rewards"):
+        assert {r["status"] for r in step0 if r["key"] == key} <= {"match", "close"}, key
+    assert max(r["max_abs_err"] for r in step0 if r["key"] == "advantages") > 0.5
+
+
+def test_a_model_in_bfloat16_is_named_as_a_coarser_dtype_and_its_first_module(runs, tmp_path):
+    summary = rlprobe.compare(runs["one"], runs["ref-bf16"], tmp_path / "out", reports=False)
+    assert "one run computes it in a coarser dtype (bfloat16 or float16) than float32" in \
+        summary["first_divergence"]["message"]
+    module = summary["module_first_divergence"]  # as on one device (tests/test_demo.py)
+    assert (module["stage"], module["step"], module["module"], module["io"]) == \
+           ("reference_compute_log_prob", 0, "embed", "output")
+    assert module["inputs_match"] is True
+
+
+def test_a_nondeterministic_reduction_is_rounding_and_named_only_as_a_note(runs, tmp_path):
+    """A reduction order that changes per call differs by rounding only: across devices no divergence,
+    and the advice names the run whose actor recomputes its log-probs not bit for bit."""
+    summary = rlprobe.compare(runs["one"], runs["nondeterministic"], tmp_path / "out", reports=False)
+    assert summary["first_divergence"] is None and summary["first_difference"]["status"] == "close"
+    assert "of run B recomputes its log-probs on-policy not bit for bit" in summary["advice"]
