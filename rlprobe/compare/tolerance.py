@@ -69,6 +69,19 @@ def _number(value: Any, name: str) -> float | None:
     return number
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_fields(value: Any, name: str, allowed: tuple[str, ...], expected: str) -> None:
+    """ValueError naming `name` where `value` is no mapping, or holds a field not in `allowed`."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be {expected}, not {value!r}")
+    unknown = sorted(set(value) - set(allowed), key=str)
+    if unknown:
+        raise ValueError(f"{name}: unknown field(s) {', '.join(map(str, unknown))}; expected {', '.join(allowed)}")
+
+
 @dataclass(frozen=True)
 class Rule:
     """An override: rtol and/or atol (None: from the level above)."""
@@ -80,13 +93,9 @@ class Rule:
     def of(cls, value: Any, name: str) -> "Rule":
         if isinstance(value, Rule):
             return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if _is_number(value):
             return cls(rtol=_number(value, f"{name}.rtol"))
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{name} must be a number (its rtol) or a mapping with rtol and/or atol, not {value!r}")
-        unknown = sorted(set(value) - {"rtol", "atol"})
-        if unknown:
-            raise ValueError(f"{name}: unknown field(s) {', '.join(map(str, unknown))}; expected rtol, atol")
+        _check_fields(value, name, ("rtol", "atol"), "a number (its rtol) or a mapping with rtol and/or atol")
         return cls(_number(value.get("rtol"), f"{name}.rtol"), _number(value.get("atol"), f"{name}.atol"))
 
 
@@ -120,14 +129,10 @@ class Tolerance:
             return cls()
         if isinstance(value, Tolerance):
             return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if _is_number(value):
             return cls(rtol=_number(value, f"{name}.rtol"))
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{name} must be a mapping (rtol, atol, stats_rtol, families, keys), not {value!r}")
-        unknown = sorted(set(value) - {"rtol", "atol", "stats_rtol", "families", "keys"})
-        if unknown:
-            raise ValueError(f"{name}: unknown field(s) {', '.join(map(str, unknown))}; "
-                             "expected rtol, atol, stats_rtol, families, keys")
+        _check_fields(value, name, ("rtol", "atol", "stats_rtol", "families", "keys"),
+                      "a mapping (rtol, atol, stats_rtol, families, keys)")
         families = value.get("families") or {}
         keys = value.get("keys") or {}
         for what, given in (("families", families), ("keys", keys)):
