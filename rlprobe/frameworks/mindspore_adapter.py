@@ -51,6 +51,16 @@ class MindSporeAdapter(Adapter):
             leaves.append(StagedLeaf(dtype, tuple(raw.shape), raw, nbytes=raw.nbytes))
         return leaves
 
+    def from_host(self, array: np.ndarray, dtype: str, like: Any) -> Any:
+        want = getattr(ms, dtype, None) if dtype in _NAMES.values() else None
+        if want is None:
+            raise ProbeError(f"MindSpore on this host has no {dtype} tensor to replay the baseline's into "
+                             f"(the dtypes it takes: {', '.join(sorted(set(_NAMES.values())))})")
+        # a copy: the lake's array may be a read-only view of its file; bfloat16 arrives widened to float32
+        # (exactly), so the cast back is exact. MindSpore places tensors by its context: like's device.
+        out = ms.Tensor(np.array(array, copy=True, order="C"))
+        return out if out.dtype == want else out.astype(want)
+
     def rank_and_world(self) -> tuple[int, int] | None:
         return mindspore_rank_and_world()
 

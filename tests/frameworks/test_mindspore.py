@@ -295,3 +295,33 @@ def test_sql_sees_mindspore_rows(ms_dump):
                    "order by key").fetchall()
     assert rows == [("bf16", "bfloat16"), ("mask", "bool")]
     assert math.isclose(con.sql("select value from scalars where name = 'loss'").fetchall()[0][0], 0.25)
+
+
+def test_replay_returns_the_baseline_as_mindspore_tensors_bit_for_bit(tmp_path):
+    """probe.replay() with MindSpore live values: the baseline's tensors as MindSpore tensors of the
+    baseline's dtype (bfloat16 included, widened on disk and cast back exactly), docs/replay.md."""
+    saved = {"responses": ms.Tensor(TOKENS), "mask": ms.Tensor(MASK),
+             "rewards": ms.Tensor(F32).astype(ms.bfloat16), "values": ms.Tensor(F32).astype(ms.float16),
+             "log_prob": ms.Tensor(F32)}
+    with rlprobe.Probe(tmp_path / "a") as probe:
+        probe.save(saved)
+    live = {"responses": ms.Tensor(np.zeros((1, 2), np.int32)), "mask": ms.Tensor(np.ones((1, 1), bool)),
+            "rewards": ms.Tensor(np.zeros((1, 1), np.float32)), "values": ms.Tensor(np.zeros((1, 1), np.float32)),
+            "log_prob": ms.Tensor(np.zeros((1, 1), np.float32))}
+    with rlprobe.Probe(tmp_path / "b", replay_from=tmp_path / "a") as probe:
+        got = probe.replay(live)
+    for key, want in saved.items():
+        assert isinstance(got[key], ms.Tensor) and got[key].dtype == want.dtype, key
+        if want.dtype == ms.bfloat16:  # numpy has no bfloat16: compare the bits through float32
+            assert np.array_equal(got[key].astype(ms.float32).asnumpy().view(np.uint32),
+                                  want.astype(ms.float32).asnumpy().view(np.uint32)), key
+        else:
+            assert got[key].asnumpy().tobytes() == want.asnumpy().tobytes(), key
+
+
+def test_replay_of_a_dtype_mindspore_cannot_hold_names_it(tmp_path):
+    with rlprobe.Probe(tmp_path / "a") as probe:
+        probe.save({"scores": torch.tensor([0.5, -1.0]).to(torch.float8_e4m3fn)})
+    with rlprobe.Probe(tmp_path / "b", replay_from=tmp_path / "a") as probe:
+        with pytest.raises(rlprobe.ProbeError, match=r"key 'scores' step 0 .*no float8_e4m3fn tensor"):
+            probe.replay({"scores": ms.Tensor(np.zeros(2, np.float32))})
