@@ -35,7 +35,7 @@ def test_readme_states_exactly_two_commands_and_ci_runs_the_test_one():
 ALL_BLOCKS = [b for f in DOC_FILES for b in doc_blocks(f)]
 TO_RUN = [b for b in ALL_BLOCKS if b.lang in SHELL and b.not_run is None] + yaml_header_blocks()
 DEMO = next(b for b in TO_RUN if b.commands() == "rlprobe demo")
-# the YAML sketch of README's "Pipelines, gates and history" that the commands below it call nightly.yaml
+# the YAML sketch of docs/pipelines.md that the commands below it call nightly.yaml
 SKETCH = next(b for b in ALL_BLOCKS if b.lang == "yaml" and "name: ppo-determinism" in b.text)
 
 
