@@ -76,6 +76,7 @@ def attach(trainer: Any, config: Any = None, *, dump_path: str | os.PathLike[str
     switched on. `probe_kwargs` go to rlprobe.Probe (mode, start_step, stats_only, ...); rank
     and world size come from the trainer's accelerator."""
     import rlprobe
+    from rlprobe.capture.config import parse_config
 
     if "_rlprobe_trl" in getattr(trainer, "__dict__", {}):
         raise ProbeError(f"rlprobe.integrations.trl: this {type(trainer).__name__} is already attached to "
@@ -95,7 +96,8 @@ def attach(trainer: Any, config: Any = None, *, dump_path: str | os.PathLike[str
     accelerator = trainer.accelerator
     probe_kwargs.setdefault("rank", accelerator.process_index)
     probe_kwargs.setdefault("world_size", accelerator.num_processes)
-    probe_kwargs.setdefault("summed_keys", summed_keys(trainer))
+    if parse_config(config).summed_keys is None:  # the config's summed_keys, else what the trainer says
+        probe_kwargs.setdefault("summed_keys", summed_keys(trainer))
     probe = rlprobe.from_config(config, **probe_kwargs)
     if not getattr(probe, "enabled", True):  # nothing switched on: nothing installed, no files
         return TRLProbe(trainer, probe, None)
