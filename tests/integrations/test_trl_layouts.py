@@ -24,7 +24,7 @@ def compared(trl_runs, tmp_path_factory):
     # a real loss fault under the other layout: an entropy bonus in the loss (0 in A), visible at step 0
     fault = trl_runs.get("layout_2x4_entropy_coef", **STEPS, **{"grpo.entropy_coef": 0.01})
     out = tmp_path_factory.mktemp("trl_layouts")
-    return {"a": a, "out": out, "same": rlprobe.compare(a, b, out / "same"),
+    return {"a": a, "b": b, "out": out, "same": rlprobe.compare(a, b, out / "same"),
             "fault": rlprobe.compare(a, fault, out / "fault")}
 
 
@@ -70,6 +70,14 @@ def test_module_dumps_under_another_layout_are_not_compared(compared):
         assert summary["layout"]["modules"] == NOTE
         assert summary["layout"]["note"].endswith("compared per sample; " + NOTE)
         assert summary["module_first_divergence"] is None and "modules" not in summary["compared"]
+
+
+def test_the_console_says_module_dumps_are_not_compared(compared):
+    from tests.cli_runs import cli
+
+    code, output = cli("compare", compared["a"], compared["b"], "-o", compared["out"] / "cli")
+    assert code == 0 and f"note: layout differs: A 4 micro-batches x 1 rank, B 2 x 1; compared per sample; {NOTE}" \
+        in output
 
 
 def test_a_loss_fault_under_another_layout_names_the_loss(compared):
