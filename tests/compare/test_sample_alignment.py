@@ -245,3 +245,38 @@ def test_summed_keys_must_be_a_list_of_key_names(tmp_path):
         with pytest.raises(ProbeError, match=r"summed_keys=.*: expected a list of key names \(non-empty strings\)"):
             rlprobe.Probe(tmp_path / "d", framework="numpy", summed_keys=bad)
     assert not (tmp_path / "d").exists()  # refused before anything is written
+
+
+# -- module dumps under another layout -------------------------------------------------------
+def _staged(path: Path, order: list[int], micro: int) -> Path:
+    """8 samples' update in `micro` micro-batches taken in `order`, each a module dump call of a tiny LM."""
+    import torch
+
+    from tiny_models import tiny_lm
+
+    model = tiny_lm(layers=1)
+    ids = torch.randint(0, 11, (8, 5), generator=torch.Generator().manual_seed(0))
+    with rlprobe.Probe(path) as probe:
+        for chunk in np.array_split(np.asarray(order), micro):
+            with probe.stage("actor_update", model=model):
+                out = model(ids[chunk])
+            probe.save({"prompts": ids[chunk], "loss": out.float().mean()})
+        probe.step()
+    return path
+
+
+def test_module_dumps_under_another_layout_are_not_compared(tmp_path):
+    a = _staged(tmp_path / "a", list(range(8)), 2)
+    tables, summary = _compare(a, _staged(tmp_path / "b", list(range(8)), 4))
+    note = "module dumps not compared: the runs' micro-batch layouts differ (2 x 4 vs 4 x 2)"
+    assert summary["layout"]["modules"] == note and summary["layout"]["note"].endswith("; " + note)
+    assert summary["module_first_divergence"] is None and "modules" not in tables
+    assert summary["first_divergence"] is None  # the key data agree per sample
+    # equal counts, other samples in each micro-batch: calls matched by position would hold other samples
+    _, summary = _compare(a, _staged(tmp_path / "c", [4, 5, 6, 7, 0, 1, 2, 3], 2))
+    assert summary["layout"]["modules"] == ("module dumps not compared: the runs' micro-batches hold other samples "
+                                            "(8 sample rows sit at another rank, micro-batch or row in B)")
+    # the same layout: compared call by call, as always
+    tables, summary = _compare(a, _staged(tmp_path / "d", list(range(8)), 2))
+    assert "modules" not in summary["layout"] and tables["modules"].num_rows > 0
+    assert summary["module_first_divergence"] is None
