@@ -73,32 +73,26 @@ unsampled_b AS (
 -- over ranks (the all-reduce averages ranks). Other keys: the numel-weighted mean over every rank and
 -- micro-batch (a loss backpropagated as loss / micro_batches). magnitude: the same aggregate of each row's
 -- largest |value|, the scale a rounding error of the aggregate is relative to.
-agg_a AS (
-    SELECT key, "index", step, min(rank) AS rank, count(*) AS n, any_value(dtype) AS dtype,
-           CASE WHEN list_contains($summed_a, key)
-                THEN 'the sum over each rank''s micro-batches (summed_keys), the mean over ranks'
-                ELSE 'the mean over every rank and micro-batch' END AS how,
-           sum(mean * numel) / nullif(CASE WHEN list_contains($summed_a, key) THEN count(DISTINCT rank)
-                                           ELSE sum(numel) END, 0) AS value,
-           sum(numel * greatest(abs(min), abs(max))) / nullif(CASE WHEN list_contains($summed_a, key)
-                                                                   THEN count(DISTINCT rank) ELSE sum(numel) END, 0)
-               AS magnitude,
-           min(min) AS min, max(max) AS max, sum(numel) AS numel, bool_and(coalesce(absent, false)) AS absent
-    FROM unsampled_a GROUP BY key, "index", step
+per_run AS (
+    SELECT 'A' AS run, coalesce(list_contains($summed_a, key), false) AS summed, * FROM unsampled_a
+    UNION ALL
+    SELECT 'B' AS run, coalesce(list_contains($summed_b, key), false) AS summed, * FROM unsampled_b
 ),
-agg_b AS (
-    SELECT key, "index", step, min(rank) AS rank, count(*) AS n, any_value(dtype) AS dtype,
-           CASE WHEN list_contains($summed_b, key)
-                THEN 'the sum over each rank''s micro-batches (summed_keys), the mean over ranks'
+per_step AS (
+    SELECT run, key, "index", step, min(rank) AS rank, count(*) AS n, any_value(dtype) AS dtype,
+           CASE WHEN any_value(summed) THEN 'the sum over each rank''s micro-batches (summed_keys), the mean over ranks'
                 ELSE 'the mean over every rank and micro-batch' END AS how,
-           sum(mean * numel) / nullif(CASE WHEN list_contains($summed_b, key) THEN count(DISTINCT rank)
-                                           ELSE sum(numel) END, 0) AS value,
-           sum(numel * greatest(abs(min), abs(max))) / nullif(CASE WHEN list_contains($summed_b, key)
-                                                                   THEN count(DISTINCT rank) ELSE sum(numel) END, 0)
-               AS magnitude,
+           -- a summed key: divided by the ranks; any other: by every row's numel
+           CASE WHEN any_value(summed) THEN count(DISTINCT rank) ELSE sum(numel) END AS divisor,
+           sum(mean * numel) AS total, sum(numel * greatest(abs(min), abs(max))) AS magnitudes,
            min(min) AS min, max(max) AS max, sum(numel) AS numel, bool_and(coalesce(absent, false)) AS absent
-    FROM unsampled_b GROUP BY key, "index", step
+    FROM per_run GROUP BY run, key, "index", step
 ),
+agg AS (
+    SELECT *, total / nullif(divisor, 0) AS value, magnitudes / nullif(divisor, 0) AS magnitude FROM per_step
+),
+agg_a AS (SELECT * FROM agg WHERE run = 'A'),
+agg_b AS (SELECT * FROM agg WHERE run = 'B'),
 aggregates AS (
     SELECT coalesce(a.key, b.key) AS key, coalesce(a.step, b.step) AS step, coalesce(a.rank, b.rank) AS rank,
         0 AS micro_step, coalesce(a."index", b."index") AS "index",
