@@ -22,7 +22,7 @@ KEYS = {
     "actor_train_dump": bool, "reference_dump": bool, "grads_dump": bool, "param_fingerprints": bool,
     "metrics_dump": bool,
     "step_start": int, "step_end": int, "stages": list, "tensors": bool, "mode": str, "flush_interval": float,
-    "replay_from": str,
+    "replay_from": str, "summed_keys": list,
 }
 
 
@@ -44,6 +44,7 @@ class ProbeConfig:
     mode: str | None = None
     flush_interval: float | None = None  # seconds; None: the Probe's default
     replay_from: str | None = None  # the baseline dump whose rollout this run consumes (docs/replay.md)
+    summed_keys: tuple[str, ...] | None = None  # as Probe(summed_keys=); None: the Probe's (or integration's) default
 
     @property
     def any_switch(self) -> bool:
@@ -112,6 +113,7 @@ def parse_config(cfg: Any) -> ProbeConfig:
         tensors=bool(values.get("tensors", False)), mode=values.get("mode"),
         flush_interval=values.get("flush_interval"),
         replay_from=None if replay_from is None else os.fspath(replay_from),
+        summed_keys=None if values.get("summed_keys") is None else tuple(values["summed_keys"]),
     )
 
 
@@ -311,4 +313,6 @@ def from_config(cfg: Any, **probe_kwargs: Any) -> "ConfiguredProbe | DisabledPro
         probe_kwargs.setdefault("flush_interval", config.flush_interval)
     if config.replay_from is not None:
         probe_kwargs.setdefault("replay_from", config.replay_from)
+    if config.summed_keys is not None:
+        probe_kwargs.setdefault("summed_keys", list(config.summed_keys))
     return ConfiguredProbe(config, Probe(config.dump_path, **probe_kwargs))

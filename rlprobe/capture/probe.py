@@ -20,7 +20,7 @@ from rlprobe._version import __version__
 from rlprobe.capture.flatten import flatten, shape_of
 from rlprobe.capture.rank_claim import RankClaim, read_json
 from rlprobe.capture.replay import open_replay
-from rlprobe.capture.user_values import as_number, is_whole_number, jsonable, whole
+from rlprobe.capture.user_values import as_number, is_whole_number, jsonable, key_names, whole
 from rlprobe.capture.save_calls import SaveCall
 from rlprobe.capture.writer import BackgroundWriter, LeafJob
 from rlprobe.capture.writer_process import end_session, prepare_calls, writer_process
@@ -67,6 +67,7 @@ class Probe:
         max_inflight_bytes: int = 1 << 30,
         flush_interval: float = 1.0,
         replay_from: str | os.PathLike[str] | None = None,
+        summed_keys: Any = (),
     ):
         if framework is not None and framework not in framework_names():
             raise ProbeError(f"framework={framework!r}: expected one of {', '.join(framework_names())} or None "
@@ -84,6 +85,7 @@ class Probe:
                              "(it is created if missing)")
         if start_step is not None and (not is_whole_number(start_step) or start_step < 0):
             raise ProbeError(f"start_step={start_step!r}: expected a whole number >= 0, or None (continue the run)")
+        self.summed_keys = key_names("summed_keys", summed_keys)
         # e.g. the host staging ring's first pages are faulted in by a thread of its own from now
         # on, while the rest of the set-up runs
         prepare(framework)
@@ -163,11 +165,10 @@ class Probe:
             "run_id": self.run_id,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "framework": self.framework or "auto",
-            "rlprobe_version": __version__,
-            "world_size": self.world_size,
-            "host": socket.gethostname(),
-            "stats_only": self.stats_only,
-            "tags": tags, **({"replay_from": self._replay.record} if self._replay.record else {}),
+            "rlprobe_version": __version__, "world_size": self.world_size,
+            "host": socket.gethostname(), "stats_only": self.stats_only,
+            "tags": tags, "summed_keys": self.summed_keys,  # keys whose step value is their micro-batches' sum
+            **({"replay_from": self._replay.record} if self._replay.record else {}),
         })
 
     # -- capture -------------------------------------------------------------------------

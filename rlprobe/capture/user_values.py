@@ -28,6 +28,14 @@ def whole(name: str, value: Any, detected: bool) -> int:
     return operator.index(value)
 
 
+def key_names(name: str, value: Any) -> list[str]:
+    """`value` (a list or tuple of key names, as save() writes them) as a sorted list without repeats."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)) \
+            or not all(isinstance(k, str) and k for k in value):
+        raise ProbeError(f"{name}={value!r}: expected a list of key names (non-empty strings), e.g. ['loss']")
+    return sorted(set(value))
+
+
 def as_number(value: Any) -> float | None:
     """`value` as a float64; None when it is no number; ProbeError when it is one float64 cannot hold."""
     if isinstance(value, (bool, int, float)):

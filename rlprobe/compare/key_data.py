@@ -99,7 +99,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
         progress(0, 0)
     gathered = 0
     if run_layout["per_sample"]:
-        key_data, gathered = sample_key_data(con, dump_a, dump_b, selection)
+        key_data, gathered = sample_key_data(con, dump_a, dump_b, selection, read_errors)
     else:
         con.register("pair_results", pair_results_table(results, files))
         try:

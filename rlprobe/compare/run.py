@@ -17,6 +17,7 @@ from rlprobe.compare.key_data import compare_key_data, saved_keys
 from rlprobe.compare.optional_tables import has_grads, has_module_stats, has_params
 from rlprobe.compare.options import CompareOptions
 from rlprobe.compare.pairs_ahead import PairsAhead
+from rlprobe.compare.sample_alignment import modules_not_compared
 from rlprobe.compare.single_run import single_run_findings
 from rlprobe.compare.verdict import explain, explain_beyond_key_data
 from rlprobe.lake.reader import Dump
@@ -126,7 +127,11 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
         con.register("key_rollup", key_rollup)
         con.register("step_rollup", step_rollup)
     con.unregister("key_order")
-    if has_module_stats(dump_a) or has_module_stats(dump_b):  # module dumps (probe.stage): docs/modules.md
+    modules_skipped = modules_not_compared(summary["layout"])  # matched call by call: not under another layout
+    if modules_skipped and (has_module_stats(dump_a) or has_module_stats(dump_b)):
+        summary["layout"]["modules"] = modules_skipped
+        summary["layout"]["note"] = "; ".join(filter(None, (summary["layout"]["note"], modules_skipped)))
+    elif has_module_stats(dump_a) or has_module_stats(dump_b):  # module dumps (probe.stage): docs/modules.md
         from rlprobe.compare.modules import compare_modules, describe
 
         tables["modules"], summary["module_first_divergence"] = compare_modules(
@@ -157,6 +162,9 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
                                          ignore_defaults=options.config_ignore_defaults, read_errors=read_errors)
     explain_config(summary, tables["config_diff"], first and first["canonical_key"], saved_configs(dump_a, dump_b),
                    flow_warning([k["key"] for k in summary["keys"]], key_map, order))
+    if modules_skipped and (summary.get("next_config") or {}).get("rlprobe_config", {}).get("stages"):
+        summary["advice"] += ("; module dumps are matched call by call, so take the advised dump with both runs on "
+                              "one micro-batch layout")
     # what held rows to compare; [] says "nothing compared" where "no divergence" would claim agreement
     summary["compared"] = [name for name in ("key_data", "modules", "grads", "params")
                            if name in tables and tables[name].num_rows]

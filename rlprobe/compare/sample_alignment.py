@@ -57,7 +57,8 @@ def layout(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump, read_er
         table = dump.arrow("sample", errors=errors) if dump.format == "rlprobe" else with_rank(SAMPLE).empty_table()
         read_errors.extend(f"run {side}: {e}" for e in errors)
         store(con, name, table.select(with_rank(SAMPLE).names) if table.num_rows else with_rank(SAMPLE).empty_table())
-    ranks_a, micro_a, ranks_b, micro_b, moved, samples_a, samples_b = records(con, "sample_layout.sql")[0].values()
+    (ranks_a, micro_a, ranks_b, micro_b, moved, size_a, size_b, samples_a,
+     samples_b) = records(con, "sample_layout.sql")[0].values()
     differs = (ranks_a, micro_a) != (ranks_b, micro_b) or moved > 0
     per_sample = differs and samples_a > 0 and samples_b > 0
     note = None
@@ -69,8 +70,28 @@ def layout(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump, read_er
         how = "compared per sample" if per_sample else \
             "compared by position: save prompts or sample_ids in both runs to compare per sample"
         note = f"layout differs: {shape}; {how}"
-    return {"a": {"ranks": ranks_a, "micro_batches": micro_a}, "b": {"ranks": ranks_b, "micro_batches": micro_b},
+    return {"a": {"ranks": ranks_a, "micro_batches": micro_a, "micro_batch_size": size_a},
+            "b": {"ranks": ranks_b, "micro_batches": micro_b, "micro_batch_size": size_b},
             "moved_samples": moved, "per_sample": per_sample, "note": note}
+
+
+def modules_not_compared(layout: dict[str, Any]) -> str | None:
+    """Why module dumps cannot be compared under `layout` (summary.json's), or None where they can. A module's
+    calls are matched by position (its call count in the step), so under another micro-batch layout, or with
+    micro-batches that hold other samples, each pair would hold other samples: docs/modules.md."""
+    a, b = layout["a"], layout["b"]
+    if (a["ranks"], a["micro_batches"]) != (b["ranks"], b["micro_batches"]):
+        def shape(side: dict[str, Any]) -> str:
+            size = "" if side.get("micro_batch_size") is None else f" x {side['micro_batch_size']}"
+            ranks = f" on {side['ranks']} rank{'s' if side['ranks'] != 1 else ''}" \
+                if max(a["ranks"], b["ranks"]) > 1 else ""
+            return f"{side['micro_batches']}{size}{ranks}"
+
+        return f"module dumps not compared: the runs' micro-batch layouts differ ({shape(a)} vs {shape(b)})"
+    if layout["moved_samples"]:
+        return (f"module dumps not compared: the runs' micro-batches hold other samples ({layout['moved_samples']} "
+                "sample rows sit at another rank, micro-batch or row in B)")
+    return None
 
 
 def first_rank_only(table_a: pa.Table, table_b: pa.Table, layout: dict[str, Any], entry: str,
@@ -117,19 +138,34 @@ def first_rank_only(table_a: pa.Table, table_b: pa.Table, layout: dict[str, Any]
 
 
 def sample_key_data(con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump,
-                    params: dict[str, Any]) -> tuple[pa.Table, int]:
+                    params: dict[str, Any], read_errors: list[str]) -> tuple[pa.Table, int]:
     """key_data of runs with different layouts, and how many sample pairs were gathered from files.
     `params`: keys, steps, ranks (lists, None = all)."""
     pairs = run(con, "sample_pairs.sql", **params)
     results = _gather(pairs, dump_a, dump_b)
     con.register("sample_pairs", _append(pairs, results))
     con.register("layout_tolerance", layout_tolerance())
+    summed = {f"summed_{side.lower()}": summed_keys(dump, side, read_errors) or None
+              for side, dump in (("A", dump_a), ("B", dump_b))}
     try:
-        table = run(con, "sample_key_data.sql", **params)
+        table = run(con, "sample_key_data.sql", **params, **summed)
     finally:
         con.unregister("sample_pairs")
         con.unregister("layout_tolerance")
     return table, int(np.count_nonzero(results["compared"]))
+
+
+def summed_keys(dump: Dump, side: str, read_errors: list[str]) -> list[str]:
+    """The keys run `side` declares summed over a step's micro-batches (its manifest's `summed_keys`,
+    Probe(summed_keys=)); a manifest entry of another form is a read error, and the run's keys means."""
+    if dump.format != "rlprobe":
+        return []
+    value = dump.manifest.get("summed_keys", [])
+    if isinstance(value, list) and all(isinstance(k, str) for k in value):
+        return value
+    read_errors.append(f"run {side}: {dump.layout.run_manifest}: summed_keys is {value!r}; expected a list of key "
+                       "names: every key of this run is compared as its mean over the step's micro-batches")
+    return []
 
 
 def _gather(pairs: pa.Table, dump_a: Dump, dump_b: Dump) -> dict[str, np.ndarray]:

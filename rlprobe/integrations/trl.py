@@ -76,6 +76,7 @@ def attach(trainer: Any, config: Any = None, *, dump_path: str | os.PathLike[str
     switched on. `probe_kwargs` go to rlprobe.Probe (mode, start_step, stats_only, ...); rank
     and world size come from the trainer's accelerator."""
     import rlprobe
+    from rlprobe.capture.config import parse_config
 
     if "_rlprobe_trl" in getattr(trainer, "__dict__", {}):
         raise ProbeError(f"rlprobe.integrations.trl: this {type(trainer).__name__} is already attached to "
@@ -95,6 +96,8 @@ def attach(trainer: Any, config: Any = None, *, dump_path: str | os.PathLike[str
     accelerator = trainer.accelerator
     probe_kwargs.setdefault("rank", accelerator.process_index)
     probe_kwargs.setdefault("world_size", accelerator.num_processes)
+    if parse_config(config).summed_keys is None:  # the config's summed_keys, else what the trainer says
+        probe_kwargs.setdefault("summed_keys", summed_keys(trainer))
     probe = rlprobe.from_config(config, **probe_kwargs)
     if not getattr(probe, "enabled", True):  # nothing switched on: nothing installed, no files
         return TRLProbe(trainer, probe, None)
@@ -144,6 +147,14 @@ def trainer_kind(trainer: Any) -> str:
         return "online"
     raise unsupported(trainer, "is not a trainer the integration knows: it captures GRPOTrainer, RLOOTrainer (and "
                                "online trainers sharing their code path) and RewardTrainer")
+
+
+def summed_keys(trainer: Any) -> list[str]:
+    """The saved keys whose sum over a step's micro-batches is the step's value (Probe(summed_keys=)): the
+    loss where the trainer's compute_loss already scales it for gradient accumulation (transformers'
+    `loss_is_scaled_for_ga`: GRPOTrainer divides each micro-batch's loss by the accumulation steps;
+    RLOOTrainer and RewardTrainer leave that to the Trainer, so their saved loss is the micro-batch's mean)."""
+    return ["loss"] if getattr(trainer, "loss_is_scaled_for_ga", None) is True else []
 
 
 def config_snapshot(trainer: Any) -> dict[str, Any]:

@@ -138,6 +138,19 @@ def test_bad_configs_name_the_key():
     assert parse_config({"rlprobe_config": {}}).enabled is True
 
 
+def test_summed_keys_from_the_config_go_to_the_run_manifest(tmp_path):
+    cfg = {"rlprobe_config": {"dump_path": str(tmp_path / "d"), "key_data_dump": True, "summed_keys": ["loss"]}}
+    rlprobe.from_config(cfg).close()
+    assert rlprobe.open(tmp_path / "d").manifest["summed_keys"] == ["loss"]
+    rlprobe.from_config({"rlprobe_config": {"dump_path": str(tmp_path / "e"), "key_data_dump": True}}).close()
+    assert rlprobe.open(tmp_path / "e").manifest["summed_keys"] == []  # none: every key compared as its mean
+    with pytest.raises(rlprobe.ProbeError, match=r"rlprobe_config.summed_keys: expected list, got str 'loss'"):
+        parse_config({"rlprobe_config": {"summed_keys": "loss"}})
+    with pytest.raises(rlprobe.ProbeError, match=r"summed_keys=\['loss', 1\]: expected a list of key names"):
+        rlprobe.from_config({"rlprobe_config": {"dump_path": str(tmp_path / "f"), "key_data_dump": True,
+                                                "summed_keys": ["loss", 1]}})
+
+
 def test_flush_interval_from_the_config(tmp_path):
     cfg = {"rlprobe_config": {"dump_path": str(tmp_path / "d"), "key_data_dump": True, "flush_interval": 0}}
     probe = rlprobe.from_config(cfg)
