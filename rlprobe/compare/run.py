@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 Progress = Callable[[int, int], None]
 # summary.json's first_divergence (and first_difference, without kind)
 FIRST_FIELDS = ("kind", "key", "step", "rank", "micro_step", "index", "status", "max_abs_err", "max_rel_err",
-                "norm_rel_err", "rtol", "atol", "tolerance_source", "message")
+                "norm_rel_err", "rtol", "atol", "tolerance_source", "envelope", "message")
 
 
 def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = None, *,
@@ -57,6 +57,11 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
 
     own_connection = con is None
     con = con or (connect or duckdb.connect)()
+    envelope = None
+    if options.control is not None:  # run A against the control run first: its noise, per key and step
+        from rlprobe.compare.control_run import noise_envelope
+
+        envelope = noise_envelope(dump_a, options.control, options, _after_warm_up(executor))
     beside = _SingleRunBeside(con, dump_a, dump_b, executor, start=workers > 1, key_map=key_map)
     try:
         # with more than one worker (and the local executor), pairs known from the runs' folders are compared
@@ -65,7 +70,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
                                     tolerance=options.tolerance, order=order, progress=progress,
                                     executor=beside.run_pairs, key_map=key_map,
                                     ahead=partial(beside.start_ahead, workers=workers)
-                                    if workers > 1 and executor is None else None, stats_read=beside.stats_read)
+                                    if workers > 1 and executor is None else None, stats_read=beside.stats_read,
+                                    envelope=None if envelope is None else envelope.table)
     except BaseException:
         beside.wait(quiet=True)  # the comparison's own error is the one to report
         raise
@@ -93,6 +99,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
                                    f"{e['micro_step']}, before this micro-batch")
 
     key_rollup = run(con, "key_rollup.sql")
+    if envelope is None:  # the envelope column is a control run's (summary.json's keys as before without one)
+        key_rollup = key_rollup.drop_columns(["envelope"])
     step_rollup = run(con, "step_rollup.sql")
     counts = {r["status"]: r["rows"] for r in records(con, "status_counts.sql")}
     summary = {
@@ -100,6 +108,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "run_a": str(dump_a.path), "run_b": str(dump_b.path),
         "format_a": dump_a.format, "format_b": dump_b.format,
+        "control": None if envelope is None else envelope.summary(),
         "first_divergence": None if first is None else {
             k: first.get(k) for k in FIRST_FIELDS},
         "first_difference": None if compared.first_difference is None else {
@@ -157,6 +166,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
                                          ignore_defaults=options.config_ignore_defaults, read_errors=read_errors)
     explain_config(summary, tables["config_diff"], first and first["canonical_key"], saved_configs(dump_a, dump_b),
                    flow_warning([k["key"] for k in summary["keys"]], key_map, order))
+    if envelope is not None and envelope.summary()["warning"]:  # the console, summary.md and the workbook show it
+        summary.setdefault("warnings", []).append(summary["control"]["warning"])
     # what held rows to compare; [] says "nothing compared" where "no divergence" would claim agreement
     summary["compared"] = [name for name in ("key_data", "modules", "grads", "params")
                            if name in tables and tables[name].num_rows]
