@@ -15,10 +15,11 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
+from rlprobe.compare.key_data import ENVELOPE_SCHEMA, compare_key_data
 from rlprobe.compare.options import CompareOptions
 from rlprobe.compare.tolerance import EXACT_FAMILIES, FAMILIES
 from rlprobe.errors import ControlRunError, DumpReadError, SelectionError
-from rlprobe.lake.reader import Dump
+from rlprobe.lake.reader import Dump, open_dump
 from rlprobe.lake.sql_runner import records, run
 
 # How far B's error may exceed C's and still be noise: of two independent noise draws of one kind against run
@@ -26,34 +27,38 @@ from rlprobe.lake.sql_runner import records, run
 # other's (TF32 inputs; 3.75 for a reordered float32 sum, 7 where both are within the tolerance), measured on
 # the PPO example (benchmarks/tolerance_noise.py --draws 5, docs/compare.md): the next power of two above
 FACTOR = 8.0
-ENVELOPE_SCHEMA = pa.schema([("key", pa.string()), ("step", pa.int64()), ("control_rel_err", pa.float64()),
-                             ("envelope", pa.float64()), ("source", pa.string())])
 
 
 @dataclass(frozen=True)
 class NoiseEnvelope:
     """The table key_envelope (canonical key, step, control_rel_err, envelope = FACTOR x it, source) of control run
-    `path`, and the step from which C's tokens part from A's (None: they never do)."""
+    `path`, the step from which C's tokens part from A's (None: they never do), and what of A or C could not be
+    read in their comparison."""
 
     path: str
     table: pa.Table
     factor: float = FACTOR
     parted: dict[str, Any] | None = None
+    read_errors: tuple[str, ...] | list[str] = ()
+
+    @property
+    def parted_warning(self) -> str | None:
+        """The words on C's tokens parting from A's (None: they never do)."""
+        if self.parted is None:
+            return None
+        step = self.parted["step"]
+        return (f"the control run's {self.parted['key']!r} differs from run A's from step {step} (its tokens "
+                f"parted: {self.parted['status']}): it is no noise-only control from then on, so steps from {step} "
+                f"on are judged by the dtype tolerances only")
+
+    def warnings(self) -> list[str]:
+        """The summary's warnings of this control run: tokens that parted, parts that could not be read."""
+        return ([self.parted_warning] if self.parted_warning else []) + list(self.read_errors)
 
     def summary(self) -> dict[str, Any]:
-        """summary.json's `control` (its warning is among the summary's warnings too)."""
-        warning = None
-        if self.parted is not None:
-            warning = (f"the control run's {self.parted['key']!r} differs from run A's from step {self.parted['step']} "
-                       f"(its tokens parted: {self.parted['status']}): it is no noise-only control from then on, so "
-                       f"steps from {self.parted['step']} on are judged by the dtype tolerances only")
-        return {"path": self.path, "factor": self.factor, "parted": self.parted, "warning": warning,
-                "envelope": self.table.drop_columns(["source"]).to_pylist()}
-
-
-def no_envelope() -> pa.Table:
-    """key_envelope without a control run: the dtype tolerances stand."""
-    return ENVELOPE_SCHEMA.empty_table()
+        """summary.json's `control` (its warnings are among the summary's warnings too: warnings())."""
+        return {"path": self.path, "factor": self.factor, "parted": self.parted, "warning": self.parted_warning,
+                "read_errors": list(self.read_errors), "envelope": self.table.drop_columns(["source"]).to_pylist()}
 
 
 def noise_envelope(dump_a: Dump, control: Any, options: CompareOptions,
@@ -62,9 +67,6 @@ def noise_envelope(dump_a: Dump, control: Any, options: CompareOptions,
     tolerance, order and key map (its own DuckDB connection). ControlRunError naming the path where it is
     not a readable dump or holds no key data in common with run A."""
     import duckdb
-
-    from rlprobe.compare.key_data import compare_key_data
-    from rlprobe.lake.reader import open_dump
 
     path = os.fspath(control)
     expected = ("expected a dump of the baseline's code rerun with noise only (without determinism, or on "
@@ -77,23 +79,25 @@ def noise_envelope(dump_a: Dump, control: Any, options: CompareOptions,
     try:
         try:
             compared = compare_key_data(con, dump_a, dump_c, keys=options.keys, steps=options.steps,
-                                        ranks=options.ranks, workers=options.workers, tolerance=options.tolerance,
-                                        order=options.order, executor=executor,
+                                        ranks=options.ranks, workers=options.workers,
+                                        tolerance=options.tolerance, order=options.order, executor=executor,
                                         key_map=dict(options.key_map) if options.key_map is not None else None)
         except (DumpReadError, SelectionError) as e:
             raise ControlRunError(f"control run {path}: {e}") from None
         common = records(con, "control_common.sql")[0]
         if not common["rows"]:
+            unread = "".join(f"; {e}" for e in compared.read_errors)  # run B: the control
             raise ControlRunError(
                 f"control run {path}: no key data in common with run A {dump_a.path} (A holds "
                 f"{common['keys_a'] or 'no key data'}, the control {common['keys_c'] or 'no key data'}, in the "
-                f"selection); {expected}, saving the same keys at the same steps")
+                f"selection{unread}); {expected}, saving the same keys at the same steps")
         tokens = [key for family in EXACT_FAMILIES for key in FAMILIES[family]]
         parted = records(con, "control_parted.sql", tokens=tokens)
         parted = parted[0] if parted else None
         table = run(con, "key_envelope.sql", factor=FACTOR, source=f"control run x{FACTOR:g}",
                     parted_step=None if parted is None else parted["step"])
     finally:
-        con.close()
-    del compared  # its tables lived in `con`
-    return NoiseEnvelope(path, table.cast(ENVELOPE_SCHEMA), FACTOR, parted)
+        con.close()  # A-vs-C's tables: only key_envelope is kept
+    # parts of either run that could not be read: their keys take the dtype tolerance (named among the warnings)
+    unread = [f"control run {path} (compared with A as run B): {e}" for e in compared.read_errors]
+    return NoiseEnvelope(path, table.cast(ENVELOPE_SCHEMA), FACTOR, parted, unread)

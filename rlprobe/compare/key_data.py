@@ -25,6 +25,10 @@ from rlprobe.lake.tensor_pack import split_address
 Progress = Callable[[int, int], None]
 # columns of key_data that the reports leave out (file paths, ordering)
 PRIVATE_COLUMNS = ("file_a", "file_b", "canonical_key", "flow_position", "control_envelope")
+# the table key_envelope that key_data.sql judges pairs by besides their tolerance: a control run's noise per
+# (canonical key, step), made by control_run.py; empty without a control run
+ENVELOPE_SCHEMA = pa.schema([("key", pa.string()), ("step", pa.int64()), ("control_rel_err", pa.float64()),
+                             ("envelope", pa.float64()), ("source", pa.string())])
 _NO_FILES = pa.table({"file_a": pa.array([], pa.string()), "file_b": pa.array([], pa.string())})
 
 
@@ -58,8 +62,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     the statistics are read (rlprobe.compare.pairs_ahead); called for two msprobe dumps (run A of many
     tensor files) without a selection. `stats_read()` is called once both runs' statistics are loaded.
     `tolerance`: when a pair that is not bitwise equal is close (tolerance.py; default: per dtype); `envelope`:
-    a control run's key_envelope (control_run.py), by which a pair is close too (default: none)."""
-    from rlprobe.compare.control_run import no_envelope
+    a control run's key_envelope (control_run.py; ENVELOPE_SCHEMA), by which a pair is close too (default: none)."""
 
     tolerance = tolerance or Tolerance()
     read_errors: list[str] = []
@@ -80,7 +83,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     con.register("key_order", key_order_table(order, key_map, saved["A"] | saved["B"]))
     con.register("key_tolerance", tolerance.table(  # each (key, dtype) the runs saved, as its tolerance judges it
         (r["key"], r["canonical"], r["dtype"]) for r in records(con, "saved_dtypes.sql")))
-    con.register("key_envelope", no_envelope() if envelope is None else envelope)
+    con.register("key_envelope", ENVELOPE_SCHEMA.empty_table() if envelope is None else envelope)
     run_layout = layout(con, dump_a, dump_b, read_errors)
     execute(con, "pair_macros.sql")
     execute(con, "key_data_pairs.sql")

@@ -166,8 +166,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
                                          ignore_defaults=options.config_ignore_defaults, read_errors=read_errors)
     explain_config(summary, tables["config_diff"], first and first["canonical_key"], saved_configs(dump_a, dump_b),
                    flow_warning([k["key"] for k in summary["keys"]], key_map, order))
-    if envelope is not None and envelope.summary()["warning"]:  # the console, summary.md and the workbook show it
-        summary.setdefault("warnings", []).append(summary["control"]["warning"])
+    if envelope is not None and envelope.warnings():  # the console, summary.md and the workbook show them
+        summary.setdefault("warnings", []).extend(envelope.warnings())
     # what held rows to compare; [] says "nothing compared" where "no divergence" would claim agreement
     summary["compared"] = [name for name in ("key_data", "modules", "grads", "params")
                            if name in tables and tables[name].num_rows]

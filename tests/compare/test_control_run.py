@@ -170,6 +170,17 @@ def test_a_control_that_is_missing_no_dump_or_of_other_keys_is_named(runs, tmp_p
     assert not (tmp_path / "o3").exists()  # nothing published
 
 
+def test_a_control_whose_key_data_cannot_be_read_is_named_with_its_part(runs, tmp_path):
+    import shutil
+
+    broken = shutil.copytree(runs["c"], tmp_path / "broken")
+    part = next((broken / "stats/key_data/rank=0").glob("part-*.parquet"))
+    part.write_bytes(b"PAR1 garbage")
+    with pytest.raises(ControlRunError, match=rf"control run {broken}: no key data in common with run A "
+                                              rf".*in the selection; run B: {part}: unreadable Parquet part"):
+        rlprobe.compare(runs["a"], runs["b"], tmp_path / "o", reports=False, control=broken)
+
+
 def _pipeline(tmp_path, runs: dict, name: str = "p") -> "object":
     from rlprobe.pipeline.spec import load_pipeline
 
