@@ -183,6 +183,10 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
               help="Absolute tolerance (default: rtol x 1 for log-probs, rtol / 16 for the other keys).")
 @click.option("--stats-rtol", type=float, callback=lambda ctx, param, value: _tolerance(value),
               help="Relative tolerance of rows saved as statistics only (default: --rtol or the dtype's; 0: exact).")
+@click.option("--control", metavar="RUN_C",
+              help="A control run: RUN_A's code rerun with noise only (without determinism, or on RUN_B's device "
+                   "with a version known to be good); B diverges where its error exceeds C's by the factor of "
+                   "docs/compare.md ('A control run'), or the dtype tolerance where that is larger.")
 @click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True,
               help="Report column headers; zh gives msprobe's Chinese headers.")
 @click.option("--per-key-files", is_flag=True, help="Also write msprobe-style <key>.xlsx files (in OUT/per_key).")
@@ -198,8 +202,8 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
               help="Leave config paths matching GLOB out of the config diff, e.g. trainer.project_name (repeatable).")
 @click.option("--no-default-config-ignore", is_flag=True,
               help="Show the config paths the default ignore list leaves out (output paths, run names, ...).")
-def compare(run_a, run_b, out, keys, steps, ranks, workers, rtol, atol, stats_rtol, lang, per_key_files, plots, plot_every_param,
-            fail_on_diff, quiet, key_map, config_ignore, no_default_config_ignore):
+def compare(run_a, run_b, out, keys, steps, ranks, workers, rtol, atol, stats_rtol, control, lang, per_key_files, plots,
+            plot_every_param, fail_on_diff, quiet, key_map, config_ignore, no_default_config_ignore):
     """Compare two runs (rlprobe or msprobe dumps) and say where they diverge first.
 
     \b
@@ -224,7 +228,8 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, rtol, atol, stats_rt
     from rlprobe.pipeline.compare_command import run_compare
 
     code = run_compare(run_a, run_b, out, keys=key_list, steps=step_list, ranks=rank_list, workers=workers,
-                       rtol=rtol, atol=atol, stats_rtol=stats_rtol, lang=lang, per_key_files=per_key_files, plots=plots,
+                       rtol=rtol, atol=atol, stats_rtol=stats_rtol, control=control, lang=lang,
+                       per_key_files=per_key_files, plots=plots,
                        plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet,
                        key_map=key_mapping, config_ignore=list(config_ignore),
                        config_ignore_defaults=not no_default_config_ignore)

@@ -17,3 +17,8 @@ class SelectionError(ProbeError):
 class UnreadEntriesWarning(UserWarning):
     """Files or folders in a dump that rlprobe does not read (an msprobe dump's entries in no layout msprobe
     writes): named, never an error, since msprobe itself ignores what it does not know."""
+
+
+class ControlRunError(ProbeError):
+    """A control run (`--control`, `runs: {control: ...}`) that cannot serve as one: missing, not a dump, or
+    without key data in common with run A (docs/compare.md, "A control run")."""

@@ -2,17 +2,22 @@
 -- and both sides' statistics, in (step, dataflow order, rank, micro_step, index) order.
 -- Tables: selected_pairs (selected_pairs.sql: the selection's key_data_pairs), pair_results
 -- (element kernel results by (file_a, file_b)), key_order (dataflow), key_tolerance ((key, dtype) -> rtol,
--- atol, stats_rtol, stats_atol, tolerance_source: rlprobe/compare/tolerance.py). Macros: pair_macros.sql.
+-- atol, stats_rtol, stats_atol, tolerance_source: rlprobe/compare/tolerance.py), key_envelope ((canonical
+-- key, step) -> control_rel_err, envelope: a control run's noise, rlprobe/compare/control_run.py; empty
+-- without one). Macros: pair_macros.sql.
 -- A pair is judged by the tolerance of the dtype both runs saved it in (different dtypes stay
--- dtype_mismatch). Keys not in key_order come after its last position.
+-- dtype_mismatch), or by the envelope of its key and step where that is larger: close where its
+-- norm_rel_err is within either. Keys not in key_order come after its last position.
 WITH joined AS (
     SELECT p.*, COLUMNS(r.* EXCLUDE (pair_id, file_a, file_b)) AS 'kernel_\0', r.file_a IS NOT NULL AS compared,
            coalesce(t.rtol, 0.0) AS rtol, coalesce(t.atol, 0.0) AS atol, coalesce(t.stats_rtol, 0.0) AS stats_rtol,
            coalesce(t.stats_atol, 0.0) AS stats_atol, t.tolerance_source,
-           pair_scale(p.min_a, p.max_a, p.min_b, p.max_b) AS scale
+           pair_scale(p.min_a, p.max_a, p.min_b, p.max_b) AS scale, e.control_rel_err, e.envelope
     FROM selected_pairs AS p
     LEFT JOIN pair_results AS r ON r.file_a = p.file_a AND r.file_b = p.file_b
     LEFT JOIN key_tolerance AS t ON t.key = p.key AND t.dtype = coalesce(p.dtype_a, p.dtype_b)
+    LEFT JOIN key_order AS eo ON eo.name = p.key
+    LEFT JOIN key_envelope AS e ON e.key = coalesce(eo.canonical, p.key) AND e.step = p.step
 ),
 stats_agree AS (
     SELECT *,
@@ -32,12 +37,25 @@ stats_agree AS (
              ELSE stats_rel_err(min_a, min_b, max_a, max_b, mean_a, mean_b, norm_a, norm_b) END AS norm_rel_err
     FROM joined
 ),
+enveloped AS (
+    -- the envelope where it is larger than the dtype tolerance's bound (NULL: the dtype tolerance judges)
+    SELECT *,
+        CASE WHEN envelope > tolerance_bound(scale, CASE WHEN compared THEN rtol ELSE stats_rtol END,
+                                             CASE WHEN compared THEN atol ELSE stats_atol END)
+             THEN envelope END AS control_envelope
+    FROM stats_agree
+),
 statused AS (
     SELECT j.*, pair_status(j.in_a, j.in_b, j.absent_a, j.absent_b, j.shape_a, j.shape_b, j.dtype_a, j.dtype_b,
                            j.compared, j.kernel_error, j.kernel_numel, j.kernel_equal_count,
-                           within_tolerance(j.kernel_max_abs_err, j.kernel_nan_mismatch_count, j.scale, j.rtol, j.atol),
-                           j.stats_equal, j.stats_close) AS status
-    FROM stats_agree AS j
+                           within_tolerance(j.kernel_max_abs_err, j.kernel_nan_mismatch_count, j.scale, j.rtol, j.atol)
+                           OR (coalesce(j.kernel_nan_mismatch_count, 0) = 0
+                               AND within_envelope(j.norm_rel_err, j.control_envelope)),
+                           j.stats_equal,
+                           j.stats_close OR (j.nan_count_a IS NOT DISTINCT FROM j.nan_count_b
+                                             AND j.inf_count_a IS NOT DISTINCT FROM j.inf_count_b
+                                             AND within_envelope(j.norm_rel_err, j.control_envelope))) AS status
+    FROM enveloped AS j
 )
 SELECT
     s.key, s.step, s.rank, s.micro_step, s."index", s.status,
@@ -59,10 +77,14 @@ SELECT
                            THEN 'statistics only: bits differ (hash), compared by min/max/mean/norm'
                        ELSE 'statistics only: compared by min/max/mean/norm' END END,
         s.kernel_nan_mismatch_count, s.kernel_error), ''),
-        tolerance_text(s.status, s.dtype_a, s.norm_rel_err, CASE WHEN s.compared THEN s.rtol ELSE s.stats_rtol END,
-                       s.tolerance_source)
+        -- a close pair is within the envelope's words where that judged it; one beyond gets both
+        CASE WHEN s.control_envelope IS NULL OR s.status NOT IN ('close', 'stats_only_close')
+             THEN tolerance_text(s.status, s.dtype_a, s.norm_rel_err,
+                                 CASE WHEN s.compared THEN s.rtol ELSE s.stats_rtol END, s.tolerance_source) END,
+        envelope_text(s.status, s.norm_rel_err, s.control_envelope, s.control_rel_err)
     )                                                                     AS message,
     COLUMNS(lambda c: side_statistic(c)),
+    s.control_envelope,
     coalesce(o.canonical, s.key)                                          AS canonical_key,
     coalesce(o.position, (SELECT coalesce(max(position) + 1, 0) FROM key_order)) AS flow_position
 FROM statused AS s

@@ -70,6 +70,14 @@ CREATE OR REPLACE TEMP MACRO norm_rel_err(max_abs_err, scale) AS
 CREATE OR REPLACE TEMP MACRO within_tolerance(max_abs_err, nan_mismatch_count, scale, rtol, atol) AS
     coalesce(coalesce(nan_mismatch_count, 0) = 0 AND max_abs_err <= atol + rtol * coalesce(scale, 0), false);
 
+-- the largest norm_rel_err a tolerance's atol + rtol * scale allows (NULL where the scale is 0 or unknown)
+CREATE OR REPLACE TEMP MACRO tolerance_bound(scale, rtol, atol) AS
+    CASE WHEN scale > 0 THEN rtol + atol / scale END;
+
+-- a pair within a control run's envelope (rlprobe/compare/control_run.py): its norm_rel_err at most the
+-- envelope of its key and step (NULL: no envelope, the dtype tolerance alone judges)
+CREATE OR REPLACE TEMP MACRO within_envelope(err, envelope) AS coalesce(err <= envelope, false);
+
 -- one statistic of both runs within atol + rtol * scale
 CREATE OR REPLACE TEMP MACRO stat_close(x, y, scale, rtol, atol) AS x = y OR abs(x - y) <= atol + rtol * scale;
 
@@ -132,6 +140,22 @@ CREATE OR REPLACE TEMP MACRO tolerance_text(status, dtype, err, rtol, source) AS
              THEN format('errors of half-precision rounding (max|a-b|/max|a| {}; eps: float16 9.8e-04, bfloat16 '
                          '7.8e-03): one run computes it in a coarser dtype (bfloat16 or float16) than {}',
                          printf('%.2e', err), dtype)
+    END;
+
+-- a pair's words on the control run's envelope (where it is larger than the dtype tolerance): its error
+-- against it, and the control's own error it is made of
+CREATE OR REPLACE TEMP MACRO envelope_text(status, err, envelope, control_err) AS
+    CASE WHEN envelope IS NULL THEN NULL
+         WHEN status IN ('close', 'stats_only_close')
+             THEN format('within the control run''s noise: max|a-b|/max|a| {} <= envelope {} '
+                         '({:g} x the control''s {})',
+                         printf('%.3g', err), printf('%.3g', envelope), envelope / control_err,
+                         printf('%.3g', control_err))
+         WHEN status IN ('mismatch', 'stats_only_mismatch')
+             THEN format('beyond the control run''s noise: max|a-b|/max|a| {} > envelope {} '
+                         '({:g} x the control''s {})',
+                         printf('%.3g', err), printf('%.3g', envelope), envelope / control_err,
+                         printf('%.3g', control_err))
     END;
 
 -- a pair's message: its status in words, a dtype difference, how statistics-only rows were

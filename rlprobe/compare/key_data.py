@@ -24,7 +24,11 @@ from rlprobe.lake.tensor_pack import split_address
 
 Progress = Callable[[int, int], None]
 # columns of key_data that the reports leave out (file paths, ordering)
-PRIVATE_COLUMNS = ("file_a", "file_b", "canonical_key", "flow_position")
+PRIVATE_COLUMNS = ("file_a", "file_b", "canonical_key", "flow_position", "control_envelope")
+# the table key_envelope that key_data.sql judges pairs by besides their tolerance: a control run's noise per
+# (canonical key, step), made by control_run.py; empty without a control run
+ENVELOPE_SCHEMA = pa.schema([("key", pa.string()), ("step", pa.int64()), ("control_rel_err", pa.float64()),
+                             ("envelope", pa.float64()), ("source", pa.string())])
 _NO_FILES = pa.table({"file_a": pa.array([], pa.string()), "file_b": pa.array([], pa.string())})
 
 
@@ -49,14 +53,17 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
                      executor: Callable[..., dict] | None = None,
                      key_map: dict[str, str] | None = None,
                      ahead: Callable[[list[Any]], None] | None = None,
-                     stats_read: Callable[[], None] | None = None) -> KeyDataComparison:
+                     stats_read: Callable[[], None] | None = None,
+                     envelope: pa.Table | None = None) -> KeyDataComparison:
     """Compare the key data of `dump_a` and `dump_b` in `con`, which keeps the tables stats_a,
     stats_b, key_order and key_data (and the macros of pair_macros.sql) for the queries after it.
     Runs with different layouts (micro-batches, ranks) are compared per sample (sample_alignment.py).
     `ahead(tasks)`: starts comparing pairs (PairTask) that `executor` will then be asked for, while
     the statistics are read (rlprobe.compare.pairs_ahead); called for two msprobe dumps (run A of many
     tensor files) without a selection. `stats_read()` is called once both runs' statistics are loaded.
-    `tolerance`: when a pair that is not bitwise equal is close (tolerance.py; default: per dtype)."""
+    `tolerance`: when a pair that is not bitwise equal is close (tolerance.py; default: per dtype); `envelope`:
+    a control run's key_envelope (control_run.py; ENVELOPE_SCHEMA), by which a pair is close too (default: none)."""
+
     tolerance = tolerance or Tolerance()
     read_errors: list[str] = []
     reading_b = _read_beside(dump_b) if dump_a.format == "msprobe" else None  # whatever `workers`: not a worker
@@ -76,6 +83,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     con.register("key_order", key_order_table(order, key_map, saved["A"] | saved["B"]))
     con.register("key_tolerance", tolerance.table(  # each (key, dtype) the runs saved, as its tolerance judges it
         (r["key"], r["canonical"], r["dtype"]) for r in records(con, "saved_dtypes.sql")))
+    con.register("key_envelope", ENVELOPE_SCHEMA.empty_table() if envelope is None else envelope)
     run_layout = layout(con, dump_a, dump_b, read_errors)
     execute(con, "pair_macros.sql")
     execute(con, "key_data_pairs.sql")
@@ -98,8 +106,9 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     elif progress is not None:
         progress(0, 0)
     gathered = 0
-    if run_layout["per_sample"]:
+    if run_layout["per_sample"]:  # judged by the layout tolerance, not by an envelope
         key_data, gathered = sample_key_data(con, dump_a, dump_b, selection, read_errors)
+        key_data = key_data.append_column("control_envelope", pa.nulls(key_data.num_rows, pa.float64()))
     else:
         con.register("pair_results", pair_results_table(results, files))
         try:

@@ -1,11 +1,13 @@
 """A comparison's options as one object, which `rlprobe compare`, `rlprobe.compare()` and pipelines
 build and compare_dumps takes: the selection, workers, the tolerance (rlprobe/compare/tolerance.py),
-the key map, the config diff's ignore list, and the gradient and module comparisons' settings.
+the key map, the config diff's ignore list, the gradient and module comparisons' settings, and a control
+run (compare/control_run.py).
 
 Only the standard library (and tolerance.py) at import: the command builds its options first."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -18,7 +20,9 @@ class CompareOptions:
     """What to compare and how. `keys`, `steps`, `ranks`: None (all) or lists; `tolerance`: when a
     pair that is not bitwise equal agrees (`close`); `grads`: compare_grads' thresholds
     (first_step_min, max_drop, norm_rtol, layout_similarity_min); `modules`: compare_modules' keyword
-    arguments (e.g. stages=[...]); `order`: the data-flow order of keys (default dataflow.py's)."""
+    arguments (e.g. stages=[...]); `order`: the data-flow order of keys (default dataflow.py's); `control`: the
+    path of a control run, which differs from run A only by noise: its error against A, per key and step, widens
+    the tolerance (compare/control_run.py; None: the dtype tolerances alone)."""
 
     keys: list[str] | None = None
     steps: list[int] | None = None
@@ -31,8 +35,12 @@ class CompareOptions:
     config_ignore_defaults: bool = True
     grads: Mapping[str, float] | None = None
     modules: Mapping[str, Any] | None = None
+    control: str | os.PathLike | None = None
 
     def __post_init__(self) -> None:
+        if self.control is not None and not isinstance(self.control, (str, os.PathLike)):
+            raise ProbeError(f"control must be the path of a control run's dump (str or os.PathLike), "
+                             f"not {self.control!r}")
         if type(self.workers) is not int or self.workers < 1:
             raise ProbeError(f"workers must be a whole number >= 1, not {self.workers!r}")
         if not isinstance(self.tolerance, Tolerance):

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 Progress = Callable[[int, int], None]
 # summary.json's first_divergence (and first_difference, without kind)
 FIRST_FIELDS = ("kind", "key", "step", "rank", "micro_step", "index", "status", "max_abs_err", "max_rel_err",
-                "norm_rel_err", "rtol", "atol", "tolerance_source", "message")
+                "norm_rel_err", "rtol", "atol", "tolerance_source", "envelope", "message")
 
 
 def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = None, *,
@@ -58,6 +58,11 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
 
     own_connection = con is None
     con = con or (connect or duckdb.connect)()
+    envelope = None
+    if options.control is not None:  # run A against the control run first: its noise, per key and step
+        from rlprobe.compare.control_run import noise_envelope
+
+        envelope = noise_envelope(dump_a, options.control, options, _after_warm_up(executor))
     beside = _SingleRunBeside(con, dump_a, dump_b, executor, start=workers > 1, key_map=key_map)
     try:
         # with more than one worker (and the local executor), pairs known from the runs' folders are compared
@@ -66,7 +71,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
                                     tolerance=options.tolerance, order=order, progress=progress,
                                     executor=beside.run_pairs, key_map=key_map,
                                     ahead=partial(beside.start_ahead, workers=workers)
-                                    if workers > 1 and executor is None else None, stats_read=beside.stats_read)
+                                    if workers > 1 and executor is None else None, stats_read=beside.stats_read,
+                                    envelope=None if envelope is None else envelope.table)
     except BaseException:
         beside.wait(quiet=True)  # the comparison's own error is the one to report
         raise
@@ -94,6 +100,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
                                    f"{e['micro_step']}, before this micro-batch")
 
     key_rollup = run(con, "key_rollup.sql")
+    if envelope is None:  # the envelope column is a control run's (summary.json's keys as before without one)
+        key_rollup = key_rollup.drop_columns(["envelope"])
     step_rollup = run(con, "step_rollup.sql")
     counts = {r["status"]: r["rows"] for r in records(con, "status_counts.sql")}
     summary = {
@@ -101,6 +109,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "run_a": str(dump_a.path), "run_b": str(dump_b.path),
         "format_a": dump_a.format, "format_b": dump_b.format,
+        "control": None if envelope is None else envelope.summary(),
         "first_divergence": None if first is None else {
             k: first.get(k) for k in FIRST_FIELDS},
         "first_difference": None if compared.first_difference is None else {
@@ -165,6 +174,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
     if modules_skipped and (summary.get("next_config") or {}).get("rlprobe_config", {}).get("stages"):
         summary["advice"] += ("; module dumps are matched call by call, so take the advised dump with both runs on "
                               "one micro-batch layout")
+    if envelope is not None and envelope.warnings():  # the console, summary.md and the workbook show them
+        summary.setdefault("warnings", []).extend(envelope.warnings())
     # what held rows to compare; [] says "nothing compared" where "no divergence" would claim agreement
     summary["compared"] = [name for name in ("key_data", "modules", "grads", "params")
                            if name in tables and tables[name].num_rows]

@@ -108,6 +108,7 @@ class Resolved:
     stats_rtol: float
     stats_atol: float
     source: str
+    exact: bool = False  # an integer or bool dtype, or the token family: no control run's envelope loosens it
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ class Tolerance:
         """The tolerance of `key` (canonical key `canonical`) saved as `dtype`."""
         family = FAMILY_OF.get(canonical or key)
         if dtype is not None and dtype not in EPS:
-            return Resolved(0.0, 0.0, 0.0, 0.0, f"exact ({dtype})")
+            return Resolved(0.0, 0.0, 0.0, 0.0, f"exact ({dtype})", exact=True)
         rtol, atol, source = default_rtol(dtype), None, f"{dtype} default"
         if family in EXACT_FAMILIES:
             rtol, source = 0.0, f"exact ({family})"
@@ -175,21 +176,23 @@ class Tolerance:
                 source = level
         floor = SCALE_FLOORS.get(family or "", SCALE_FLOOR)
         atol = rtol * floor if atol is None else atol
+        exact = family in EXACT_FAMILIES or dtype is None
         if self.stats_rtol is None:
-            return Resolved(rtol, atol, rtol, atol, source)
-        return Resolved(rtol, atol, self.stats_rtol, self.stats_rtol * floor, source)
+            return Resolved(rtol, atol, rtol, atol, source, exact)
+        return Resolved(rtol, atol, self.stats_rtol, self.stats_rtol * floor, source, exact)
 
     def table(self, rows: Iterable[tuple[str, str | None, str | None]]) -> Any:
         """The table `key_tolerance` sql/key_data.sql joins: (key, dtype) -> rtol, atol, stats_rtol, stats_atol,
-        tolerance_source; `rows`: (saved key, canonical key, dtype)."""
+        tolerance_source, exact; `rows`: (saved key, canonical key, dtype)."""
         import pyarrow as pa
 
         out: dict[str, list[Any]] = {c: [] for c in ("key", "dtype", "rtol", "atol", "stats_rtol", "stats_atol",
-                                                      "tolerance_source")}
+                                                      "tolerance_source", "exact")}
         for key, canonical, dtype in rows:
             r = self.resolve(key, canonical, dtype)
-            for column, value in zip(out, (key, dtype, r.rtol, r.atol, r.stats_rtol, r.stats_atol, r.source)):
+            for column, value in zip(out, (key, dtype, r.rtol, r.atol, r.stats_rtol, r.stats_atol, r.source,
+                                           r.exact)):
                 out[column].append(value)
-        types = {"key": pa.string(), "dtype": pa.string(), "tolerance_source": pa.string()}
+        types = {"key": pa.string(), "dtype": pa.string(), "tolerance_source": pa.string(), "exact": pa.bool_()}
         return pa.table({c: pa.array(v, types.get(c, pa.float64())) for c, v in out.items()})
 

@@ -22,8 +22,10 @@ def validate_command(file: str, overrides: tuple[str, ...]) -> int:
     except SpecError as e:
         _error(err, str(e))
         return e.exit_code
-    named = [whole(f"{name}={path}") for name, path in p.runs.items()]
+    named = [whole(f"{name}={path}") for name, path in p.compared.items()]
     runs = f"{named[0]} (A) vs {named[1]} (B)" if len(named) == 2 else f"{named[0]} (checked alone)"
+    if p.control is not None:
+        runs += f", control run {whole(str(p.control))}"
     queries, gates = f"{len(p.queries)} queries", f"{len(p.gates)} gates"
     make_console().print(f"[green]ok[/]: {whole(file)}: pipeline {whole(p.spec.name)}, {runs}, {whole(queries)}, "
                          f"{whole(gates)}, output {whole(p.output)}", highlight=False)
@@ -72,8 +74,10 @@ def _print_dry_run(out: Console, p: Pipeline, file: str) -> None:
     spec = p.spec
     out.print(f"pipeline {whole(spec.name)} ({whole(file)}), dry run: nothing compared, nothing written",
               highlight=False)
-    for i, (name, path) in enumerate(p.runs.items()):
+    for i, (name, path) in enumerate(p.compared.items()):
         out.print(f"  run {'AB'[i]}: {whole(name)} = {whole(path)}", highlight=False)
+    if p.control is not None:
+        out.print(f"  control run: {whole(str(p.control))}", highlight=False)
     select = spec.select
     workers = f"({spec.executor.workers} workers)"
     out.print(f"  select: steps {whole(select.steps or 'all')}, ranks {whole(select.ranks or 'all')}, "

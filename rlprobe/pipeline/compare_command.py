@@ -29,7 +29,7 @@ def compare(
     plots: bool = False, plot_every_param: bool = False, progress: Progress | None = None,
     extra_files: Callable[[Path], None] | None = None,
     key_map: dict[str, str] | None = None, config_ignore: list[str] | None = None, config_ignore_defaults: bool = True,
-    options: Any = None,
+    control: Any = None, options: Any = None,
 ) -> dict[str, Any]:
     """Compare dumps `a` and `b` (rlprobe or msprobe format); publish the results as the folder
     `out`; return the summary. Raises ProbeError when a run cannot be read or `out` cannot be
@@ -40,13 +40,20 @@ def compare(
     for one that is malformed or names nothing the runs hold. `tolerance`: when a pair that is not bitwise
     equal agrees (`close`): a number (rtol), or {rtol, atol, stats_rtol, families: {log_probs: {rtol: ...}},
     keys: {advantages: {...}}} (docs/compare.md, "Tolerances"); `rtol`, `atol`, `stats_rtol` over it.
-    `options`: a rlprobe.compare.options.CompareOptions instead of the comparison's arguments."""
+    `control`: a control run's dump, which differs from `a` by noise only: B diverges where its error exceeds
+    the control's by the documented factor (docs/compare.md, "A control run"); ControlRunError (a ProbeError)
+    for one that is missing, no dump, or without key data in common with `a`.
+    `options`: a rlprobe.compare.options.CompareOptions instead of the comparison's arguments (with `control`
+    given too, it replaces the options' control)."""
     from rlprobe.compare.options import CompareOptions
 
     if options is None:  # as the command line and pipelines take them: "0-10,12", "log_prob,kl" or lists
         options = CompareOptions.build(keys=keys, steps=steps, ranks=ranks, tolerance=tolerance, rtol=rtol, atol=atol,
                                        stats_rtol=stats_rtol, workers=workers, order=order, key_map=key_map,
-                                       config_ignore=config_ignore, config_ignore_defaults=config_ignore_defaults)
+                                       config_ignore=config_ignore, config_ignore_defaults=config_ignore_defaults,
+                                       control=control)
+    elif control is not None:
+        options = options.with_(control=control)
     workers = options.workers
     from rlprobe.lake.connection_ahead import ConnectionAhead
 
@@ -129,6 +136,10 @@ def print_verdict(console: Console, summary: dict[str, Any], out: str) -> None:
     console.print(f"compared {whole(summary['run_a'])} (A) with {whole(summary['run_b'])} (B): {counts}")
     if (summary.get("layout") or {}).get("note"):  # runs with different layouts: docs/compare.md
         console.print(f"[yellow]note[/]: {escape(str(summary['layout']['note']))}")
+    control = summary.get("control")
+    if control:  # a control run's noise envelope: docs/compare.md, "A control run"
+        factor = whole(format(control["factor"], "g"))
+        console.print(f"control run {whole(control['path'])}: B's errors judged against {factor} x the control's too")
     first = summary["first_divergence"]
     if first is None and (summary.get("module_first_divergence") or summary.get("grad_first_flagged")):
         from rlprobe.report.comparison_words import verdict

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlprobe.compare.config_diff import DIFF_SCHEMA
-from rlprobe.errors import DumpReadError, ProbeError, SelectionError
+from rlprobe.errors import ControlRunError, DumpReadError, ProbeError, SelectionError
 from rlprobe.exit_codes import EXIT_GATE_FAILED, EXIT_OK, EXIT_SPEC, EXIT_UNREADABLE
 from rlprobe.lake.schema import SCALAR, with_rank
 from rlprobe.lake.sql_runner import create_table, create_table_as, query, set_variables, to_arrow
@@ -71,7 +71,7 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
         return _run_check_only(pipeline)
     started = time.perf_counter()
     timings: dict[str, float] = {}
-    (name_a, path_a), (name_b, path_b) = pipeline.runs.items()
+    (name_a, path_a), (name_b, path_b) = pipeline.compared.items()
     try:
         dump_a, dump_b = open_dump(path_a), open_dump(path_b)
         scalars_a, scalars_b = dump_a.arrow("scalar"), dump_b.arrow("scalar")
@@ -92,15 +92,18 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
     t = time.perf_counter()
     con = duckdb.connect()  # the comparison leaves stats_a, stats_b, key_data, ... in it for the queries
     try:
-        tables, summary = compare_dumps(dump_a, dump_b, _compare_options(spec), progress=progress,
+        tables, summary = compare_dumps(dump_a, dump_b, _compare_options(spec, pipeline.control), progress=progress,
                                         executor=_executor(spec.executor), con=con)
+    except ControlRunError as e:
+        raise PipelineError(f"{pipeline.path}: runs.control: {e}", EXIT_UNREADABLE) from None
     except DumpReadError as e:
         raise PipelineError(str(e), EXIT_UNREADABLE) from None
     except SelectionError as e:  # its select: names nothing the runs hold
         raise PipelineError(f"{pipeline.path}: select: {e}", EXIT_SPEC) from None
     timings["compare_s"] = time.perf_counter() - t
-    summary["pipeline"] = {"name": spec.name, "file": str(pipeline.path), "runs": {name_a: str(path_a),
-                           name_b: str(path_b)}, "executor": spec.executor.kind}
+    summary["pipeline"] = {"name": spec.name, "file": str(pipeline.path),
+                           "runs": {name: str(path) for name, path in pipeline.runs.items()},
+                           "executor": spec.executor.kind}
 
     t = time.perf_counter()
     _connection(con, tables, scalars_a, scalars_b, history, {**default_params(), **spec.params})
@@ -148,8 +151,9 @@ def _executor(executor) -> Callable[..., dict] | None:
     return None  # compare_dumps' default: the local thread executor
 
 
-def _compare_options(spec) -> Any:
-    """The spec's select:, executor: and compare: sections as the comparison's CompareOptions."""
+def _compare_options(spec, control: Path | None = None) -> Any:
+    """The spec's select:, executor: and compare: sections (and its control run) as the comparison's
+    CompareOptions."""
     from rlprobe.compare.options import CompareOptions
 
     key_data = spec.compare.key_data
@@ -157,7 +161,8 @@ def _compare_options(spec) -> Any:
                           workers=spec.executor.workers, tolerance=key_data.tolerance_rules(), order=key_data.order,
                           key_map=spec.key_map, config_ignore=spec.compare.config.ignore,
                           config_ignore_defaults=spec.compare.config.ignore_defaults,
-                          grads=_grad_thresholds(spec.compare.grads), modules=_module_options(spec.compare.modules))
+                          grads=_grad_thresholds(spec.compare.grads), modules=_module_options(spec.compare.modules),
+                          control=control)
 
 
 def _grad_thresholds(grads) -> dict[str, float] | None:

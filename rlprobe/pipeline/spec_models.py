@@ -172,6 +172,10 @@ def _flow_key(canonical: str) -> str:
 FlowKey = Annotated[str, AfterValidator(_flow_key)]
 
 
+# the reserved name of a pipeline's third run: a control run (compare/control_run.py)
+CONTROL_RUN = "control"
+
+
 class PipelineSpec(_Strict):
     version: Literal[1]
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
@@ -201,9 +205,17 @@ class PipelineSpec(_Strict):
     @field_validator("runs")
     @classmethod
     def _two_runs(cls, runs: dict[str, str], info) -> dict[str, str]:
-        if len(runs) != 2 and not (len(runs) == 1 and info.data.get("check") is not None):
-            raise ValueError(f"give exactly two runs, the baseline (A) first, e.g. {{baseline: ./a, candidate: ./b}}; "
-                             f"got {len(runs)} (one run is for a check only: add `check: {{}}`)")
+        compared = [name for name in runs if name != CONTROL_RUN]
+        if len(runs) == 3 and CONTROL_RUN not in runs:
+            raise ValueError(f"three runs need one named {CONTROL_RUN!r}, the control run (docs/compare.md, 'A "
+                             f"control run'), e.g. {{baseline: ./a, candidate: ./b, {CONTROL_RUN}: ./c}}; "
+                             f"got {', '.join(runs)}")
+        if len(runs) == 3 and len(compared) == 2:
+            pass  # baseline, candidate and the control run
+        elif len(runs) != 2 and not (len(runs) == 1 and info.data.get("check") is not None):
+            raise ValueError(f"give exactly two runs, the baseline (A) first, e.g. {{baseline: ./a, candidate: "
+                             f"./b}}, and optionally a third named {CONTROL_RUN!r} (a control run); got {len(runs)} "
+                             f"(one run is for a check only: add `check: {{}}`)")
         for name in runs:
             if not re.match(IDENTIFIER, name):
                 raise ValueError(f"run name {name!r} must be a SQL identifier (letters, digits, _)")
@@ -264,6 +276,16 @@ class Pipeline:
     history: Path | None
     queries: list[NamedSql] = field(default_factory=list)
     gates: list[NamedSql] = field(default_factory=list)
+
+    @property
+    def compared(self) -> dict[str, Path]:
+        """The runs compared, the baseline (A) first: every run but the control run."""
+        return {name: path for name, path in self.runs.items() if not (len(self.runs) == 3 and name == CONTROL_RUN)}
+
+    @property
+    def control(self) -> Path | None:
+        """The control run's path (runs.control of three runs), or None."""
+        return self.runs.get(CONTROL_RUN) if len(self.runs) == 3 else None
 
 
 # -- loading ---------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from rlprobe.report.key_data_files import KeyDataFiles
 
 # columns the reports leave out: file paths and ordering helpers of the comparison
-KEY_DATA_PRIVATE = ("file_a", "file_b", "canonical_key", "flow_position")
+KEY_DATA_PRIVATE = ("file_a", "file_b", "canonical_key", "flow_position", "control_envelope")
 MODULES_PRIVATE = ("file_a", "file_b", "io_order")
 # the Grad flags sheet's columns: why a row is flagged (`flagged` also puts flagged rows first
 # when the sheet is capped); the raw max/min/zero fractions of both runs stay in grads.parquet

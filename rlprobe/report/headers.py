@@ -72,6 +72,7 @@ COLUMN_HEADERS: dict[str, tuple[str, str]] = {
     "rtol": ("rtol", "相对容差"),
     "atol": ("atol", "绝对容差"),
     "tolerance_source": ("tolerance from", "容差来源"),
+    "envelope": ("envelope (control run)", "噪声包络(对照运行)"),
     "sheet": ("sheet", "工作表"),
     "name": ("name", "名称"),
     "passed": ("passed", "通过"),

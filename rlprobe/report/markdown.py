@@ -20,7 +20,7 @@ MAX_CELL_CHARS = 200
 # close: within rounding; the tolerance each key was judged by and its largest error against it
 KEY_COLUMNS = ("key", "rows", "match", "matching", "close", "mismatch", "diverging", "other", "only_in_a", "only_in_b",
                "errors", "first_divergent_step", "max_abs_err", "max_rel_err", "max_norm_rel_err", "rtol", "atol",
-               "tolerance_source")
+               "tolerance_source", "envelope")
 STEP_COLUMNS = ("step", "rows", "close", "diverging", "diverged_keys", "max_abs_err", "max_rel_err")
 ROW_COLUMNS = ("key", "step", "rank", "micro_step", "index", "status", "shape_a", "shape_b", "same_pct",
                "max_abs_err", "max_rel_err", "message")
@@ -53,6 +53,10 @@ def render_summary_md(summary: Mapping[str, Any], key_data: pa.Table) -> str:
         lines += ["Next capture config:", "", "```yaml", *yaml_lines(summary["next_config"]), "```", ""]
     if (summary.get("layout") or {}).get("note"):  # runs with different layouts: docs/compare.md
         lines += [f"**Layout:** {escape_md(str(summary['layout']['note']))}", ""]
+    control = summary.get("control")
+    if control:  # a control run's noise envelope: docs/compare.md, "A control run"
+        lines += [f"**Control run:** `{_code(control.get('path'))}` (B's errors judged against "
+                  f"{format_number(control.get('factor'))} x its own too)", ""]
     lines += markdown_lines(summary, escape_md)  # issue 14: config diff and warnings
     errors = summary.get("read_errors") or []
     if errors:

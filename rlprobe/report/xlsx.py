@@ -43,7 +43,7 @@ KEY_SHEET_COLUMNS = (
 )
 ROLLUP_KEY_COLUMNS = ("key", "sheet", "rows", "match", "matching", "close", "mismatch", "diverging", "other",
                       "only_in_a", "only_in_b", "errors", "first_divergent_step", "max_abs_err", "max_rel_err",
-                      "max_norm_rel_err", "rtol", "atol", "tolerance_source")
+                      "max_norm_rel_err", "rtol", "atol", "tolerance_source", "envelope")
 FIRST_DIVERGENCE_FIELDS = ("key", "step", "rank", "micro_step", "index", "status", "max_abs_err", "max_rel_err",
                            "message")
 DETAIL_FIELDS = ("created_at", "rlprobe_version", "format_a", "format_b", "pairs_compared", "elapsed_s")
