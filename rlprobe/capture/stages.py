@@ -45,7 +45,8 @@ def steps_of(spec: Any) -> frozenset[int] | None:
         raise ProbeError(f"stage steps={spec!r}: {e}") from None
 
 
-def stage_context(probe: Any, name: str, model: Any, steps: Any, backward: bool | None, tensors: bool):
+def stage_context(probe: Any, name: str, model: Any, steps: Any, backward: bool | None, tensors: bool,
+                  weights: bool = True):
     """What `Probe.stage` returns: NULL_STAGE outside `steps`, else a StageCapture."""
     wanted = steps_of(steps)
     if wanted is not None and probe.current_step not in wanted:
@@ -59,7 +60,7 @@ def stage_context(probe: Any, name: str, model: Any, steps: Any, backward: bool 
     roots = _roots(model, f"{where}, stage {name!r}")
     if backward is None:
         backward = name.endswith("_update")
-    return StageCapture(probe, name, roots, bool(backward), bool(tensors))
+    return StageCapture(probe, name, roots, bool(backward), bool(tensors), bool(weights))
 
 
 def _roots(model: Any, where: str) -> list[tuple[str, Any]]:
@@ -114,15 +115,19 @@ class ModuleLeaf:
 class StageCapture:
     """Hooks on every submodule of the stage's model(s) while the `with` block runs."""
 
-    def __init__(self, probe: Any, stage: str, roots: list[tuple[str, Any]], backward: bool, tensors: bool):
+    def __init__(self, probe: Any, stage: str, roots: list[tuple[str, Any]], backward: bool, tensors: bool,
+                 weights: bool = True):
         self.probe, self.stage, self.roots, self.backward, self.tensors = probe, stage, roots, backward, tensors
+        self.weights = weights
         self.handles: list[Any] = []
+        self._weights_read: Callable[[], None] | None = None  # waits until the weights' fingerprints read them
         self.active = False
         self._pending: dict[str, list[tuple[list[tuple[str, str]], list[StagedLeaf]]]] = {}
 
     def __enter__(self) -> "StageCapture":
         where = f"rank {self.probe.rank} step {self.probe.current_step}, stage {self.stage!r}"
         seen: set[int] = set()
+        hooked: list[tuple[str, Any, Adapter]] = []
         try:
             for prefix, root in self.roots:
                 adapter = _adapter_for(root, where)
@@ -132,9 +137,14 @@ class StageCapture:
                         continue
                     seen.add(id(module))
                     path = f"{prefix}.{name}" if prefix and name else (prefix or name)
+                    hooked.append((path, module, adapter))
                     self.handles.extend(adapter.hook_module(
                         module, self._pre_hook(path, adapter), self._post_hook(path, adapter),
                         self._backward_hook(path, adapter) if self.backward else None))
+            if self.weights:
+                from rlprobe.capture.stage_weights import fingerprint_weights
+
+                self._weights_read = fingerprint_weights(self.probe, self.stage, hooked, _counters(self.probe).calls)
         except BaseException:
             self._remove()
             raise
@@ -143,9 +153,17 @@ class StageCapture:
 
     def __exit__(self, *exc: Any) -> None:
         self.active = False
+        self._weights_done()
         self._remove()
         if exc[0] is None:
             self.probe._raise_background_errors()
+
+    def _weights_done(self) -> None:
+        """The weights' fingerprints have read them (before a backward, whose optimizer step may follow
+        inside the block, and at its end)."""
+        if self._weights_read is not None:
+            self._weights_read()
+            self._weights_read = None
 
     def _remove(self) -> None:
         for h in self.handles:
@@ -182,6 +200,7 @@ class StageCapture:
         def backward(module, grad_input, grad_output):
             if not self.active:  # torch keeps the hooks of a forward that ran inside the block
                 return None
+            self._weights_done()
             gout = list(_tensor_leaves(grad_output, "", adapter))
             gin = list(_tensor_leaves(grad_input, "", adapter))
             names = [("grad_output", i) for i, _ in gout] + [("grad_input", i) for i, _ in gin]

@@ -133,6 +133,10 @@ class Adapter:
         """(qualified name, submodule) of `module` and everything inside it, itself first ("")."""
         raise NotImplementedError
 
+    def own_parameters(self, module: Any) -> list[tuple[str, Any]]:
+        """(own name, parameter) of `module` itself, not of its children (the weights at a module dump)."""
+        return []
+
     def hook_module(self, module: Any, pre: Callable, post: Callable, backward: Callable | None) -> list[Handle]:
         """Install `pre(module, args, kwargs)` before, `post(module, args, output)` after the forward,
         and `backward(module, grad_input, grad_output)` when given; every handle removes one."""

@@ -267,6 +267,9 @@ class TorchAdapter(Adapter):
     def submodules(self, module: Any) -> Iterator[tuple[str, Any]]:
         return module.named_modules()
 
+    def own_parameters(self, module: Any) -> list[tuple[str, Any]]:
+        return list(module.named_parameters(recurse=False))
+
     def hook_module(self, module: Any, pre: Callable, post: Callable, backward: Callable | None) -> list[Handle]:
         handles = [module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post)]
         if backward is not None:  # tensor and node hooks, not register_full_backward_hook: see torch_backward.py

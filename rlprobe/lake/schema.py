@@ -106,6 +106,27 @@ PARAM = pa.schema(
     ]
 )
 
+# the weights at a module dump: each hooked module's own parameters when a stage block starts
+# (capture/stage_weights.py; docs/dump-format.md, "module_param")
+MODULE_PARAM = pa.schema(
+    [
+        pa.field("stage", pa.string()),
+        pa.field("step", pa.int64()),
+        pa.field("module", pa.string()),
+        pa.field("call", pa.int64()),  # the module's first forward call (module rows' `call`) these weights serve
+        pa.field("param", pa.string()),  # its own name in the module: "weight", "bias"
+        pa.field("position", pa.int64()),  # the place among the block's parameters: "first parameter"
+        pa.field("framework", pa.string()),
+        pa.field("dtype", pa.string()),
+        pa.field("shape", pa.list_(pa.int64())),
+        pa.field("numel", pa.int64()),
+        pa.field("digest", pa.string()),  # as PARAM's: mix64 of the raw bytes
+        pa.field("digest_algo", pa.string()),
+        pa.field("sum", pa.float64()),
+        pa.field("norm", pa.float64()),
+    ]
+)
+
 # sample identity and per-row statistics of batch tensors (written by lake/samples.py; docs/dump-format.md);
 # here, not there, so that reading a dump does not load the sample writer (start-up)
 SAMPLE = pa.schema([
@@ -127,7 +148,7 @@ SAMPLE = pa.schema([
 ])
 
 SCHEMAS: dict[str, pa.Schema] = {"key_data": KEY_DATA, "scalar": SCALAR, "module": MODULE, "grad": GRAD,
-                                 "sample": SAMPLE, "param": PARAM}
+                                 "sample": SAMPLE, "param": PARAM, "module_param": MODULE_PARAM}
 # rank added by readers from the hive path
 RANK_FIELD = pa.field("rank", pa.int64())
 

@@ -1,0 +1,68 @@
+"""The weights at a module dump: a fingerprint of each hooked module's own parameters (recurse=False:
+a layer's, not its children's) when a `probe.stage` block starts, as rows of the `module_param`
+kind (docs/dump-format.md, "module_param"; docs/modules.md, "Weights at the call").
+
+Once per stage block, not per forward: the weights a block's forwards see change only when an
+optimizer steps, which a stage's model does between blocks (the bundled example enters actor_update
+once per micro-batch and steps after them). A block that steps its optimizer inside runs later
+forwards on weights these rows do not show. The fingerprints are the parameter monitor's (the
+adapter's `param_fingerprints`: digest of the raw bytes, float64 sum and norm), queued for all the
+block's parameters at once; on the CPU they are read by a thread beside the forward, which the block
+waits for before its first backward and at its end, so no optimizer step inside can change what it reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from rlprobe.frameworks.base import Adapter
+from rlprobe.lake.param_stats import ParamBatch, WeightSpec, module_weight_rows
+
+
+def fingerprint_weights(probe: Any, stage: str, hooked: list[tuple[str, Any, Adapter]],
+                        calls: dict[tuple[str, str, str], int]) -> Callable[[], None] | None:
+    """Queue the fingerprints of the own parameters of every hooked (path, module, adapter); `calls`:
+    the step's forward-call counters, so a row names the first call of its module these weights
+    serve. Returns what waits until the parameters have been read (None: nothing to wait for)."""
+    groups: dict[int, tuple[Adapter, list[WeightSpec], list[Any]]] = {}
+    position = 0
+    for path, module, adapter in hooked:
+        call = calls.get((stage, path, "forward"), 0)
+        for name, param in adapter.own_parameters(module):
+            _, specs, params = groups.setdefault(id(adapter), (adapter, [], []))
+            specs.append(WeightSpec(path, name, call, position, adapter.dtype_name(param), tuple(param.shape)))
+            params.append(param)
+            position += 1
+    waits = []
+    for adapter, specs, params in groups.values():
+        finish, nbytes = adapter.param_fingerprints(params)
+        waits.append(getattr(finish, "reads_done", None))
+        _submit(probe, stage, probe.framework or adapter.name, specs, finish, nbytes)
+    waits = [w for w in waits if w is not None]
+    if not waits:
+        return None
+
+    def read() -> None:
+        for wait in waits:
+            wait()
+    return read
+
+
+def _submit(probe: Any, stage: str, framework: str, specs: list[WeightSpec], finish: Callable[[], ParamBatch],
+            nbytes: int) -> None:
+    writer, step = probe._writer, probe.current_step
+
+    def job() -> None:
+        sink = writer.sink
+        try:
+            batch = finish()
+        except Exception as e:
+            msg = f"stage {stage!r} step {step}: fingerprints of the weights failed: {type(e).__name__}: {e}"
+            sink.record_error(msg, {"kind": "module_param", "stage": stage, "step": step, "what": "rows"})
+            writer.report([msg])
+            return
+        for row in module_weight_rows(batch, specs, stage=stage, step=step, framework=framework):
+            sink.add_row("module_param", row)
+
+    writer.submit(job, nbytes)
+    probe._step_has_data = True
