@@ -19,18 +19,19 @@ from rlprobe.frameworks.base import Adapter
 from rlprobe.lake.param_stats import ParamBatch, WeightSpec, module_weight_rows
 
 
-def fingerprint_weights(probe: Any, stage: str, hooked: list[tuple[str, Any, Adapter]],
+def fingerprint_weights(probe: Any, stage: str, block: int, hooked: list[tuple[str, Any, Adapter]],
                         calls: dict[tuple[str, str, str], int]) -> Callable[[], None] | None:
-    """Queue the fingerprints of the own parameters of every hooked (path, module, adapter); `calls`:
-    the step's forward-call counters, so a row names the first call of its module these weights
-    serve. Returns what waits until the parameters have been read (None: nothing to wait for)."""
+    """Queue the fingerprints of the own parameters of every hooked (path, module, adapter) for the
+    stage's `block`-th block of this step; `calls`: the step's forward-call counters, so a row names
+    the next call of its module. Returns what waits until the parameters have been read (None:
+    nothing to wait for)."""
     groups: dict[int, tuple[Adapter, list[WeightSpec], list[Any]]] = {}
     position = 0
     for path, module, adapter in hooked:
         call = calls.get((stage, path, "forward"), 0)
         for name, param in adapter.own_parameters(module):
             _, specs, params = groups.setdefault(id(adapter), (adapter, [], []))
-            specs.append(WeightSpec(path, name, call, position, adapter.dtype_name(param), tuple(param.shape)))
+            specs.append(WeightSpec(path, name, block, call, position, adapter.dtype_name(param), tuple(param.shape)))
             params.append(param)
             position += 1
     waits = []

@@ -90,6 +90,7 @@ class _StepCounters:
     step: int
     seq: int = 0
     calls: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    blocks: dict[str, int] = field(default_factory=dict)  # stage -> its blocks entered in this step
 
 
 def _counters(probe: Any) -> _StepCounters:
@@ -144,7 +145,10 @@ class StageCapture:
             if self.weights:
                 from rlprobe.capture.stage_weights import fingerprint_weights
 
-                self._weights_read = fingerprint_weights(self.probe, self.stage, hooked, _counters(self.probe).calls)
+                counters = _counters(self.probe)
+                block = counters.blocks.get(self.stage, 0)
+                counters.blocks[self.stage] = block + 1
+                self._weights_read = fingerprint_weights(self.probe, self.stage, block, hooked, counters.calls)
         except BaseException:
             self._remove()
             raise

@@ -18,7 +18,7 @@ from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import MODULE_PARAM, with_rank
 from rlprobe.lake.sql_runner import execute, run
 
-WEIGHT_FIELDS = ("stage", "step", "rank", "module", "call", "parameter", "status", "rel_err", "rtol", "dtype",
+WEIGHT_FIELDS = ("stage", "step", "rank", "block", "module", "call", "parameter", "status", "rel_err", "rtol", "dtype",
                  "dtype_a", "dtype_b")
 
 

@@ -25,7 +25,7 @@ ROW_KEYS = {
     "module": ("stage", "step", "module", "call", "direction", "io", "index", "seq"),
     "grad": ("monitor", "param", "step"),
     "param": ("monitor", "param", "step", "digest"),
-    "module_param": ("stage", "step", "module", "call", "param", "digest"),
+    "module_param": ("stage", "step", "block", "module", "param", "digest"),
 }
 
 

@@ -112,8 +112,9 @@ MODULE_PARAM = pa.schema(
     [
         pa.field("stage", pa.string()),
         pa.field("step", pa.int64()),
+        pa.field("block", pa.int64()),  # the stage's block (`with probe.stage`) in this step, from 0
         pa.field("module", pa.string()),
-        pa.field("call", pa.int64()),  # the module's first forward call (module rows' `call`) these weights serve
+        pa.field("call", pa.int64()),  # the module's forward calls in this stage and step before the block
         pa.field("param", pa.string()),  # its own name in the module: "weight", "bias"
         pa.field("position", pa.int64()),  # the place among the block's parameters: "first parameter"
         pa.field("framework", pa.string()),
