@@ -6,9 +6,11 @@ Once per stage block, not per forward: the weights a block's forwards see change
 optimizer steps, which a stage's model does between blocks (the bundled example enters actor_update
 once per micro-batch and steps after them). A block that steps its optimizer inside runs later
 forwards on weights these rows do not show. The fingerprints are the parameter monitor's (the
-adapter's `param_fingerprints`: digest of the raw bytes, float64 sum and norm), queued for all the
-block's parameters at once; on the CPU they are read by a thread beside the forward, which the block
-waits for before its first backward and at its end, so no optimizer step inside can change what it reads.
+adapter's `param_fingerprints`: digest of the raw bytes, float64 sum and norm), for all the block's
+parameters at once: on an accelerator queued on the device before the block's forward (so an
+optimizer step inside the block comes after them), on the CPU read at once on the training thread
+(`background=False`: for a stage's weights a thread costs more than the pass; docs/modules.md gives
+the measured figures).
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ from rlprobe.lake.param_stats import ParamBatch, WeightSpec, module_weight_rows
 
 
 def fingerprint_weights(probe: Any, stage: str, block: int, hooked: list[tuple[str, Any, Adapter]],
-                        calls: dict[tuple[str, str, str], int]) -> Callable[[], None] | None:
+                        calls: dict[tuple[str, str, str], int]) -> None:
     """Queue the fingerprints of the own parameters of every hooked (path, module, adapter) for the
     stage's `block`-th block of this step; `calls`: the step's forward-call counters, so a row names
-    the next call of its module. Returns what waits until the parameters have been read (None:
-    nothing to wait for)."""
+    the next call of its module."""
     groups: dict[int, tuple[Adapter, list[WeightSpec], list[Any]]] = {}
     position = 0
     for path, module, adapter in hooked:
@@ -34,19 +35,9 @@ def fingerprint_weights(probe: Any, stage: str, block: int, hooked: list[tuple[s
             specs.append(WeightSpec(path, name, block, call, position, adapter.dtype_name(param), tuple(param.shape)))
             params.append(param)
             position += 1
-    waits = []
     for adapter, specs, params in groups.values():
-        finish, nbytes = adapter.param_fingerprints(params)
-        waits.append(getattr(finish, "reads_done", None))
+        finish, nbytes = adapter.param_fingerprints(params, background=False)
         _submit(probe, stage, probe.framework or adapter.name, specs, finish, nbytes)
-    waits = [w for w in waits if w is not None]
-    if not waits:
-        return None
-
-    def read() -> None:
-        for wait in waits:
-            wait()
-    return read
 
 
 def _submit(probe: Any, stage: str, framework: str, specs: list[WeightSpec], finish: Callable[[], ParamBatch],

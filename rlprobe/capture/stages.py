@@ -121,7 +121,6 @@ class StageCapture:
         self.probe, self.stage, self.roots, self.backward, self.tensors = probe, stage, roots, backward, tensors
         self.weights = weights
         self.handles: list[Any] = []
-        self._weights_read: Callable[[], None] | None = None  # waits until the weights' fingerprints read them
         self.active = False
         self._pending: dict[str, list[tuple[list[tuple[str, str]], list[StagedLeaf]]]] = {}
 
@@ -148,7 +147,7 @@ class StageCapture:
                 counters = _counters(self.probe)
                 block = counters.blocks.get(self.stage, 0)
                 counters.blocks[self.stage] = block + 1
-                self._weights_read = fingerprint_weights(self.probe, self.stage, block, hooked, counters.calls)
+                fingerprint_weights(self.probe, self.stage, block, hooked, counters.calls)
         except BaseException:
             self._remove()
             raise
@@ -157,17 +156,9 @@ class StageCapture:
 
     def __exit__(self, *exc: Any) -> None:
         self.active = False
-        self._weights_done()
         self._remove()
         if exc[0] is None:
             self.probe._raise_background_errors()
-
-    def _weights_done(self) -> None:
-        """The weights' fingerprints have read them (before a backward, whose optimizer step may follow
-        inside the block, and at its end)."""
-        if self._weights_read is not None:
-            self._weights_read()
-            self._weights_read = None
 
     def _remove(self) -> None:
         for h in self.handles:
@@ -204,7 +195,6 @@ class StageCapture:
         def backward(module, grad_input, grad_output):
             if not self.active:  # torch keeps the hooks of a forward that ran inside the block
                 return None
-            self._weights_done()
             gout = list(_tensor_leaves(grad_output, "", adapter))
             gin = list(_tensor_leaves(grad_input, "", adapter))
             names = [("grad_output", i) for i, _ in gout] + [("grad_input", i) for i, _ in gin]

@@ -160,8 +160,9 @@ class Adapter:
         `state` is one dict per monitor, kept between steps (device buffers, compiled kernels)."""
         raise NotImplementedError
 
-    def param_fingerprints(self, params: Sequence[Any]) -> tuple[Callable[[], ParamBatch], int]:
+    def param_fingerprints(self, params: Sequence[Any], background: bool = True) -> tuple[Callable[[], ParamBatch], int]:
         """Queue the fingerprints of parameters just updated (lake/param_stats.host_fingerprints'
         semantics) on their device, without waiting for it; returns the function the writer calls
-        for the host batch, and the bytes in flight."""
+        for the host batch, and the bytes in flight. `background` False: where the parameters live on
+        the host, compute them now on this thread (a stage block's weights: fewer than a thread pays for)."""
         raise NotImplementedError

@@ -96,7 +96,7 @@ class MindSporeAdapter(Adapter):
 
         return host_grad_stats(grads, level, bounds)
 
-    def param_fingerprints(self, params: Sequence[Any]):
+    def param_fingerprints(self, params: Sequence[Any], background: bool = True):  # computed now either way
         from rlprobe.frameworks.mindspore_grads import host_param_fingerprints
 
         return host_param_fingerprints(params)

@@ -295,10 +295,10 @@ class TorchAdapter(Adapter):
 
         return launch(grads, level, bounds, state)
 
-    def param_fingerprints(self, params: Sequence[Any]):
+    def param_fingerprints(self, params: Sequence[Any], background: bool = True):
         from rlprobe.frameworks.torch_params import launch
 
-        return launch(params)
+        return launch(params, background)
 
 
 def torch_rank_and_world() -> tuple[int, int] | None:
