@@ -34,9 +34,11 @@ def module_weight_table(dump: Dump, errors: list[str] | None = None) -> pa.Table
 
 def compare_module_weights(dump_a: Dump, dump_b: Dump, *, tolerance: Tolerance | None = None,
                            steps: list[int] | None = None, ranks: list[int] | None = None,
+                           stages: list[str] | None = None,
                            read_errors: list[str] | None = None) -> tuple[pa.Table, list[dict[str, Any]]]:
     """(the `module_weights` table: every fingerprint pair with its status, the first differing
-    weights per (stage, step, rank), earliest step first)."""
+    weights per (stage, step, rank), earliest step first); `stages`, `steps`, `ranks` (None: all)
+    select as compare_modules does."""
     import duckdb
     import pyarrow.compute as pc
 
@@ -50,6 +52,8 @@ def compare_module_weights(dump_a: Dump, dump_b: Dump, *, tolerance: Tolerance |
             table = table.filter(pc.is_in(table["step"], pa.array(steps, pa.int64())))
         if ranks:
             table = table.filter(pc.is_in(table["rank"], pa.array(ranks, pa.int64())))
+        if stages:
+            table = table.filter(pc.is_in(table["stage"], pa.array(stages, pa.string())))
         con.register(f"module_weights_{side}", table)
     con.register("module_weight_tolerance", fingerprint_tolerance(tolerance))
     execute(con, "fingerprint_macros.sql")
@@ -85,14 +89,14 @@ def _how(weights: dict[str, Any]) -> str:
 
 def add_module_weights(tables: dict[str, pa.Table], summary: dict[str, Any], dump_a: Dump, dump_b: Dump, *,
                        tolerance: Tolerance | None, steps: list[int] | None, ranks: list[int] | None,
-                       read_errors: list[str]) -> None:
+                       stages: list[str] | None = None, read_errors: list[str]) -> None:
     """Where either run's module dumps hold weights: tables["module_weights"], summary's
     `module_weights_first_difference`, and the module verdict rewritten where the weights of the
     first diverging module's stage differ at that step (or, with no module diverging, named)."""
     if not (has_module_weights(dump_a) or has_module_weights(dump_b)):
         return
     tables["module_weights"], firsts = compare_module_weights(dump_a, dump_b, tolerance=tolerance, steps=steps,
-                                                              ranks=ranks, read_errors=read_errors)
+                                                              ranks=ranks, stages=stages, read_errors=read_errors)
     summary["module_weights_first_difference"] = _fields(firsts[0]) if firsts else None
     first = summary.get("module_first_divergence")
     found = weights_at(firsts, first) if first is not None else (firsts[0] if firsts else None)

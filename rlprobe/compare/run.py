@@ -138,7 +138,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
         from rlprobe.compare.module_weights import add_module_weights
 
         add_module_weights(tables, summary, dump_a, dump_b, tolerance=options.tolerance, steps=steps, ranks=ranks,
-                           read_errors=read_errors)
+                           stages=(options.modules or {}).get("stages"), read_errors=read_errors)
     if has_grads(dump_a) or has_grads(dump_b):  # gradient monitors (probe.monitor_grads): docs/grads.md
         from rlprobe.compare.grads import compare_grads
 
