@@ -107,8 +107,10 @@ def add_module_weights(tables: dict[str, pa.Table], summary: dict[str, Any], dum
         first["weights"] = _fields(found)
     if summary.get("module_suspect") is not None and summary.get("suspect") == summary["module_suspect"]:
         summary["suspect"] = text
-    elif summary.get("suspect") is None:
+    elif summary.get("suspect") is None:  # every module agrees within rounding, yet the weights differ
         summary["suspect"] = text
+        summary["advice"] = ("the module dumps' outputs agree, but the weights they ran with differ beyond rounding "
+                             "(module_weights.parquet): " + text.split("; ", 1)[-1])
     summary["module_suspect"] = text
 
 

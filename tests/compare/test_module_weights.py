@@ -124,3 +124,22 @@ def test_dumps_without_weights_still_compare(tmp_path):
                                           ("reward_compute", "reward"), ("my_stage", "my_stage")])
 def test_the_model_of_a_stage(stage, model):
     assert model_of(stage) == model
+
+
+def test_weights_that_differ_while_every_output_agrees_are_still_named(tmp_path):
+    """A weight no forward of the dump reads (a layer its parent never calls) moved: outputs agree, the
+    weights do not, and the verdict says so rather than 'no divergence'."""
+    def unused(model):
+        model.spare = torch.nn.Linear(2, 2)  # hooked, never called
+        with torch.no_grad():
+            model.spare.weight.add_(1.0)
+
+    def spare(model):
+        model.spare = torch.nn.Linear(2, 2)
+    a = run(tmp_path / "a", spare)
+    b = run(tmp_path / "b", unused)
+    summary = rlprobe.compare(a, b, tmp_path / "out", reports=False)
+    assert summary["module_first_divergence"] is None
+    assert summary["module_weights_first_difference"]["parameter"] == "spare.weight"
+    assert summary["suspect"].startswith("the weights of 'reference' differ at step 1 (first parameter 'spare.weight'")
+    assert summary["advice"].startswith("the module dumps' outputs agree, but the weights they ran with differ")
