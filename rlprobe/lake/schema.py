@@ -101,7 +101,7 @@ PARAM = pa.schema(
         pa.field("numel", pa.int64()),
         pa.field("digest", pa.string()),  # mix64 of the raw bytes: bit-exact on one device
         pa.field("digest_algo", pa.string()),
-        pa.field("sum", pa.float64()),  # float statistics, compared within a tolerance across layouts
+        pa.field("sum", pa.float64()),  # float statistics, compared within the dtype's tolerance (fingerprint_macros.sql)
         pa.field("norm", pa.float64()),
     ]
 )
