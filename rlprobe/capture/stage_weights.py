@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from rlprobe.errors import ProbeError
 from rlprobe.frameworks.base import Adapter
 from rlprobe.lake.param_stats import ParamBatch, WeightSpec, module_weight_rows
 
@@ -27,16 +28,26 @@ def fingerprint_weights(probe: Any, stage: str, block: int, hooked: list[tuple[s
     stage's `block`-th block of this step; `calls`: the step's forward-call counters, so a row names
     the next call of its module."""
     groups: dict[int, tuple[Adapter, list[WeightSpec], list[Any]]] = {}
-    position = 0
-    for path, module, adapter in hooked:
-        call = calls.get((stage, path, "forward"), 0)
-        for name, param in adapter.own_parameters(module):
-            _, specs, params = groups.setdefault(id(adapter), (adapter, [], []))
-            specs.append(WeightSpec(path, name, block, call, position, adapter.dtype_name(param), tuple(param.shape)))
-            params.append(param)
-            position += 1
-    for adapter, specs, params in groups.values():
-        finish, nbytes = adapter.param_fingerprints(params, background=False)
+    position, reading = 0, ""
+    try:
+        for path, module, adapter in hooked:
+            call = calls.get((stage, path, "forward"), 0)
+            for name, param in adapter.own_parameters(module):
+                reading = f" (module {path!r}, parameter {name!r})"
+                _, specs, params = groups.setdefault(id(adapter), (adapter, [], []))
+                specs.append(WeightSpec(path, name, block, call, position, adapter.dtype_name(param),
+                                        tuple(param.shape)))
+                params.append(param)
+                position += 1
+        reading = ""
+        launched = [(adapter, specs, adapter.param_fingerprints(params, background=False))
+                    for adapter, specs, params in groups.values()]
+    except (ProbeError, RuntimeError, TypeError, ValueError) as e:  # a dtype or tensor kind it cannot read
+        where = f"rank {probe.rank} step {probe.current_step}, stage {stage!r}"
+        probe._fail(f"{where}: cannot fingerprint the weights{reading}: {e}; "
+                    "stage(..., weights=False) (config: stage_weights: false) dumps the modules without them")
+        return
+    for adapter, specs, (finish, nbytes) in launched:
         _submit(probe, stage, probe.framework or adapter.name, specs, finish, nbytes)
 
 

@@ -271,3 +271,22 @@ def test_weights_false_and_stage_weights_false_record_no_weights(tmp_path):
         assert dump.arrow("module").num_rows > 0 and dump.arrow("module_param").num_rows == 0
     with pytest.raises(rlprobe.ProbeError, match="stage_weights"):
         rlprobe.from_config({"rlprobe_config": {"stage_weights": "yes", "stages": ["actor_update"]}})
+
+
+@pytest.mark.parametrize("on_error", ["raise", "warn"])
+def test_weights_it_cannot_fingerprint_are_an_error_naming_the_parameter(tmp_path, on_error):
+    model = nn.Sequential(nn.Linear(2, 2))
+    model[0].register_parameter("phase", nn.Parameter(torch.zeros(2, dtype=torch.complex64)))
+    with rlprobe.Probe(tmp_path / "d", on_error=on_error) as probe:
+        if on_error == "raise":
+            with pytest.raises(rlprobe.ProbeError, match=r"stage 'actor_update': cannot fingerprint the weights "
+                                                         r"\(module '0', parameter 'phase'\).*weights=False"):
+                probe.stage("actor_update", model=model).__enter__()
+            assert no_hooks(model)  # nothing left installed
+        else:
+            with pytest.warns(RuntimeWarning, match="cannot fingerprint the weights"):
+                with probe.stage("actor_update", model=model):
+                    model(torch.ones(1, 2)).sum().backward()
+    if on_error == "warn":  # the module rows are written, the weights are not
+        dump = rlprobe.open(tmp_path / "d")
+        assert dump.arrow("module").num_rows > 0 and dump.arrow("module_param").num_rows == 0
