@@ -34,11 +34,12 @@ def module_weight_table(dump: Dump, errors: list[str] | None = None) -> pa.Table
 
 def compare_module_weights(dump_a: Dump, dump_b: Dump, *, tolerance: Tolerance | None = None,
                            steps: list[int] | None = None, ranks: list[int] | None = None,
-                           stages: list[str] | None = None,
+                           stages: list[str] | None = None, exact: bool = True,
                            read_errors: list[str] | None = None) -> tuple[pa.Table, list[dict[str, Any]]]:
     """(the `module_weights` table: every fingerprint pair with its status, the first differing
     weights per (stage, step, rank), earliest step first); `stages`, `steps`, `ranks` (None: all)
-    select as compare_modules does."""
+    select as compare_modules does; `exact` false (the runs' layouts differ): within at least the
+    layout tolerance, as parameter updates are judged."""
     import duckdb
     import pyarrow.compute as pc
 
@@ -55,7 +56,7 @@ def compare_module_weights(dump_a: Dump, dump_b: Dump, *, tolerance: Tolerance |
         if stages:
             table = table.filter(pc.is_in(table["stage"], pa.array(stages, pa.string())))
         con.register(f"module_weights_{side}", table)
-    con.register("module_weight_tolerance", fingerprint_tolerance(tolerance))
+    con.register("module_weight_tolerance", fingerprint_tolerance(tolerance, exact))
     execute(con, "fingerprint_macros.sql")
     weights = run(con, "module_weights.sql")
     con.register("module_weights", weights)
@@ -95,8 +96,10 @@ def add_module_weights(tables: dict[str, pa.Table], summary: dict[str, Any], dum
     first diverging module's stage differ at that step (or, with no module diverging, named)."""
     if not (has_module_weights(dump_a) or has_module_weights(dump_b)):
         return
+    exact = not (summary.get("layout") or {}).get("per_sample")
     tables["module_weights"], firsts = compare_module_weights(dump_a, dump_b, tolerance=tolerance, steps=steps,
-                                                              ranks=ranks, stages=stages, read_errors=read_errors)
+                                                              ranks=ranks, stages=stages, exact=exact,
+                                                              read_errors=read_errors)
     summary["module_weights_first_difference"] = _fields(firsts[0]) if firsts else None
     first = summary.get("module_first_divergence")
     found = weights_at(firsts, first) if first is not None else (firsts[0] if firsts else None)
