@@ -1,6 +1,7 @@
 -- grad_steps: one row per (monitor, rank, step) from `grads` (grad_similarity.sql + flagged).
 -- weighted_similarity is the element-weighted mean over the compared parameters
--- (sum of agreeing bits / sum of elements). The weighted series is flagged by the same rule
+-- (sum of agreeing bits / sum of elements), without the gradients within rounding of zero
+-- (grad_similarity.sql's `rounding`: their signs are the rounding itself). The weighted series is flagged by the same rule
 -- as a parameter ($first_step_min at its first step, a drop above $max_drop later); a step is
 -- flagged when it or any of its parameters is, and `reason` names them. Unmatched parameters
 -- (only in one run, other shape) are named in `reason` without flagging the step.
@@ -8,15 +9,15 @@ WITH steps AS (
     SELECT
         monitor, rank, step,
         count(*) FILTER (WHERE status = 'compared')                         AS params_compared,
-        sum(numel) FILTER (WHERE status = 'compared')::BIGINT               AS numel,
-        sum(same_count) FILTER (WHERE status = 'compared')::BIGINT          AS same_count,
+        sum(numel) FILTER (WHERE status = 'compared' AND NOT zero)::BIGINT  AS numel,
+        sum(same_count) FILTER (WHERE status = 'compared' AND NOT zero)::BIGINT AS same_count,
         count(*) FILTER (WHERE status NOT IN ('compared', 'stats_only'))    AS unmatched_params,
         string_agg(status || ' ' || param, ', ' ORDER BY param)
             FILTER (WHERE status NOT IN ('compared', 'stats_only'))         AS unmatched,
         count(*) FILTER (WHERE flagged)                                     AS flagged_params,
         string_agg(param, ', ' ORDER BY similarity NULLS LAST, param) FILTER (WHERE flagged) AS flagged_names,
         max(norm_rel_diff)                                                  AS max_norm_rel_diff
-    FROM grads
+    FROM (SELECT *, coalesce(rounding = 'within rounding of zero', false) AS zero FROM grads)
     GROUP BY monitor, rank, step
 ),
 weighted AS (

@@ -11,6 +11,13 @@
 -- flagged when its norm differs by more than its dtype's layout rtol (relative) or its max or
 -- min by more than rtol x scale (the largest |max|, |min| of both); grad_flags.sql judges the
 -- step's weighted similarity (docs/grads.md, "Runs with different layouts").
+-- Rounding (grad_tolerance: dtype -> rtol, the comparison's tolerance of that dtype, 0 = bitwise;
+-- docs/grads.md, "Rounding noise"): with rtol > 0, a parameter is not flagged by its digest or its sign
+-- similarity when its gradient agrees within rounding as far as its statistics tell (norm within rtol
+-- relative, max and min within rtol x scale, similarity at least 0.5: rounding flips near-zero
+-- elements at random, it cannot anti-correlate the signs), or when it is within rounding of zero in
+-- both runs (its norm at most rtol x the step's largest gradient norm): the signs of such elements are
+-- the rounding itself.
 WITH pairs AS (
     SELECT
         coalesce(a.monitor, b.monitor) AS monitor,
@@ -52,11 +59,27 @@ scored AS (
         abs(p.min_a - p.min_b) AS min_abs_diff,
         s.error AS message,
         coalesce(t.rtol, (SELECT rtol FROM layout_tolerance WHERE dtype = 'float32')) AS layout_rtol,
-        greatest(abs(p.max_a), abs(p.min_a), abs(p.max_b), abs(p.min_b)) AS scale
+        greatest(abs(p.max_a), abs(p.min_a), abs(p.max_b), abs(p.min_b)) AS scale,
+        coalesce(r.rtol, 0.0) AS rtol,
+        max(greatest(p.norm_a, p.norm_b)) OVER (PARTITION BY p.monitor, p.rank, p.step) AS step_norm
     FROM pairs p
     LEFT JOIN sign_results s
         ON p.monitor = s.monitor AND p.rank = s.rank AND p.step = s.step AND p.param = s.param
     LEFT JOIN layout_tolerance t ON t.dtype = p.dtype
+    LEFT JOIN grad_tolerance r ON r.dtype = p.dtype
+),
+rounded AS (
+    SELECT
+        *,
+        CASE
+            WHEN rtol = 0 OR status NOT IN ('compared', 'stats_only') THEN NULL
+            WHEN coalesce(similarity, 1.0) = 1.0 AND norm_rel_diff = 0 AND max_abs_diff = 0 AND min_abs_diff = 0
+                 AND digest_equal IS NOT false THEN NULL  -- nothing to explain
+            WHEN greatest(norm_a, norm_b) <= rtol * step_norm THEN 'within rounding of zero'
+            WHEN norm_rel_diff <= rtol AND greatest(max_abs_diff, min_abs_diff) <= rtol * scale
+                 AND coalesce(similarity >= 0.5, true) THEN 'statistics within rounding'
+        END AS rounding
+    FROM scored
 ),
 history AS (
     SELECT
@@ -65,7 +88,7 @@ history AS (
             PARTITION BY monitor, rank, param ORDER BY step ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
         ) AS prev_similarity,
         min(step) FILTER (WHERE similarity IS NOT NULL) OVER (PARTITION BY monitor, rank, param) AS first_step
-    FROM scored
+    FROM rounded
 )
 SELECT
     monitor, rank, step, param, status, shape_a, shape_b, numel, same_count, similarity, prev_similarity,
@@ -77,7 +100,7 @@ SELECT
              AND greatest(max_abs_diff, min_abs_diff) > layout_rtol * scale
             THEN printf('max/min differ by %.3g of the scale > layout tolerance %.3g (%s)',
                         greatest(max_abs_diff, min_abs_diff) / scale, layout_rtol, coalesce(dtype, 'float32'))
-        WHEN $across THEN NULL
+        WHEN $across OR rounding IS NOT NULL THEN NULL
         WHEN similarity IS NOT NULL AND step = first_step AND similarity < $first_step_min
             THEN printf('similarity %.4f < %.4f at its first step', similarity, $first_step_min)
         WHEN similarity IS NOT NULL AND prev_similarity - similarity > $max_drop
@@ -88,6 +111,6 @@ SELECT
             THEN printf('norm differs by %.3g (relative) > %.3g', norm_rel_diff, $norm_rtol)
     END AS flag_reason,
     norm_a, norm_b, norm_rel_diff, max_a, max_b, max_abs_diff, min_a, min_b, min_abs_diff,
-    zero_fraction_a, zero_fraction_b, digest_equal, probe_step_a, probe_step_b, message
+    zero_fraction_a, zero_fraction_b, digest_equal, probe_step_a, probe_step_b, message, rtol, rounding
 FROM history
 ORDER BY monitor, rank, step, position

@@ -1,10 +1,10 @@
 -- The first parameter update that differs, per monitor: the earliest optimizer step (on any rank)
--- where a parameter's fingerprint is 'differs' or 'shape_mismatch' in `params` (param_diff.sql),
+-- where a parameter's fingerprint is 'differs', 'shape_mismatch' or 'dtype_mismatch' in `params` (param_diff.sql),
 -- and at that step the first such parameter in the model's order. One row per monitor, earliest first.
 WITH differing AS (
     SELECT *, row_number() OVER (PARTITION BY monitor ORDER BY step, position, rank, param) AS nth
     FROM params
-    WHERE status IN ('differs', 'shape_mismatch')
+    WHERE status IN ('differs', 'shape_mismatch', 'dtype_mismatch')
 ),
 matched_before AS (
     SELECT d.monitor, count(p.param) AS matched_rows

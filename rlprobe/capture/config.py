@@ -22,7 +22,7 @@ KEYS = {
     "actor_train_dump": bool, "reference_dump": bool, "grads_dump": bool, "param_fingerprints": bool,
     "metrics_dump": bool,
     "step_start": int, "step_end": int, "stages": list, "tensors": bool, "mode": str, "flush_interval": float,
-    "replay_from": str, "summed_keys": list,
+    "replay_from": str, "summed_keys": list, "stage_weights": bool,
 }
 
 
@@ -41,6 +41,7 @@ class ProbeConfig:
     step_start: int | None = None
     step_end: int | None = None
     tensors: bool = False
+    stage_weights: bool = True  # module dumps fingerprint each module's own weights (docs/modules.md)
     mode: str | None = None
     flush_interval: float | None = None  # seconds; None: the Probe's default
     replay_from: str | None = None  # the baseline dump whose rollout this run consumes (docs/replay.md)
@@ -110,7 +111,8 @@ def parse_config(cfg: Any) -> ProbeConfig:
         param_fingerprints=bool(values.get("param_fingerprints", False)),
         metrics_dump=values.get("metrics_dump"),
         stages=frozenset(stages), step_start=start, step_end=end,
-        tensors=bool(values.get("tensors", False)), mode=values.get("mode"),
+        tensors=bool(values.get("tensors", False)), stage_weights=bool(values.get("stage_weights", True)),
+        mode=values.get("mode"),
         flush_interval=values.get("flush_interval"),
         replay_from=None if replay_from is None else os.fspath(replay_from),
         summed_keys=None if values.get("summed_keys") is None else tuple(values["summed_keys"]),
@@ -250,7 +252,7 @@ class ConfiguredProbe:
         return self.probe.monitor_params(*args, **kwargs)
 
     def stage(self, name: str, model: Any = None, *, steps: Any = None, backward: bool | None = None,
-              tensors: bool | None = None) -> Any:
+              tensors: bool | None = None, weights: bool | None = None) -> Any:
         """The stage's module dump when the config switches it on for this step (an explicit `steps` narrows it)."""
         step = self.probe.current_step
         if name not in self.config.stages or not self.config.in_steps(step):
@@ -259,7 +261,8 @@ class ConfiguredProbe:
         if wanted is not None and step not in wanted:
             return NULL_STAGE
         return self.probe.stage(name, model, backward=backward,
-                                tensors=self.config.tensors if tensors is None else tensors)
+                                tensors=self.config.tensors if tensors is None else tensors,
+                                weights=self.config.stage_weights if weights is None else weights)
 
     def step(self) -> None:
         self.probe.step()

@@ -286,13 +286,14 @@ class Probe:
             self._fail(f"{where}: could not write {self.layout.config_file(self.rank)}: {e}")
 
     def stage(self, name: str, model: Any = None, *, steps: Any = None, backward: bool | None = None,
-              tensors: bool = False) -> Any:
+              tensors: bool = False, weights: bool = True) -> Any:
         """Module-level dump inside a `with` block: every submodule's inputs/outputs (and, for
-        `*_update` stages or backward=True, its gradients); outside `steps` nothing is installed.
+        `*_update` stages or backward=True, its gradients), and with `weights` a fingerprint of each
+        module's own parameters as the block starts; outside `steps` nothing is installed.
         See docs/modules.md."""
         from rlprobe.capture.stages import stage_context
 
-        return stage_context(self, name, model, steps, backward, tensors)
+        return stage_context(self, name, model, steps, backward, tensors, weights)
 
     def monitor_grads(self, model: Any = None, optimizer: Any = None, *, name: str = "default", level: str = "L1",
                       bounds: list[float] | None = None, params: list[str] | None = None, steps: Any = None,

@@ -45,7 +45,8 @@ def steps_of(spec: Any) -> frozenset[int] | None:
         raise ProbeError(f"stage steps={spec!r}: {e}") from None
 
 
-def stage_context(probe: Any, name: str, model: Any, steps: Any, backward: bool | None, tensors: bool):
+def stage_context(probe: Any, name: str, model: Any, steps: Any, backward: bool | None, tensors: bool,
+                  weights: bool = True):
     """What `Probe.stage` returns: NULL_STAGE outside `steps`, else a StageCapture."""
     wanted = steps_of(steps)
     if wanted is not None and probe.current_step not in wanted:
@@ -59,7 +60,7 @@ def stage_context(probe: Any, name: str, model: Any, steps: Any, backward: bool 
     roots = _roots(model, f"{where}, stage {name!r}")
     if backward is None:
         backward = name.endswith("_update")
-    return StageCapture(probe, name, roots, bool(backward), bool(tensors))
+    return StageCapture(probe, name, roots, bool(backward), bool(tensors), bool(weights))
 
 
 def _roots(model: Any, where: str) -> list[tuple[str, Any]]:
@@ -89,6 +90,7 @@ class _StepCounters:
     step: int
     seq: int = 0
     calls: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    blocks: dict[str, int] = field(default_factory=dict)  # stage -> its blocks entered in this step
 
 
 def _counters(probe: Any) -> _StepCounters:
@@ -114,8 +116,10 @@ class ModuleLeaf:
 class StageCapture:
     """Hooks on every submodule of the stage's model(s) while the `with` block runs."""
 
-    def __init__(self, probe: Any, stage: str, roots: list[tuple[str, Any]], backward: bool, tensors: bool):
+    def __init__(self, probe: Any, stage: str, roots: list[tuple[str, Any]], backward: bool, tensors: bool,
+                 weights: bool = True):
         self.probe, self.stage, self.roots, self.backward, self.tensors = probe, stage, roots, backward, tensors
+        self.weights = weights
         self.handles: list[Any] = []
         self.active = False
         self._pending: dict[str, list[tuple[list[tuple[str, str]], list[StagedLeaf]]]] = {}
@@ -123,6 +127,7 @@ class StageCapture:
     def __enter__(self) -> "StageCapture":
         where = f"rank {self.probe.rank} step {self.probe.current_step}, stage {self.stage!r}"
         seen: set[int] = set()
+        hooked: list[tuple[str, Any, Adapter]] = []
         try:
             for prefix, root in self.roots:
                 adapter = _adapter_for(root, where)
@@ -132,9 +137,17 @@ class StageCapture:
                         continue
                     seen.add(id(module))
                     path = f"{prefix}.{name}" if prefix and name else (prefix or name)
+                    hooked.append((path, module, adapter))
                     self.handles.extend(adapter.hook_module(
                         module, self._pre_hook(path, adapter), self._post_hook(path, adapter),
                         self._backward_hook(path, adapter) if self.backward else None))
+            if self.weights:
+                from rlprobe.capture.stage_weights import fingerprint_weights
+
+                counters = _counters(self.probe)
+                block = counters.blocks.get(self.stage, 0)
+                counters.blocks[self.stage] = block + 1
+                fingerprint_weights(self.probe, self.stage, block, hooked, counters.calls)
         except BaseException:
             self._remove()
             raise

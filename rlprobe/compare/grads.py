@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from rlprobe.compare.sample_alignment import first_rank_only, layout_tolerance
+from rlprobe.compare.tolerance import EPS, Tolerance
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.regular_files import SIGNS, load_npy
 from rlprobe.lake.schema import GRAD, with_rank
@@ -163,7 +164,7 @@ def _popcount(values: np.ndarray) -> np.ndarray:
 
 def compare_grads(dump_a: Dump, dump_b: Dump, read_errors: list[str] | None = None, *,
                   steps: list[int] | None = None, ranks: list[int] | None = None,
-                  layout: dict[str, Any] | None = None,
+                  layout: dict[str, Any] | None = None, tolerance: Tolerance | None = None,
                   **thresholds: float) -> tuple[dict[str, pa.Table], dict[str, Any] | None]:
     """({'grads', 'grad_steps'}, grad_first_flagged) for two dumps; thresholds as in DEFAULTS.
     `steps`/`ranks` (None: all) select as select_steps_ranks says. `layout`: summary.json's
@@ -171,7 +172,9 @@ def compare_grads(dump_a: Dump, dump_b: Dump, read_errors: list[str] | None = No
     first rank is compared (sample_alignment.first_rank_only: after the all-reduce every
     data-parallel rank holds the step's gradient, with accumulation the sum over the
     micro-batches), within the layout tolerance, and `layout` gets a `grads` entry and a longer
-    note in place."""
+    note in place. `tolerance`: the comparison's (compare/tolerance.py; None: the defaults per dtype):
+    a gradient whose statistics agree within its dtype's rtol, or that is within rounding of zero, is
+    not flagged by its digest or sign similarity (docs/grads.md, "Rounding noise"); rtol 0 judges bitwise."""
     import duckdb
 
     unknown = set(thresholds) - set(DEFAULTS)
@@ -191,6 +194,8 @@ def compare_grads(dump_a: Dump, dump_b: Dump, read_errors: list[str] | None = No
     con.register("grad_b", _with_position(table_b))
     con.register("sign_results", sign_results(dump_a, dump_b, table_a, table_b))
     con.register("layout_tolerance", layout_tolerance())
+    con.register("grad_tolerance", (tolerance or Tolerance()).table((None, None, dtype) for dtype in EPS)
+                 .select(["dtype", "rtol"]))
     grads = run(con, "grad_similarity.sql", across=across,
                 **{k: params[k] for k in ("first_step_min", "max_drop", "norm_rtol")})
     grads = grads.append_column("flagged", pa.compute.is_valid(grads["flag_reason"]))

@@ -10,9 +10,10 @@ import pyarrow as pa
 
 from rlprobe.compare.optional_tables import has_params
 from rlprobe.compare.sample_alignment import first_rank_only, layout_rtol
+from rlprobe.compare.tolerance import EPS, Tolerance
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import PARAM, with_rank
-from rlprobe.lake.sql_runner import run
+from rlprobe.lake.sql_runner import execute, run
 
 # which model's forward produces a key: words one of its monitor names contains
 KEY_MODELS = {
@@ -25,7 +26,8 @@ UPDATE_KEYS = {"log_prob", "entropy", "ratio", "pg_loss", "vf_loss", "loss"}  # 
 
 
 def add_param_comparison(tables: dict[str, pa.Table], summary: dict[str, Any], dump_a: Dump, dump_b: Dump,
-                         canonical_key: str | None, read_errors: list[str], steps: Any, ranks: Any) -> None:
+                         canonical_key: str | None, read_errors: list[str], steps: Any, ranks: Any,
+                         tolerance: Tolerance | None = None) -> None:
     """Where either run recorded fingerprints: tables["params"], summary's params_compared and
     param_first_difference, and the verdict of a differing update (explain_update)."""
     if not (has_params(dump_a) or has_params(dump_b)):
@@ -33,7 +35,7 @@ def add_param_comparison(tables: dict[str, pa.Table], summary: dict[str, Any], d
     layout = summary.get("layout") or {}
     tables["params"], firsts = compare_params(dump_a, dump_b, exact=not layout.get("per_sample"),
                                               read_errors=read_errors, steps=steps, ranks=ranks,
-                                              layout=layout if layout.get("note") else None)
+                                              layout=layout if layout.get("note") else None, tolerance=tolerance)
     summary["params_compared"] = tables["params"].num_rows
     explain_update(summary, firsts, canonical_key)
 
@@ -46,9 +48,12 @@ def param_table(dump: Dump, errors: list[str] | None = None) -> pa.Table:
 
 def compare_params(dump_a: Dump, dump_b: Dump, *, exact: bool, read_errors: list[str] | None = None,
                    steps: list[int] | None = None, ranks: list[int] | None = None,
-                   layout: dict[str, Any] | None = None) -> tuple[pa.Table, list[dict[str, Any]]]:
+                   layout: dict[str, Any] | None = None,
+                   tolerance: Tolerance | None = None) -> tuple[pa.Table, list[dict[str, Any]]]:
     """(the `params` table: every fingerprint pair with its status, the first differing update
-    per monitor, earliest first). `exact`: the runs share a layout, so equal weights have equal bytes.
+    per monitor, earliest first). A pair is close within `tolerance`'s rtol of its dtype (None: the
+    defaults per dtype; rtol 0: bitwise, sql/fingerprint_macros.sql); `exact` false (the runs' layouts
+    differ, so reductions ran in another order): within at least the layout tolerance.
     `layout`: summary.json's layout where it notes a difference: each run's first rank only
     (sample_alignment.first_rank_only; `layout` gets a `params` entry and a longer note)."""
     import duckdb
@@ -65,9 +70,21 @@ def compare_params(dump_a: Dump, dump_b: Dump, *, exact: bool, read_errors: list
         tables = list(first_rank_only(tables[0], tables[1], layout, "params", "fingerprint", ranks))
     con.register("params_a", tables[0])
     con.register("params_b", tables[1])
-    params = run(con, "param_diff.sql", exact=exact, rtol=layout_rtol("float32"))
+    con.register("param_tolerance", fingerprint_tolerance(tolerance, exact))
+    execute(con, "fingerprint_macros.sql")
+    params = run(con, "param_diff.sql")
     con.register("params", params)
     return params, run(con, "param_first_difference.sql").to_pylist()
+
+
+def fingerprint_tolerance(tolerance: Tolerance | None, exact: bool = True) -> pa.Table:
+    """dtype -> rtol, the table fingerprint pairs are judged by: the comparison's rtol of each dtype
+    (its defaults, --rtol; key families do not apply to weights), at least the layout tolerance where
+    the layouts differ (`exact` false)."""
+    rtols = (tolerance or Tolerance()).table((None, None, dtype) for dtype in EPS)["rtol"].to_pylist()
+    if not exact:
+        rtols = [max(r, layout_rtol(d)) for r, d in zip(rtols, EPS)]
+    return pa.table({"dtype": list(EPS), "rtol": pa.array(rtols, pa.float64())})
 
 
 def _narrowed(table: pa.Table, steps: list[int] | None, ranks: list[int] | None) -> pa.Table:

@@ -149,11 +149,16 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
             read_errors=read_errors, tolerance=options.tolerance, **(options.modules or {}))
         summary["module_suspect"] = describe(summary["module_first_divergence"])
         summary["suspect"] = summary["suspect"] or summary["module_suspect"]
+        from rlprobe.compare.module_weights import add_module_weights
+
+        add_module_weights(tables, summary, dump_a, dump_b, tolerance=options.tolerance, steps=steps, ranks=ranks,
+                           stages=(options.modules or {}).get("stages"), read_errors=read_errors)
     if has_grads(dump_a) or has_grads(dump_b):  # gradient monitors (probe.monitor_grads): docs/grads.md
         from rlprobe.compare.grads import compare_grads
 
         grad_tables, summary["grad_first_flagged"] = compare_grads(dump_a, dump_b, read_errors=read_errors,
                                                                    steps=steps, ranks=ranks, layout=summary["layout"],
+                                                                   tolerance=options.tolerance,
                                                                    **(options.grads or {}))
         tables.update(grad_tables)
     explain_beyond_key_data(summary, _grad_probe_step(tables.get("grads"), summary["grad_first_flagged"]))
@@ -161,7 +166,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
         from rlprobe.compare.params import add_param_comparison
 
         add_param_comparison(tables, summary, dump_a, dump_b, first and first["canonical_key"], read_errors, steps,
-                             ranks)
+                             ranks, options.tolerance)
     from rlprobe.compare.config_diff import diff_configs, explain_config, saved_configs
     from rlprobe.compare.key_aliases import flow_warning
     from rlprobe.compare.verdict_modules import follow_up

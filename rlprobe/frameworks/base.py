@@ -133,6 +133,10 @@ class Adapter:
         """(qualified name, submodule) of `module` and everything inside it, itself first ("")."""
         raise NotImplementedError
 
+    def own_parameters(self, module: Any) -> list[tuple[str, Any]]:
+        """(own name, parameter) of `module` itself, not of its children (the weights at a module dump)."""
+        return []
+
     def hook_module(self, module: Any, pre: Callable, post: Callable, backward: Callable | None) -> list[Handle]:
         """Install `pre(module, args, kwargs)` before, `post(module, args, output)` after the forward,
         and `backward(module, grad_input, grad_output)` when given; every handle removes one."""
@@ -156,8 +160,9 @@ class Adapter:
         `state` is one dict per monitor, kept between steps (device buffers, compiled kernels)."""
         raise NotImplementedError
 
-    def param_fingerprints(self, params: Sequence[Any]) -> tuple[Callable[[], ParamBatch], int]:
+    def param_fingerprints(self, params: Sequence[Any], background: bool = True) -> tuple[Callable[[], ParamBatch], int]:
         """Queue the fingerprints of parameters just updated (lake/param_stats.host_fingerprints'
         semantics) on their device, without waiting for it; returns the function the writer calls
-        for the host batch, and the bytes in flight."""
+        for the host batch, and the bytes in flight. `background` False: where the parameters live on
+        the host, compute them now on this thread (a stage block's weights: fewer than a thread pays for)."""
         raise NotImplementedError

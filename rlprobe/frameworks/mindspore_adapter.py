@@ -79,6 +79,10 @@ class MindSporeAdapter(Adapter):
     def submodules(self, module: Any) -> Iterator[tuple[str, Any]]:
         return module.cells_and_names()
 
+    def own_parameters(self, module: Any) -> list[tuple[str, Any]]:
+        # a Cell's own Parameters (expand=False); their names are full paths: keep the last part
+        return [(name.rsplit(".", 1)[-1], p) for name, p in module.parameters_and_names(expand=False)]
+
     def hook_module(self, module: Any, pre: Callable, post: Callable, backward: Callable | None) -> list[Handle]:
         handles = [module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post)]
         if backward is not None:
@@ -102,7 +106,7 @@ class MindSporeAdapter(Adapter):
 
         return host_grad_stats(grads, level, bounds)
 
-    def param_fingerprints(self, params: Sequence[Any]):
+    def param_fingerprints(self, params: Sequence[Any], background: bool = True):  # computed now either way
         from rlprobe.frameworks.mindspore_grads import host_param_fingerprints
 
         return host_param_fingerprints(params)

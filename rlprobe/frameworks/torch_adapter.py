@@ -267,6 +267,9 @@ class TorchAdapter(Adapter):
     def submodules(self, module: Any) -> Iterator[tuple[str, Any]]:
         return module.named_modules()
 
+    def own_parameters(self, module: Any) -> list[tuple[str, Any]]:
+        return list(module.named_parameters(recurse=False))
+
     def hook_module(self, module: Any, pre: Callable, post: Callable, backward: Callable | None) -> list[Handle]:
         handles = [module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post)]
         if backward is not None:  # tensor and node hooks, not register_full_backward_hook: see torch_backward.py
@@ -292,10 +295,10 @@ class TorchAdapter(Adapter):
 
         return launch(grads, level, bounds, state)
 
-    def param_fingerprints(self, params: Sequence[Any]):
+    def param_fingerprints(self, params: Sequence[Any], background: bool = True):
         from rlprobe.frameworks.torch_params import launch
 
-        return launch(params)
+        return launch(params, background)
 
 
 def torch_rank_and_world() -> tuple[int, int] | None:

@@ -23,11 +23,16 @@ from rlprobe.lake.param_stats import ParamBatch
 Finish = Callable[[], ParamBatch]
 
 
-def launch(params: Sequence[torch.Tensor]) -> tuple[Finish, int]:
+def launch(params: Sequence[torch.Tensor], background: bool = True) -> tuple[Finish, int]:
     """Queue the fingerprints of `params`; returns (finish, host bytes). `finish()` may block on a
-    device copy: call it off the training thread."""
+    device copy: call it off the training thread. `background` False: CPU parameters are read now,
+    on this thread (a thread's start and its share of the GIL beside the forward cost more than the
+    pass over a stage block's weights: 0.36 ms against 0.96 ms for the PPO example's actor)."""
     flats = [p.detach().reshape(-1) for p in params]
     if flats[0].device.type == "cpu":
+        if not background:
+            batch = cpu_fingerprints(flats)
+            return (lambda: batch), 8 * 3 * len(flats)
         return _cpu(flats)
     return _device(flats, flats[0].device)
 

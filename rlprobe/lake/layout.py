@@ -11,7 +11,7 @@ from pathlib import Path
 from rlprobe.errors import DumpReadError, ProbeError
 
 FORMAT_VERSION = 1
-KINDS = ("key_data", "grad", "module", "scalar", "sample", "param")
+KINDS = ("key_data", "grad", "module", "scalar", "sample", "param", "module_param")
 RUN_MANIFEST = "rlprobe.json"
 PACK_SUFFIX = ".npys"  # a save call's key-data tensors, each a .npy record at an offset (lake/tensor_pack.py)
 PLAIN_TENSOR_FILE = "_"  # file stem for index '' (a plain tensor, not a list/dict item)

@@ -46,3 +46,33 @@ def param_rows(batch: ParamBatch, specs: Sequence[GradSpec], positions: Sequence
              "digest": f"{int(batch.digests[r]):016x}", "digest_algo": DIGEST_ALGO,
              "sum": float(batch.floats[r, 0]), "norm": float(batch.floats[r, 1])}
             for r, (spec, pos) in enumerate(zip(specs, positions))]
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """One parameter of a hooked module at a stage block's start (capture/stage_weights.py)."""
+
+    module: str  # the module's path in the stage, as its module rows name it
+    param: str  # the parameter's own name in that module ("weight", "bias")
+    block: int  # the stage's block in this step
+    call: int  # the module's forward calls in this stage and step before the block (its next call's number)
+    position: int  # its place among the block's parameters (the model's order)
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        import math
+
+        return math.prod(self.shape)
+
+
+def module_weight_rows(batch: ParamBatch, specs: Sequence[WeightSpec], *, stage: str, step: int,
+                       framework: str) -> list[dict[str, Any]]:
+    """Rows of the `module_param` table for one stage block."""
+    return [{"stage": stage, "step": step, "block": spec.block, "module": spec.module, "call": spec.call,
+             "param": spec.param,
+             "position": spec.position, "framework": framework, "dtype": spec.dtype, "shape": list(spec.shape),
+             "numel": spec.numel, "digest": f"{int(batch.digests[r]):016x}", "digest_algo": DIGEST_ALGO,
+             "sum": float(batch.floats[r, 0]), "norm": float(batch.floats[r, 1])}
+            for r, spec in enumerate(specs)]

@@ -25,6 +25,7 @@ ROW_KEYS = {
     "module": ("stage", "step", "module", "call", "direction", "io", "index", "seq"),
     "grad": ("monitor", "param", "step"),
     "param": ("monitor", "param", "step", "digest"),
+    "module_param": ("stage", "step", "block", "module", "param", "digest"),
 }
 
 

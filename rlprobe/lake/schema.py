@@ -101,7 +101,29 @@ PARAM = pa.schema(
         pa.field("numel", pa.int64()),
         pa.field("digest", pa.string()),  # mix64 of the raw bytes: bit-exact on one device
         pa.field("digest_algo", pa.string()),
-        pa.field("sum", pa.float64()),  # float statistics, compared within a tolerance across layouts
+        pa.field("sum", pa.float64()),  # float statistics, compared within the dtype's tolerance (fingerprint_macros.sql)
+        pa.field("norm", pa.float64()),
+    ]
+)
+
+# the weights at a module dump: each hooked module's own parameters when a stage block starts
+# (capture/stage_weights.py; docs/dump-format.md, "module_param")
+MODULE_PARAM = pa.schema(
+    [
+        pa.field("stage", pa.string()),
+        pa.field("step", pa.int64()),
+        pa.field("block", pa.int64()),  # the stage's block (`with probe.stage`) in this step, from 0
+        pa.field("module", pa.string()),
+        pa.field("call", pa.int64()),  # the module's forward calls in this stage and step before the block
+        pa.field("param", pa.string()),  # its own name in the module: "weight", "bias"
+        pa.field("position", pa.int64()),  # the place among the block's parameters: "first parameter"
+        pa.field("framework", pa.string()),
+        pa.field("dtype", pa.string()),
+        pa.field("shape", pa.list_(pa.int64())),
+        pa.field("numel", pa.int64()),
+        pa.field("digest", pa.string()),  # as PARAM's: mix64 of the raw bytes
+        pa.field("digest_algo", pa.string()),
+        pa.field("sum", pa.float64()),
         pa.field("norm", pa.float64()),
     ]
 )
@@ -127,7 +149,7 @@ SAMPLE = pa.schema([
 ])
 
 SCHEMAS: dict[str, pa.Schema] = {"key_data": KEY_DATA, "scalar": SCALAR, "module": MODULE, "grad": GRAD,
-                                 "sample": SAMPLE, "param": PARAM}
+                                 "sample": SAMPLE, "param": PARAM, "module_param": MODULE_PARAM}
 # rank added by readers from the hive path
 RANK_FIELD = pa.field("rank", pa.int64())
 

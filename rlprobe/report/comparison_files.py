@@ -69,6 +69,8 @@ def write_tables(folder: Path, tables: dict[str, pa.Table], *, key_data: bool = 
                              pc.invert(pc.is_in(grads["status"], pa.array(["compared", "stats_only"]))))
         extra_sheets["Grad flags"] = grads.filter(pc.fill_null(noted, True)).select(
             [c for c in GRAD_FLAG_COLUMNS if c in grads.column_names])
+    if "module_weights" in tables:  # the weights at module dumps (docs/modules.md, "Weights at the call")
+        pq.write_table(tables["module_weights"], folder / "module_weights.parquet", compression="zstd")
     if "params" in tables:  # parameter fingerprints (docs/compare.md, "Parameter updates"): the sheet shows
         import pyarrow.compute as pc  # the pairs that do not match, params.parquet every pair
 

@@ -219,3 +219,74 @@ def test_mindspore_cells_forward_backward_and_graph_mode_refused(tmp_path):
     assert {(r["module"], r["io"]) for r in got} >= {("actor.fc", "input"), ("actor.fc", "output"),
                                                      ("actor", "output"), ("actor.act", "grad_output")}
     assert {r["framework"] for r in got} == {"mindspore"}
+
+
+def test_weights_are_fingerprinted_once_per_block_with_each_module_s_own_parameters(tmp_path):
+    """capture/stage_weights.py: every hooked module's own parameters (not its children's), once per block
+    (numbered in the step) with the module's next call; the digest, sum and norm are monitor_params'."""
+    from rlprobe.lake.param_stats import host_fingerprints
+
+    model, ids = tiny_lm(layers=2), token_ids()
+    with rlprobe.Probe(tmp_path / "d") as probe:
+        for _ in range(2):  # one block per micro-batch, as an update stage is entered
+            with probe.stage("actor_update", model={"actor": model}):
+                model(ids).square().mean().backward()
+        with torch.no_grad():
+            model.head.bias.add_(1.0)  # an optimizer step between blocks
+        with probe.stage("actor_update", model={"actor": model}):
+            model(ids).square().mean().backward()
+    weights = rlprobe.open(tmp_path / "d").arrow("module_param").to_pylist()
+    own = {(f"actor.{m}" if m else "actor", p) for m, sub in model.named_modules()
+           for p, _ in sub.named_parameters(recurse=False)}
+    assert {(r["module"], r["param"]) for r in weights} == own  # own parameters only: no row for a container
+    assert len(weights) == 3 * len(own) and {r["block"] for r in weights} == {0, 1, 2}
+    assert {r["call"] for r in weights if r["module"] == "actor.head"} == {0, 1, 2}
+    params = dict(model.named_parameters())
+    for r in (r for r in weights if r["block"] == 2):
+        name = r["module"].removeprefix("actor").lstrip(".") + ("." if r["module"] != "actor" else "") + r["param"]
+        value = params[name].detach().numpy()
+        ref = host_fingerprints([value])
+        assert r["digest"] == f"{int(ref.digests[0]):016x}" and r["digest_algo"] == "mix64"
+        assert r["sum"] == pytest.approx(ref.floats[0, 0], rel=1e-12, abs=1e-12)
+        assert r["norm"] == pytest.approx(ref.floats[0, 1], rel=1e-12)
+        assert (r["dtype"], r["shape"], r["numel"]) == ("float32", list(value.shape), value.size)
+    positions = [r["position"] for r in weights if r["block"] == 0]
+    assert positions == list(range(len(own)))  # the model's order
+    head = {r["block"]: r["digest"] for r in weights if r["module"] == "actor.head" and r["param"] == "bias"}
+    assert head[0] == head[1] != head[2]  # the step between blocks shows, the blocks of one step agree
+
+
+def test_weights_false_and_stage_weights_false_record_no_weights(tmp_path):
+    model, ids = tiny_lm(layers=1), token_ids()
+    with rlprobe.Probe(tmp_path / "plain") as probe:
+        with probe.stage("reference_compute_log_prob", model=model, weights=False), torch.no_grad():
+            model(ids)
+    configured = rlprobe.from_config({"rlprobe_config": {"dump_path": str(tmp_path / "cfg"), "stage_weights": False,
+                                                         "stages": ["reference_compute_log_prob"]}})
+    with configured.stage("reference_compute_log_prob", model=model), torch.no_grad():
+        model(ids)
+    configured.close()
+    for name in ("plain", "cfg"):
+        dump = rlprobe.open(tmp_path / name)
+        assert dump.arrow("module").num_rows > 0 and dump.arrow("module_param").num_rows == 0
+    with pytest.raises(rlprobe.ProbeError, match="stage_weights"):
+        rlprobe.from_config({"rlprobe_config": {"stage_weights": "yes", "stages": ["actor_update"]}})
+
+
+@pytest.mark.parametrize("on_error", ["raise", "warn"])
+def test_weights_it_cannot_fingerprint_are_an_error_naming_the_parameter(tmp_path, on_error):
+    model = nn.Sequential(nn.Linear(2, 2))
+    model[0].register_parameter("phase", nn.Parameter(torch.zeros(2, dtype=torch.complex64)))
+    with rlprobe.Probe(tmp_path / "d", on_error=on_error) as probe:
+        if on_error == "raise":
+            with pytest.raises(rlprobe.ProbeError, match=r"stage 'actor_update': cannot fingerprint the weights "
+                                                         r"\(module '0', parameter 'phase'\).*weights=False"):
+                probe.stage("actor_update", model=model).__enter__()
+            assert no_hooks(model)  # nothing left installed
+        else:
+            with pytest.warns(RuntimeWarning, match="cannot fingerprint the weights"):
+                with probe.stage("actor_update", model=model):
+                    model(torch.ones(1, 2)).sum().backward()
+    if on_error == "warn":  # the module rows are written, the weights are not
+        dump = rlprobe.open(tmp_path / "d")
+        assert dump.arrow("module").num_rows > 0 and dump.arrow("module_param").num_rows == 0

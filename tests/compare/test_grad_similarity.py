@@ -298,3 +298,57 @@ def test_unreadable_sign_maps_are_errors_of_their_rows(tmp_path: Path):
         assert all(r["status"] == "error" and f"'{p}' step {step}" in r["message"]
                    for (s, p), r in rows.items() if s == step)
     assert rows[(1, "2.bias")]["similarity"] is None
+
+
+def _run_with_grad(path: Path, param: str, grad: torch.Tensor | None, steps: int = 2, level: str = "L1") -> Path:
+    """_run's model and data, the gradient of `param` replaced by `grad` (None: as computed) at every step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+    if grad is not None:
+        dict(model.named_parameters())[param].register_hook(lambda g: grad.clone())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    with rlprobe.Probe(path) as probe:
+        probe.monitor_grads(model, optimizer=opt, name="actor", level=level)
+        for _ in range(steps):
+            opt.zero_grad()
+            model(torch.randn(16, 8, generator=g)).pow(2).mean().backward()
+            opt.step()
+            probe.step()
+    return path
+
+
+@pytest.mark.parametrize("level", ["L1", "L0"])
+def test_a_gradient_within_rounding_of_zero_is_no_divergence_unless_judged_bitwise(tmp_path: Path, level: str):
+    """A bias whose gradient is zero but for rounding (as an attention key bias's: softmax ignores it) has
+    signs, digests and norms that two devices do not share; within rounding of zero against the step's
+    largest gradient norm it is not flagged, while a tolerance of 0 still sees it (docs/grads.md)."""
+    from rlprobe.compare.tolerance import Tolerance
+
+    noise = 1e-12 * torch.tensor([1.0, -1.0, 1.0])
+    a = _run_with_grad(tmp_path / "a", "2.bias", noise, level=level)
+    b = _run_with_grad(tmp_path / "b", "2.bias", -2 * noise, level=level)  # other signs, twice the size
+    tables, first = compare_grads(rlprobe.open(a), rlprobe.open(b))
+    bias = [r for r in tables["grads"].to_pylist() if r["param"] == "2.bias"]
+    assert first is None and {r["rounding"] for r in bias} == {"within rounding of zero"}
+    assert {r["flagged"] for r in tables["grads"].to_pylist()} == {False}
+    if level == "L1":
+        assert {r["similarity"] for r in bias} == {0.0}
+    tables, first = compare_grads(rlprobe.open(a), rlprobe.open(b), tolerance=Tolerance(rtol=0.0, atol=0.0))
+    assert first["step"] == 0 and first["worst_params"][0]["param"] == "2.bias"
+    assert {r["rounding"] for r in tables["grads"].to_pylist()} == {None}
+
+
+def test_a_gradient_beyond_rounding_is_flagged_whatever_its_statistics(tmp_path: Path):
+    """Rounding flips signs only where the gradient is near zero: a gradient of equal norm whose signs are
+    reversed (similarity below a coin's 0.5) is flagged under the default tolerance; one of another norm too."""
+    grad = torch.linspace(-1.0, 1.0, 18).reshape(6, 3).t().contiguous()
+    a = _run_with_grad(tmp_path / "a", "2.weight", grad)
+    b = _run_with_grad(tmp_path / "b", "2.weight", -grad)
+    c = _run_with_grad(tmp_path / "c", "2.weight", grad * (1 + 1e-3))
+    for other, reason in ((b, "similarity 0.0000 < 0.9700 at its first step"), (c, None)):
+        tables, first = compare_grads(rlprobe.open(a), rlprobe.open(other))
+        row = next(r for r in tables["grads"].to_pylist() if r["param"] == "2.weight" and r["step"] == 0)
+        assert row["rounding"] is None
+        if reason is not None:
+            assert first["step"] == 0 and row["flag_reason"] == reason

@@ -43,18 +43,20 @@ def run(path, perturb=None, *, tensors=False, stage="reference_compute_log_prob"
 
 
 def bump(name: str, by: float = 1e-3):
+    """A layer that computes differently from the same weights and inputs (a faulty kernel): `by` added to
+    its output (the first item of a tuple), its weights untouched."""
     def perturb(model):
-        with torch.no_grad():
-            model.get_submodule(name).weight.add_(by)
+        def hook(module, args, output):
+            return (output[0] + by, *output[1:]) if isinstance(output, tuple) else output + by
+        model.get_submodule(name).register_forward_hook(hook)
     return perturb
 
 
-def bump_bias(name: str, by: float):
-    """A perturbation of `name`'s bias: its output moves by `by` (a weight added to evenly moves the output of a
-    layer norm's zero-mean output only by rounding, which the comparison's tolerance lets pass)."""
+def bump_weights(name: str, by: float = 1e-3):
+    """Other weights: `by` added to every weight of `name` (a learning rate or an update that differed)."""
     def perturb(model):
         with torch.no_grad():
-            model.get_submodule(name).bias.add_(by)
+            model.get_submodule(name).weight.add_(by)
     return perturb
 
 
@@ -88,7 +90,7 @@ def test_identical_runs_have_no_module_divergence(tmp_path):
 def test_backward_divergence_in_an_update_stage(tmp_path):
     # the head's bias changes only the forward output; the embedding gradient is the deepest backward row
     a = run(tmp_path / "a", stage="actor_update", update=True)
-    b = run(tmp_path / "b", bump_bias("head", 1e-3), stage="actor_update", update=True)
+    b = run(tmp_path / "b", bump("head", 1e-3), stage="actor_update", update=True)
     modules, first = compare_modules(rlprobe.open(a), rlprobe.open(b))
     assert first["module"] == "head" and first["direction"] == "forward" and first["inputs_match"] is True
     backward = [r for r in modules.to_pylist() if r["direction"] == "backward"]
@@ -141,7 +143,7 @@ def test_only_in_one_run_is_reported(tmp_path):
 
 def test_compare_writes_modules_parquet_summary_and_sheet(tmp_path):
     a = run(tmp_path / "a", tensors=True)
-    b = run(tmp_path / "b", bump("layers.2.attn.out_proj", 1e-2), tensors=True)
+    b = run(tmp_path / "b", bump("layers.2.attn", 1e-2), tensors=True)
     summary = rlprobe.compare(a, b, tmp_path / "out")
     first = summary["module_first_divergence"]
     assert first["module"] == "layers.2.attn" and first["inputs_match"] is True and first["io"] == "output"

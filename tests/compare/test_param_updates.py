@@ -75,3 +75,48 @@ def test_runs_without_fingerprints_have_no_param_finding(runs, tmp_path):
     summary = rlprobe.compare(off, off, tmp_path / "o")
     assert "params_compared" not in summary and summary["param_first_difference"] is None
     assert not (tmp_path / "o" / "params.parquet").exists()
+
+
+def _sgd_run(path, nudge_at: int | None = None, scale: float | None = None):
+    """A small model's 2 SGD steps with monitor_params; `nudge_at`: after that step, one weight moved by one
+    float32 unit in the last place, or times `scale` (hooked before the monitor, so the fingerprint sees it)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    count = [0]
+
+    def nudge(optimizer, args, kwargs):
+        if count[0] == nudge_at:
+            with torch.no_grad():
+                w = model[2].weight
+                w[0, 0] = torch.nextafter(w[0, 0], torch.tensor(float("inf"))) if scale is None else w[0, 0] * scale
+        count[0] += 1
+    opt.register_step_post_hook(nudge)
+    g = torch.Generator().manual_seed(1)
+    with rlprobe.Probe(path) as probe:
+        probe.monitor_params(model, optimizer=opt, name="actor")
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(16, 8, generator=g)).pow(2).mean().backward()
+            opt.step()
+            probe.step()
+    return path
+
+
+def test_weights_apart_by_rounding_are_close_and_bitwise_sees_them(tmp_path):
+    from rlprobe.compare.params import compare_params
+    from rlprobe.compare.tolerance import Tolerance
+
+    a, b = rlprobe.open(_sgd_run(tmp_path / "a")), rlprobe.open(_sgd_run(tmp_path / "b", nudge_at=1))
+    params, firsts = compare_params(a, b, exact=True)
+    moved = [r for r in params.to_pylist() if r["status"] != "match"]
+    assert [(r["step"], r["param"], r["status"]) for r in moved] == [(1, "2.weight", "close")] and firsts == []
+    assert 0 < moved[0]["rel_err"] <= moved[0]["rtol"] == 2.0**-23 * 128  # float32's default
+    _, strict = compare_params(a, b, exact=True, tolerance=Tolerance(rtol=0.0, atol=0.0))
+    assert [(f["step"], f["param"], f["status"]) for f in strict] == [(1, "2.weight", "differs")]
+    # beyond rounding: a weight moved by 1/128 of itself (2^16 ulps) is an update that differed
+    c = rlprobe.open(_sgd_run(tmp_path / "c", nudge_at=1, scale=1 + 2.0**-7))
+    _, found = compare_params(a, c, exact=True)
+    assert [(f["step"], f["param"], f["status"]) for f in found] == [(1, "2.weight", "differs")]

@@ -17,11 +17,12 @@ import rlprobe
 from ppo_runs import train
 from second_device import train_on_second_device
 
-# two steps (the lr and stale-weights faults show at step 1); gradients and parameter fingerprints are
-# judged bitwise still (a later item of issue 41), so they are not captured; the reference forward's
-# module dump (statistics only) is, in every run alike, so the configs agree
-SETTINGS = {"ppo.steps": 2, "rlprobe_config.grads_dump": False, "rlprobe_config.param_fingerprints": False,
-            "rlprobe_config.stages": ["reference_compute_log_prob"]}
+# two steps (the lr and stale-weights faults show at step 1), with everything the example captures:
+# gradients (the actor's sign maps, the critic's digests), parameter fingerprints, and module dumps with
+# tensors and weights of the actor's and the reference's forwards and of the actor's update, in every run
+# alike, so the configs agree
+STAGES = ["reference_compute_log_prob", "actor_compute_log_prob", "actor_update"]
+SETTINGS = {"ppo.steps": 2, "rlprobe_config.stages": STAGES, "rlprobe_config.tensors": True}
 FAULTS = ("advantage-bug", "ref-bf16", "sampling-seed", "lr", "rollout-bf16", "stale-rollout-weights",
           "nondeterministic")
 # fault -> (key, step, words of the suspect) of the first divergence on one device
@@ -29,7 +30,7 @@ EXPECTED = {
     "advantage-bug": ("advantages", 0, "not a model"),
     "ref-bf16": ("ref_log_prob", 0, "reference model's forward"),
     "sampling-seed": ("responses", 0, "rollout sampling"),
-    "lr": ("responses", 1, "the parameter update after step 0"),
+    "lr": ("responses", 1, "the update of step 0 differs for model 'actor'"),  # the fingerprints' wording
     "rollout-bf16": ("responses", 0, "run B's rollout engine disagrees with its trainer"),
     "stale-rollout-weights": ("responses", 1, "run B's rollout engine disagrees with its trainer"),
 }
@@ -41,6 +42,9 @@ def runs(tmp_path_factory):
     made = {"one": train(root / "one", None, **SETTINGS), "noise": train_on_second_device(root / "noise", None, **SETTINGS)}
     for fault in FAULTS:
         made[fault] = train_on_second_device(root / fault, fault, **SETTINGS)
+    # the lr fault with the baseline's rollout: step 1's actor forward sees the same tokens with other weights
+    made["lr-replayed"] = train_on_second_device(root / "lr-replayed", "lr", **SETTINGS,
+                                                 **{"rlprobe_config.replay_from": str(made["one"])})
     return made
 
 
@@ -62,7 +66,21 @@ def test_noise_alone_is_no_divergence_beyond_rounding(runs, tmp_path):
     assert 0 < first["norm_rel_err"] < first["rtol"] == 2.0**-23 * 128  # float32's default
     assert summary["counts"].get("close", 0) > 0 and set(summary["counts"]) <= {"match", "close"}
     modules = pq.read_table(out / "modules.parquet").to_pylist()
-    assert {r["status"] for r in modules} == {"stats_only_match", "stats_only_close"}  # statistics only
+    assert {r["stage"] for r in modules} == set(STAGES)
+    assert {r["status"] for r in modules} <= {"match", "close"} and "close" in {r["status"] for r in modules}
+    # gradients, fingerprints and the weights at the module dumps: rounding, none of them a divergence
+    assert summary["grad_first_flagged"] is None and summary["param_first_difference"] is None
+    assert summary["module_weights_first_difference"] is None
+    for table in ("params", "module_weights"):
+        statuses = {r["status"] for r in pq.read_table(out / f"{table}.parquet").to_pylist()}
+        assert statuses == {"match", "close"}, table  # the weights after update 0 differ in their last bits
+    grads = pq.read_table(out / "grads.parquet").to_pylist()
+    assert not any(g["flagged"] for g in grads)
+    # the measured case: a qkv bias (its key part has a gradient of zero but for rounding) agrees in sign on
+    # fewer than 0.97 of its elements; its norm, max and min agree within rounding, so it is not flagged
+    qkv = [g for g in grads if g["param"].endswith("attn.qkv.bias") and g["step"] == 0 and g["monitor"] == "actor"]
+    assert min(g["similarity"] for g in qkv) < 0.97
+    assert {g["rounding"] for g in qkv if g["similarity"] < 1} == {"statistics within rounding"}
     rows = pq.read_table(out / "key_data.parquet").to_pylist()
     # tokens are exact and equal: the sampling did not part under noise in two steps
     assert {r["status"] for r in rows if r["key"] in ("prompts", "responses")} == {"match"}
@@ -81,6 +99,26 @@ def test_bitwise_gate_and_bitwise_tolerance_see_the_noise(runs, tmp_path):
     proc = _cli("compare", runs["one"], runs["noise"], "-o", tmp_path / "o", "--quiet", "--fail-on-diff",
                 "--rtol", "0", "--atol", "0")
     assert proc.returncode == 1 and "first divergence: rollout_log_prob at step 0" in proc.stdout
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())  # gradients and weights alike
+    assert summary["grad_first_flagged"]["step"] == 0 and summary["param_first_difference"]["step"] == 0
+    assert summary["module_weights_first_difference"]["step"] == 1  # the weights after update 0
+
+
+def test_weights_that_differ_at_a_forward_are_named_not_its_first_module(runs, tmp_path):
+    """The lr fault with the baseline's rollout replayed: step 1's actor forward gets the same tokens,
+    every module's output differs with equal inputs, and the weights are what differs."""
+    summary = rlprobe.compare(runs["one"], runs["lr-replayed"], tmp_path / "out", reports=False)
+    module = summary["module_first_divergence"]
+    assert (module["stage"], module["step"], module["module"], module["inputs_match"]) == \
+        ("actor_compute_log_prob", 1, "embed", True)
+    assert (module["weights"]["parameter"], module["weights"]["status"]) == ("embed.weight", "differs")
+    assert summary["module_suspect"].startswith(
+        "the weights of 'actor' differ at step 1 (first parameter 'embed.weight'")
+    assert "computation diverges" not in summary["module_suspect"]
+    # the key data's verdict names the update that left those weights, as on one device
+    assert "the update of step 0 differs for model 'actor' (first parameter 'embed.weight'" in summary["suspect"]
+    rows = pq.read_table(tmp_path / "out" / "module_weights.parquet").to_pylist()
+    assert {r["status"] for r in rows if r["step"] == 0} <= {"match", "close"}  # step 0's weights: rounding
 
 
 @pytest.mark.parametrize("fault", sorted(EXPECTED))

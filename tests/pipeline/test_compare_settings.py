@@ -37,11 +37,11 @@ def test_module_stage_from_the_spec_selects_the_stage(tmp_path):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compare"))
     try:
-        from test_modules import bump_bias, run
+        from test_modules import bump, run
     finally:
         sys.path.pop(0)
     a = run(tmp_path / "a")
-    b = run(tmp_path / "b", bump_bias("head", 1e-3))  # beyond rounding (a weight bump moves it by rounding only)
+    b = run(tmp_path / "b", bump("head", 1e-3))  # the head's output moved beyond rounding
     every = _run(tmp_path, a, b, "", "every")
     assert every["module_first_divergence"]["stage"] == "reference_compute_log_prob"
     chosen = _run(tmp_path, a, b, "compare:\n  modules: {stage: reference_compute_log_prob}\n", "chosen")
