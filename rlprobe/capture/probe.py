@@ -287,10 +287,9 @@ class Probe:
 
     def stage(self, name: str, model: Any = None, *, steps: Any = None, backward: bool | None = None,
               tensors: bool = False, weights: bool = True) -> Any:
-        """Module-level dump inside a `with` block: every submodule's inputs/outputs (and, for
-        `*_update` stages or backward=True, its gradients), and with `weights` a fingerprint of each
-        module's own parameters as the block starts; outside `steps` nothing is installed.
-        See docs/modules.md."""
+        """Module-level dump inside a `with` block: every submodule's inputs/outputs (and, for `*_update`
+        stages or backward=True, its gradients), and with `weights` a fingerprint of each module's own
+        parameters as the block starts; outside `steps` nothing is installed. See docs/modules.md."""
         from rlprobe.capture.stages import stage_context
 
         return stage_context(self, name, model, steps, backward, tensors, weights)
