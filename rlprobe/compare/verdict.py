@@ -113,7 +113,7 @@ def explain(first: dict[str, Any] | None, errors: list[dict[str, Any]], within: 
         if seeds and not any(r["family"] == "batch" for r in changed):
             return {"suspect": f"{key!r} has different shapes at {where}: the data order differs, because the seed "
                                f"differs ({_settings(seeds)}): other samples, of other lengths, fill the batches",
-                    "advice": "set the seed alike in both runs (or fix the data order) and compare again", 
+                    "advice": "set the seed alike in both runs (or fix the data order) and compare again",
                     "next_config": None, **found}
         return {"suspect": f"{key!r} has different shapes at {where}: the runs used different batch or sequence sizes",
                 "advice": "check micro-batch size, sequence lengths and padding in both configs", "next_config": None,
@@ -121,23 +121,10 @@ def explain(first: dict[str, Any] | None, errors: list[dict[str, Any]], within: 
 
     found["error_jump"] = error_jump(errors)
     found["amplification"] = amplification_point(errors, step)
-    head = None
-    own = against_inputs(at(errors, step)[canon], at(errors, step)) if canon in at(errors, step) else None
-    if own is not None and own["ratio"] < AMPLIFICATION:  # the first divergence is its inputs' rounding carried on
-        jump = found["error_jump"]
-        if found["amplification"] is None and jump is not None and jump["step"] > step:
-            found["amplification"] = amplification_point(errors, jump["step"])
+    head = _amplified(first, errors, found)
+    if head is not None:  # the first divergence is its inputs' rounding carried on: the amplification point leads
         amp = found["amplification"]
-        if amp is not None:
-            marginal = (f"; the first divergence beyond tolerance, {key} at step {step} "
-                        f"({_error(at(errors, step)[canon])}), is no more than its inputs' rounding carried on "
-                        f"({own['ratio']:.3g}x theirs, under the amplification factor {AMPLIFICATION:g})")
-            key, canon, step = amp["key"], amp["canonical_key"], amp["step"]
-            where = f"step {step}, rank {amp['rank']}, micro_step {amp['micro_step']}"
-            head = (f"the error of {key} jumps at {where}: {amp['error']:.3g}, {amp['ratio']:.3g}x the largest of its "
-                    f"inputs ({amp['upstream_key']} {amp['upstream_error']:.3g})" if amp["upstream_key"] else
-                    f"the error of {key} jumps at {where}: {amp['error']:.3g}, {amp['ratio']:.3g}x its dtype's rounding "
-                    "while its inputs are equal")
+        key, canon, step = amp["key"], amp["canonical_key"], amp["step"]
     at_step = at(errors, step)
     inputs = [k for k in UPSTREAM_OF.get(canon, ()) if k in at_step and not at_step[k]["diverged"]]
     if canon == "token_level_rewards" and len(inputs) < 2:  # the penalty's inputs were not both captured
@@ -173,12 +160,15 @@ def explain(first: dict[str, Any] | None, errors: list[dict[str, Any]], within: 
         next_config = {"rlprobe_config": {"dump_path": "./rlprobe_dump_modules", "key_data_dump": True,
                                           "stages": [suspect.stage], "step_start": step, "step_end": step}}
         advice += f" (rlprobe_config below: stage {suspect.stage}, step {step})"
-    advice += _jump_text(found["error_jump"], found["parting"])
+    jump, parting = found["error_jump"], found["parting"]
+    if jump is not None and parting is not None and jump["step"] >= parting["step"]:
+        jump["consequence_of"] = f"responses at step {parting['step']}"
+    advice += _jump_text(jump)
     shown = key if key == canon else f"{key} (as {canon})"
-    if found["parting"] is not None and found["parting"]["cause"] == "sampling":
+    if parting is not None and parting["cause"] == "sampling":
         text = what
     elif head is not None:
-        text = f"{head} -> {what}{marginal}"
+        text = head.replace("{what}", what)
     else:
         text = f"{shown} diverges first at {where}{same} -> {what}"
     return {"suspect": text, "advice": advice, "next_config": next_config, **found}
@@ -239,11 +229,33 @@ def _parting(step: int, earlier: list[dict[str, Any]], errors: list[dict[str, An
         "tokens, not as faults of their own"), {**parting, "cause": "sampling"}
 
 
-def _jump_text(jump: dict[str, Any] | None, parting: dict[str, Any] | None) -> str:
+def _amplified(first: dict[str, Any], errors: list[dict[str, Any]], found: dict[str, Any]) -> str | None:
+    """The suspect's text around "{what}" where the first divergence, a float key, is no more than its inputs'
+    rounding carried on (a ratio under AMPLIFICATION) and an amplification point lies at its step or, without
+    one there, at the error jump's later step (set in `found`); None where the first divergence leads."""
+    canon, step = first["canonical_key"], first["step"]
+    at_step = at(errors, step)
+    own = against_inputs(at_step[canon], at_step) if canon in at_step else None
+    if own is None or own["ratio"] >= AMPLIFICATION:
+        return None
+    jump = found["error_jump"]
+    if found["amplification"] is None and jump is not None and jump["step"] > step:
+        found["amplification"] = amplification_point(errors, jump["step"])
+    amp = found["amplification"]
+    if amp is None:
+        return None
+    where = f"step {amp['step']}, rank {amp['rank']}, micro_step {amp['micro_step']}"
+    inputs = (f"the largest of its inputs ({amp['upstream_key']} {amp['upstream_error']:.3g})" if amp["upstream_key"]
+              else "its dtype's rounding while its inputs are equal")
+    return (f"the error of {amp['key']} jumps at {where}: {amp['error']:.3g}, {amp['ratio']:.3g}x {inputs} -> "
+            f"{{what}}; the first divergence beyond tolerance, {first['key']} at step {step} "
+            f"({_error(at_step[canon])}), is no more than its inputs' rounding carried on ({own['ratio']:.3g}x "
+            f"theirs, under the amplification factor {AMPLIFICATION:g})")
+
+
+def _jump_text(jump: dict[str, Any] | None) -> str:
     if jump is None:
         return ""
-    if parting is not None and jump["step"] >= parting["step"]:
-        jump["consequence_of"] = f"responses at step {parting['step']}"
     because = f", the consequence of the {jump['consequence_of']}" if jump.get("consequence_of") else ""
     return (f"; errors jump at step {jump['step']}: the largest, {jump['key']} {jump['error']:.3g}, is "
             f"{jump['ratio']:.3g}x the previous step's ({jump['previous_error']:.3g}){because}")
