@@ -25,25 +25,48 @@ from rlprobe.compare.tolerance import EPS, EXACT_FAMILIES, FAMILY_OF, SCALE_FLOO
 AMPLIFICATION = 1e3  # three orders of magnitude: noise measured <= 8, faults >= 1.2e4 (module docstring)
 
 
-def key_errors(con: Any) -> list[dict[str, Any]]:
-    """Per step and canonical key (sql/key_errors.sql): key, rank, micro_step, dtype and error of its
-    largest error, bitwise (every row equal) and diverged (a row beyond tolerance); in data-flow order."""
-    import pyarrow as pa
+class KeyErrors:
+    """The errors of a comparison (sql/key_errors.sql on its key_data): `per_step`, step -> the largest error
+    over its float keys ({key, dtype, error, bitwise, diverged}); at(step), canonical key -> {key, rank,
+    micro_step, dtype, error, bitwise, diverged}, in data-flow order, read for the steps asked only (25,600
+    rows of key_data as Python rows took ~50 ms)."""
 
-    from rlprobe.lake.sql_runner import records
+    def __init__(self, con: Any, steps: list[int]):
+        self._con = con
+        self._at: dict[int, dict[str, dict[str, Any]]] = {}
+        self.per_step: dict[int, dict[str, Any]] = {}
+        self._read(steps, per_step=True)
 
-    floors = {key: SCALE_FLOORS.get(family, SCALE_FLOOR) for key, family in FAMILY_OF.items()}
-    con.register("key_floors", pa.table({"canonical_key": list(floors), "floor": list(floors.values())}))
-    try:
-        return records(con, "key_errors.sql", default_floor=SCALE_FLOOR)
-    finally:
-        con.unregister("key_floors")
+    def at(self, step: int) -> dict[str, dict[str, Any]]:
+        if step not in self._at:
+            self._read([step], per_step=False)
+        return self._at.get(step, {})
+
+    def _read(self, steps: list[int], per_step: bool) -> None:
+        import pyarrow as pa
+
+        from rlprobe.lake.sql_runner import records
+
+        floors = {key: SCALE_FLOORS.get(family, SCALE_FLOOR) for key, family in FAMILY_OF.items()}
+        self._con.register("key_floors", pa.table({"canonical_key": list(floors), "floor": list(floors.values())}))
+        try:
+            rows = records(self._con, "key_errors.sql", steps=steps, default_floor=SCALE_FLOOR,
+                           float_dtypes=list(EPS), exact_keys=[k for k, f in FAMILY_OF.items() if f in EXACT_FAMILIES])
+        finally:
+            self._con.unregister("key_floors")
+        for step in steps:
+            self._at.setdefault(step, {})
+        for r in rows:
+            if r["canonical_key"] is None:
+                if per_step:
+                    self.per_step[r["step"]] = r
+            else:
+                self._at[r["step"]][r["canonical_key"]] = r
 
 
 def measured(row: dict[str, Any]) -> bool:
-    """Whether `row`'s error is a rounding measure: a float key, not tokens (exact: they part, not drift)."""
-    return row["dtype"] in EPS and FAMILY_OF.get(row["canonical_key"]) not in EXACT_FAMILIES \
-        and row["error"] is not None
+    """Whether `row`'s error is a rounding measure (sql/key_errors.sql: a float key, not tokens, with an error)."""
+    return row["error"] is not None
 
 
 def _eps(row: dict[str, Any]) -> float:
@@ -66,15 +89,10 @@ def against_inputs(row: dict[str, Any], at_step: dict[str, dict[str, Any]]) -> d
             "upstream_key": None if largest is None else largest["key"], "upstream_error": upstream_error}
 
 
-def at(errors: list[dict[str, Any]], step: int) -> dict[str, dict[str, Any]]:
-    """The rows of `errors` at `step`, by canonical key."""
-    return {r["canonical_key"]: r for r in errors if r["step"] == step}
-
-
-def amplification_point(errors: list[dict[str, Any]], step: int) -> dict[str, Any] | None:
+def amplification_point(errors: KeyErrors, step: int) -> dict[str, Any] | None:
     """The first key of `step`, in data-flow order, that diverges beyond tolerance with an error
     AMPLIFICATION or more times its inputs' (summary.json's `amplification`)."""
-    at_step = at(errors, step)
+    at_step = errors.at(step)
     for row in at_step.values():
         if not row["diverged"]:
             continue
@@ -85,22 +103,15 @@ def amplification_point(errors: list[dict[str, Any]], step: int) -> dict[str, An
     return None
 
 
-def error_jump(errors: list[dict[str, Any]]) -> dict[str, Any] | None:
+def error_jump(errors: KeyErrors) -> dict[str, Any] | None:
     """The first step with a divergence whose largest error is AMPLIFICATION or more times the previous
     compared step's (floored at its dtype's eps): {step, ratio, key, error, previous_error}."""
-    largest: dict[int, dict[str, Any]] = {}
-    diverged: set[int] = set()
-    for r in errors:
-        if r["diverged"]:
-            diverged.add(r["step"])
-        if measured(r) and (r["step"] not in largest or r["error"] > largest[r["step"]]["error"]):
-            largest[r["step"]] = r
-    steps = sorted({r["step"] for r in errors})
+    steps = sorted(errors.per_step)
     for previous, step in zip(steps, steps[1:]):
-        row = largest.get(step)
-        if row is None or step not in diverged:
+        row, before_row = errors.per_step[step], errors.per_step[previous]
+        if not row["diverged"] or not measured(row):
             continue
-        before = float(largest[previous]["error"]) if previous in largest else 0.0
+        before = float(before_row["error"]) if measured(before_row) else 0.0
         ratio = float(row["error"]) / max(before, _eps(row))
         if ratio >= AMPLIFICATION:
             return {"step": step, "ratio": ratio, "key": row["key"], "error": float(row["error"]),

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import pyarrow as pa
 
 from rlprobe._version import __version__
-from rlprobe.compare.amplification import key_errors
+from rlprobe.compare.amplification import KeyErrors
 from rlprobe.compare.key_data import compare_key_data, saved_keys
 from rlprobe.compare.optional_tables import has_grads, has_module_stats, has_params
 from rlprobe.compare.options import CompareOptions
@@ -86,7 +86,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
 
     config_diff = diff_configs(dump_a, dump_b, ignore=options.config_ignore,
                                ignore_defaults=options.config_ignore_defaults, read_errors=read_errors)
-    verdict = explain(first, key_errors(con) if first is not None else [], within, compared.first_difference,
+    verdict = explain(first, KeyErrors(con, [first["step"]]) if first is not None else None, within, compared.first_difference,
                       config_diff=config_diff, reward_source=partial(reward_source, dump_a, dump_b),
                       shared_prefix=partial(shared_prefix_log_probs, dump_a, dump_b, compared.table,
                                             tolerance=options.tolerance))

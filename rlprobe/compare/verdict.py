@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rlprobe.compare.amplification import AMPLIFICATION, against_inputs, amplification_point, at, error_jump
+from rlprobe.compare.amplification import AMPLIFICATION, KeyErrors, against_inputs, amplification_point, error_jump
 from rlprobe.compare.dataflow import UPSTREAM_OF
 from rlprobe.compare.tolerance import EXACT_FAMILIES, FAMILY_OF
 
@@ -63,14 +63,14 @@ LOSSES = {"ratio", "pg_loss", "vf_loss", "kl_loss", "entropy", "loss"}
 RULES["token_level_scores"] = RULES["rewards"]
 
 
-def explain(first: dict[str, Any] | None, errors: list[dict[str, Any]], within: Any,
+def explain(first: dict[str, Any] | None, errors: KeyErrors | None, within: Any,
             difference: dict[str, Any] | None = None, *, config_diff: Any = None,
             shared_prefix: Callable[[int], dict[str, Any] | None] | None = None,
             reward_source: Callable[[], str | None] | None = None) -> dict[str, Any]:
     """suspect, advice, next_config, amplification, error_jump and parting for a first divergence (beyond
     tolerance); without one, `difference` (the first bitwise difference, within rounding) is named in the advice.
 
-    `errors`: per step and canonical key, its largest error and whether it diverged (amplification.key_errors);
+    `errors`: the errors per step and per key (amplification.KeyErrors; None without a first divergence);
     `within`: what each run shows about itself (single_run.SingleRunFindings: the on_policy and
     rollout_vs_recompute rules of rlprobe check, per run); `config_diff`: config_diff.diff_configs' table;
     `shared_prefix(step)`: parting.shared_prefix_log_probs at that step; `reward_source()`:
@@ -125,7 +125,7 @@ def explain(first: dict[str, Any] | None, errors: list[dict[str, Any]], within: 
     if head is not None:  # the first divergence is its inputs' rounding carried on: the amplification point leads
         amp = found["amplification"]
         key, canon, step = amp["key"], amp["canonical_key"], amp["step"]
-    at_step = at(errors, step)
+    at_step = errors.at(step)
     inputs = [k for k in UPSTREAM_OF.get(canon, ()) if k in at_step and not at_step[k]["diverged"]]
     if canon == "token_level_rewards" and len(inputs) < 2:  # the penalty's inputs were not both captured
         missing = [k for k in UPSTREAM_OF[canon] if k not in inputs]
@@ -137,9 +137,8 @@ def explain(first: dict[str, Any] | None, errors: list[dict[str, Any]], within: 
     else:
         rule = RULES.get(canon)
     same = _agreeing(inputs, at_step)
-    earlier = [r for r in errors if r["step"] < step]
     if canon == "responses" and step > 0 and not at_step.get("prompts", {}).get("diverged"):
-        suspect, found["parting"] = _parting(step, earlier, errors, config_diff,
+        suspect, found["parting"] = _parting(step, errors, config_diff,
                                              shared_prefix(step) if shared_prefix is not None else None)
     elif rule is not None:
         suspect = rule
@@ -188,25 +187,25 @@ def reward_rule(source: str | None) -> Suspect:
     return RULES["rewards"]
 
 
-def _parting(step: int, earlier: list[dict[str, Any]], errors: list[dict[str, Any]], config_diff: Any,
+def _parting(step: int, errors: KeyErrors, config_diff: Any,
              prefix: dict[str, Any] | None) -> tuple[Suspect, dict[str, Any] | None]:
     """Responses that part at `step` > 0 from the same prompts, every earlier key within tolerance: the update
     after step - 1 where every earlier key matched bitwise or where the dump shows the weights differ (a
     changed setting of the update in the config diff, the policy's log-probs of the shared tokens beyond
     rounding: parting.py); else sampling under rounding noise. The parting's `consequences`: the keys that
-    diverge from `step` on, as the other tokens make them."""
+    diverge at `step`, as the other tokens make them (and every later step's keys)."""
     update = Suspect(
         f"the parameter update after step {step - 1}: all key data up to step {step - 1} matched, "
         f"yet new rollouts differ", None,
         f"compare the optimizer settings (learning rate, schedule, clipping) and the weight sync to the rollout "
         f"engine; monitor gradients (monitor_grads) around step {step - 1}")
-    if all(r["bitwise"] for r in earlier):
+    if all(r["bitwise"] for s, r in errors.per_step.items() if s < step):
         return update, None
     from rlprobe.compare.config_diff import causes
 
     settings = [] if config_diff is None else causes(config_diff, {"canonical_key": "responses", "step": step})
-    consequences = sorted({r["key"] for r in errors if r["step"] >= step and r["diverged"]
-                           and r["canonical_key"] != "responses"})
+    consequences = sorted(r["key"] for r in errors.at(step).values()
+                          if r["diverged"] and r["canonical_key"] != "responses")
     evidence = []
     if settings:
         evidence.append(f"a changed setting of the config diff ({', '.join(r['path'] for r in settings[:3])})")
@@ -229,12 +228,12 @@ def _parting(step: int, earlier: list[dict[str, Any]], errors: list[dict[str, An
         "tokens, not as faults of their own"), {**parting, "cause": "sampling"}
 
 
-def _amplified(first: dict[str, Any], errors: list[dict[str, Any]], found: dict[str, Any]) -> str | None:
+def _amplified(first: dict[str, Any], errors: KeyErrors, found: dict[str, Any]) -> str | None:
     """The suspect's text around "{what}" where the first divergence, a float key, is no more than its inputs'
     rounding carried on (a ratio under AMPLIFICATION) and an amplification point lies at its step or, without
     one there, at the error jump's later step (set in `found`); None where the first divergence leads."""
     canon, step = first["canonical_key"], first["step"]
-    at_step = at(errors, step)
+    at_step = errors.at(step)
     own = against_inputs(at_step[canon], at_step) if canon in at_step else None
     if own is None or own["ratio"] >= AMPLIFICATION:
         return None

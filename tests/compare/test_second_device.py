@@ -211,15 +211,16 @@ def test_noise_keeps_every_key_near_its_inputs_error(runs, tmp_path):
     most, a KL), far under the factor; the planted faults reach 1e4 and more."""
     import duckdb
 
-    from rlprobe.compare.amplification import AMPLIFICATION, against_inputs, at, key_errors
+    from rlprobe.compare.amplification import AMPLIFICATION, KeyErrors, against_inputs
 
     ratios = {}
     for name in ("noise", "advantage-bug", "ref-bf16"):
         rlprobe.compare(runs["one"], runs[name], tmp_path / name, reports=False)
         con = duckdb.connect()
         con.register("key_data", pq.read_table(tmp_path / name / "key_data.parquet"))
-        errors = key_errors(con)
-        found = [(against_inputs(r, at(errors, r["step"])), r) for r in errors]
+        errors = KeyErrors(con, [0, 1])
+        assert sorted(errors.per_step) == [0, 1]
+        found = [(against_inputs(r, errors.at(step)), r) for step in (0, 1) for r in errors.at(step).values()]
         ratios[name] = {(r["step"], r["key"]): f["ratio"] for f, r in found if f is not None}
     assert ratios["noise"] and max(ratios["noise"].values()) < AMPLIFICATION / 10
     assert ratios["advantage-bug"][(0, "advantages")] > 10 * AMPLIFICATION
