@@ -171,6 +171,9 @@ def explain_config(summary: dict[str, Any], diff: pa.Table, canonical_key: str |
     if not diverged or not rows:
         summary["config_cause"] = []
         return
+    amplification = summary.get("amplification") or {}
+    if amplification.get("leads"):  # the suspect is the amplification point's key, not the marginal first divergence
+        canonical_key, first = amplification["canonical_key"], amplification
     found = causes(diff, None if first is None else {"canonical_key": canonical_key,
                                                      "step": first.get("step")})
     summary["config_cause"] = [{k: r[k] for k in ("path", "value_a", "value_b", "family", "label")} for r in found]

@@ -86,8 +86,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
 
     config_diff = diff_configs(dump_a, dump_b, ignore=options.config_ignore,
                                ignore_defaults=options.config_ignore_defaults, read_errors=read_errors)
-    verdict = explain(first, KeyErrors(con, [first["step"]]) if first is not None else None, within, compared.first_difference,
-                      config_diff=config_diff, reward_source=partial(reward_source, dump_a, dump_b),
+    verdict = explain(first, KeyErrors(con, [first["step"]]) if first is not None else None, within,
+                      compared.first_difference, config_diff=config_diff, reward_source=partial(reward_source, dump_a, dump_b),
                       shared_prefix=partial(shared_prefix_log_probs, dump_a, dump_b, compared.table,
                                             tolerance=options.tolerance))
     if first is not None:

@@ -124,6 +124,7 @@ def explain(first: dict[str, Any] | None, errors: KeyErrors | None, within: Any,
     head = _amplified(first, errors, found)
     if head is not None:  # the first divergence is its inputs' rounding carried on: the amplification point leads
         amp = found["amplification"]
+        amp["leads"] = True  # the config diff's causes are then this key's (config_diff.explain_config)
         key, canon, step = amp["key"], amp["canonical_key"], amp["step"]
     at_step = errors.at(step)
     inputs = [k for k in UPSTREAM_OF.get(canon, ()) if k in at_step and not at_step[k]["diverged"]]

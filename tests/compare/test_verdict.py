@@ -136,3 +136,23 @@ def test_a_switched_off_reward_model_is_no_reward_model(tmp_path):
     b = run(tmp_path / "b", config, [step(rewards=torch.tensor([0.0, 0.0]))])
     summary = rlprobe.compare(a, b, tmp_path / "o", reports=False)
     assert "-> the reward function (rule-based" in summary["suspect"] and summary["next_config"] is None
+
+
+def test_the_amplification_point_takes_the_config_note_of_its_own_key(tmp_path):
+    """A tolerance under the noise makes rewards one float32 ulp apart the first divergence; the advantages, off
+    by 0.3 from inputs one ulp apart, are the amplification point and lead the suspect, and the changed GAE
+    lambda explains them (it could not explain rewards, nor anything at step 0 through the update)."""
+    a = run(tmp_path / "a", {"ppo": {"lam": 0.95}}, [step()])
+    b = run(tmp_path / "b", {"ppo": {"lam": 0.5}},
+            [step(rewards=torch.tensor([float(torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))), 0.0]),
+                  advantages=torch.tensor([1.0, -1.0]))])
+    summary = rlprobe.compare(a, b, tmp_path / "o", reports=False, rtol=1e-9, atol=0)
+    assert summary["first_divergence"]["key"] == "rewards"
+    amplification = summary["amplification"]
+    assert (amplification["key"], amplification["upstream_key"], amplification["leads"]) == \
+        ("advantages", "rewards", True)
+    assert amplification["ratio"] > 1e3
+    assert [c["path"] for c in summary["config_cause"]] == ["ppo.lam"]
+    assert summary["suspect"].startswith("config: advantage setting changed: ppo.lam: A=0.95, B=0.5 -> the error of "
+                                         "advantages jumps at step 0")
+    assert "the first divergence beyond tolerance, rewards at step 0" in summary["suspect"]
