@@ -140,6 +140,9 @@ def test_a_tight_tolerance_still_names_the_advantage_computation_where_its_error
                               rtol=1e-9, atol=0)
     first = summary["first_divergence"]
     assert first["step"] == 0 and first["key"] != "advantages" and first["norm_rel_err"] < 1e-6
+    rows = pq.read_table(tmp_path / "out" / "key_data.parquet").to_pylist()
+    for key in ("rewards", "values", "old_log_prob"):  # the advantages' inputs: beyond this tolerance too
+        assert "mismatch" in {r["status"] for r in rows if r["step"] == 0 and r["key"] == key}, key
     amplification = summary["amplification"]
     assert (amplification["key"], amplification["step"]) == ("advantages", 0)
     assert amplification["ratio"] > 1e3 and amplification["upstream_error"] < 1e-6 < 0.5 < amplification["error"]
