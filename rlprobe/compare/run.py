@@ -19,7 +19,7 @@ from rlprobe.compare.optional_tables import has_grads, has_module_stats, has_par
 from rlprobe.compare.options import CompareOptions
 from rlprobe.compare.pairs_ahead import PairsAhead
 from rlprobe.compare.single_run import single_run_findings
-from rlprobe.compare.verdict import explain, explain_beyond_key_data
+from rlprobe.compare.verdict import explain, explain_beyond_key_data, settle_parting
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.sql_runner import records, run, to_arrow
 
@@ -153,6 +153,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
 
         add_param_comparison(tables, summary, dump_a, dump_b, first and first["canonical_key"], read_errors, steps,
                              ranks)
+        settle_parting(summary)  # an update that differs before the tokens part is no sampling
     from rlprobe.compare.config_diff import explain_config, saved_configs
     from rlprobe.compare.key_aliases import flow_warning
     from rlprobe.compare.verdict_modules import follow_up

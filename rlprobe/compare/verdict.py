@@ -195,13 +195,8 @@ def _parting(step: int, errors: KeyErrors, config_diff: Any,
     changed setting of the update in the config diff, the policy's log-probs of the shared tokens beyond
     rounding: parting.py); else sampling under rounding noise. The parting's `consequences`: the keys that
     diverge at `step`, as the other tokens make them (and every later step's keys)."""
-    update = Suspect(
-        f"the parameter update after step {step - 1}: all key data up to step {step - 1} matched, "
-        f"yet new rollouts differ", None,
-        f"compare the optimizer settings (learning rate, schedule, clipping) and the weight sync to the rollout "
-        f"engine; monitor gradients (monitor_grads) around step {step - 1}")
     if all(r["bitwise"] for s, r in errors.per_step.items() if s < step):
-        return update, None
+        return _update(step, None), None
     from rlprobe.compare.config_diff import causes
 
     settings = [] if config_diff is None else causes(config_diff, {"canonical_key": "responses", "step": step})
@@ -216,9 +211,7 @@ def _parting(step: int, errors: KeyErrors, config_diff: Any,
                         f"{'<=' if prefix['within'] else '>'} their tolerance {prefix['bound']:.3g}")
     parting = {"step": step, "evidence": evidence, "consequences": consequences}
     if settings or (prefix is not None and not prefix["within"]):
-        return Suspect(f"the parameter update after step {step - 1}: every key up to step {step - 1} is within "
-                       f"rounding, yet new rollouts differ and the weights differ: {'; '.join(evidence)}",
-                       None, update.advice), {**parting, "cause": "update"}
+        return _update(step, evidence), {**parting, "cause": "update"}
     shown = f" ({'; '.join(evidence)})" if evidence else ""
     return Suspect(
         f"responses differ from step {step} (sampling under rounding noise: every earlier key is within rounding); "
@@ -285,6 +278,35 @@ def _settings(rows: list[dict[str, Any]]) -> str:
     from rlprobe.lake.configs import value_text
 
     return "; ".join(f"{r['path']}: A={value_text(r['value_a'])}, B={value_text(r['value_b'])}" for r in rows[:3])
+
+
+def settle_parting(summary: dict[str, Any]) -> None:
+    """Once the parameter fingerprints are compared (params.py): responses named as parting by sampling
+    whose policy's weights already differ after an update before the parting (`param_first_difference`:
+    beyond rounding) part by that update; `parting` and, where params.explain_update left it, the suspect
+    say so. In place."""
+    parting, update = summary.get("parting"), summary.get("param_first_difference")
+    if parting is None or parting["cause"] != "sampling" or update is None:
+        return
+    if update.get("probe_step") is None or update["probe_step"] >= parting["step"]:
+        return
+    parting["cause"] = "update"
+    parting["evidence"].append(f"the parameter fingerprints of model {update['monitor']!r} differ after the update "
+                               f"of step {update['probe_step']} (first parameter {update['param']!r})")
+    if str(summary.get("suspect") or "").startswith(f"responses differ from step {parting['step']} (sampling"):
+        suspect = _update(parting["step"], parting["evidence"])
+        summary["suspect"], summary["advice"] = suspect.what, suspect.advice
+
+
+def _update(step: int, evidence: list[str] | None) -> Suspect:
+    """The update after step - 1 as the suspect of responses that part at `step`: with every earlier key
+    bitwise equal (`evidence` None), or within rounding and `evidence` that the weights differ."""
+    what = (f"all key data up to step {step - 1} matched, yet new rollouts differ" if evidence is None else
+            f"every key up to step {step - 1} is within rounding, yet new rollouts differ and the weights differ: "
+            + "; ".join(evidence))
+    return Suspect(f"the parameter update after step {step - 1}: {what}", None,
+                   "compare the optimizer settings (learning rate, schedule, clipping) and the weight sync to the "
+                   f"rollout engine; monitor gradients (monitor_grads) around step {step - 1}")
 
 
 def rollout_suspect(within: Any, step: int) -> Suspect | None:

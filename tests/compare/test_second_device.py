@@ -228,3 +228,19 @@ def test_noise_keeps_every_key_near_its_inputs_error(runs, tmp_path):
     assert ratios["noise"] and max(ratios["noise"].values()) < AMPLIFICATION / 10
     assert ratios["advantage-bug"][(0, "advantages")] > 10 * AMPLIFICATION
     assert ratios["ref-bf16"][(0, "ref_log_prob")] > 10 * AMPLIFICATION
+
+
+def test_fingerprints_of_an_update_that_differs_part_the_responses_by_the_update(tmp_path):
+    """Tokens that share nothing at step 1 (other draws) give no log-prob evidence; the actor's fingerprints,
+    which differ after step 0's update (the lr fault), do: parting by the update, not by sampling."""
+    fingerprints = {**SETTINGS, "rlprobe_config.param_fingerprints": True}
+    a = train(tmp_path / "a", None, **fingerprints)
+    b = train_on_second_device(tmp_path / "b", ["sampling-seed@1", "lr"], **fingerprints)
+    summary = rlprobe.compare(a, b, tmp_path / "out", reports=False)
+    assert (summary["first_divergence"]["key"], summary["first_divergence"]["step"]) == ("responses", 1)
+    parting = summary["parting"]
+    assert (parting["step"], parting["cause"]) == (1, "update")
+    assert parting["evidence"][-1].startswith("the parameter fingerprints of model 'actor' differ after the update "
+                                              "of step 0")
+    assert "sampling under rounding noise" not in summary["suspect"]
+    assert "the update of step 0 differs for model 'actor'" in summary["suspect"]
