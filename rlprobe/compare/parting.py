@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from rlprobe.compare.tolerance import Tolerance
 from rlprobe.errors import DumpReadError
@@ -27,6 +26,8 @@ def shared_prefix_log_probs(dump_a: Dump, dump_b: Dump, key_data: pa.Table, step
     """The policy's log-probs of the tokens both runs share at `step` against their tolerance:
     {key, step, positions, max_abs_err, bound, within} for the first of POLICY_LOG_PROBS saved as tensors
     of the responses' shape (None without one, or without a shared token)."""
+    import pyarrow.compute as pc  # here: a comparison whose tokens do not part never needs it (start-up)
+
     rows = [r for r in key_data.filter(pc.equal(key_data["step"], step)).to_pylist()
             if r["file_a"] is not None and r["file_b"] is not None]
     responses = {(r["rank"], r["micro_step"], r["index"]): r for r in rows if r["canonical_key"] == "responses"}
