@@ -88,37 +88,11 @@ def explain(first: dict[str, Any] | None, errors: KeyErrors | None, within: Any,
         return {"suspect": None, "advice": advice, "next_config": None, **found}
     if first is None:
         return {"suspect": None, "advice": "the runs agree on every compared value", "next_config": None, **found}
-    key, canon, step, status = first["key"], first["canonical_key"], first["step"], first["status"]
+    key, canon, step = first["key"], first["canonical_key"], first["step"]
     where = f"step {step}, rank {first['rank']}, micro_step {first['micro_step']}"
-    if status in ("only_in_a", "only_in_b"):
-        missing = "B" if status == "only_in_a" else "A"
-        return {"suspect": f"the runs captured different data: run {missing} has no {key!r} at {where}",
-                "advice": "compare like with like: the same keys, steps and ranks (use --keys/--steps/--ranks), "
-                          "or find why one run stopped or skipped saving",
-                "next_config": None, **found}
-    if status in ("absent_in_a", "absent_in_b"):
-        none_in, value_in = ("A", "B") if status == "absent_in_a" else ("B", "A")
-        return {"suspect": f"the runs computed different data: run {none_in} saved None (not computed) for {key!r} "
-                           f"at {where}, run {value_in} a value",
-                "advice": "compare the two configs for the setting that switches this value on (a KL or reference "
-                          "model option, a critic, a loss term): the trainers did not run the same computation",
-                "next_config": None, **found}
-    if status == "error":
-        return {"suspect": f"a file could not be read ({first.get('message')})",
-                "advice": "fix or re-capture the unreadable file; the other rows are still compared",
-                "next_config": None, **found}
-    changed = _changed(config_diff)
-    if status == "shape_mismatch":
-        seeds = [r for r in changed if r["family"] == "seed"]
-        if seeds and not any(r["family"] == "batch" for r in changed):
-            return {"suspect": f"{key!r} has different shapes at {where}: the data order differs, because the seed "
-                               f"differs ({_settings(seeds)}): other samples, of other lengths, fill the batches",
-                    "advice": "set the seed alike in both runs (or fix the data order) and compare again",
-                    "next_config": None, **found}
-        return {"suspect": f"{key!r} has different shapes at {where}: the runs used different batch or sequence sizes",
-                "advice": "check micro-batch size, sequence lengths and padding in both configs", "next_config": None,
-                **found}
-
+    unpaired = _unpaired(first, where, config_diff)
+    if unpaired is not None:  # no values compared: the pair itself says what differs
+        return {**unpaired, "next_config": None, **found}
     found["error_jump"] = error_jump(errors)
     found["amplification"] = amplification_point(errors, step)
     head = _amplified(first, errors, found)
@@ -172,6 +146,36 @@ def explain(first: dict[str, Any] | None, errors: KeyErrors | None, within: Any,
     else:
         text = f"{shown} diverges first at {where}{same} -> {what}"
     return {"suspect": text, "advice": advice, "next_config": next_config, **found}
+
+
+def _unpaired(first: dict[str, Any], where: str, config_diff: Any) -> dict[str, str] | None:
+    """suspect and advice where the first divergence is no pair of values: a row one run lacks or saved as
+    None, a file that cannot be read, shapes that differ (a changed seed: the data order)."""
+    key, status = first["key"], first["status"]
+    if status in ("only_in_a", "only_in_b"):
+        missing = "B" if status == "only_in_a" else "A"
+        return {"suspect": f"the runs captured different data: run {missing} has no {key!r} at {where}",
+                "advice": "compare like with like: the same keys, steps and ranks (use --keys/--steps/--ranks), "
+                          "or find why one run stopped or skipped saving"}
+    if status in ("absent_in_a", "absent_in_b"):
+        none_in, value_in = ("A", "B") if status == "absent_in_a" else ("B", "A")
+        return {"suspect": f"the runs computed different data: run {none_in} saved None (not computed) for {key!r} "
+                           f"at {where}, run {value_in} a value",
+                "advice": "compare the two configs for the setting that switches this value on (a KL or reference "
+                          "model option, a critic, a loss term): the trainers did not run the same computation"}
+    if status == "error":
+        return {"suspect": f"a file could not be read ({first.get('message')})",
+                "advice": "fix or re-capture the unreadable file; the other rows are still compared"}
+    if status != "shape_mismatch":
+        return None
+    changed = _changed(config_diff)
+    seeds = [r for r in changed if r["family"] == "seed"]
+    if seeds and not any(r["family"] == "batch" for r in changed):
+        return {"suspect": f"{key!r} has different shapes at {where}: the data order differs, because the seed "
+                           f"differs ({_settings(seeds)}): other samples, of other lengths, fill the batches",
+                "advice": "set the seed alike in both runs (or fix the data order) and compare again"}
+    return {"suspect": f"{key!r} has different shapes at {where}: the runs used different batch or sequence sizes",
+            "advice": "check micro-batch size, sequence lengths and padding in both configs"}
 
 
 def reward_rule(source: str | None) -> Suspect:
