@@ -103,6 +103,46 @@ def changed(diff: pa.Table) -> list[dict[str, Any]]:
     return [r for r in diff.to_pylist() if not r["ignored"]]
 
 
+def matches(path: str, pattern: str) -> bool:
+    """config_families.yaml's glob rule (as sql/config_diff.sql applies it): a pattern with no dot
+    matches the path's last part, one with a dot the path's end; both case-insensitively."""
+    import fnmatch
+
+    path, pattern = path.lower(), pattern.lower()
+    if "." in pattern:
+        return fnmatch.fnmatchcase(path, pattern) or fnmatch.fnmatchcase(path, "*." + pattern)
+    return fnmatch.fnmatchcase(path.rsplit(".", 1)[-1], pattern)
+
+
+def reward_source(dump_a: Dump, dump_b: Dump) -> str | None:
+    """What the runs score their responses with: "model" where either run has a reward model (a
+    reward_compute module dump, or a config path of config_families.yaml's reward_scoring.model not
+    switched off), "function" where both runs' saved configs name reward functions and no reward model,
+    None where a run saved no config that tells (the verdict then names both)."""
+    found = [_reward_source(dump) for dump in (dump_a, dump_b)]
+    if "model" in found:
+        return "model"
+    return "function" if found == ["function", "function"] else None
+
+
+def _reward_source(dump: Dump) -> str | None:
+    from rlprobe.compare.optional_tables import has_module_stats
+
+    if has_module_stats(dump):
+        import pyarrow.compute as pc
+
+        if pc.any(pc.equal(dump.arrow("module")["stage"], "reward_compute")).as_py():
+            return "model"
+    rules = families()["reward_scoring"]
+    rows = dump.configs_table().to_pylist()
+    off = any(matches(r["path"], p) and r["value"] in ("false", "null") for r in rows for p in rules["switch"])
+    if not off and any(matches(r["path"], p) for r in rows for p in rules["model"]):
+        return "model"
+    if any(matches(r["path"], p) for r in rows for p in rules["function"]):
+        return "function"
+    return None
+
+
 def _configs(dump: Dump, side: str, read_errors: list[str] | None) -> pa.Table:
     errors: list[str] = []
     table = dump.configs_table(errors)
@@ -131,6 +171,9 @@ def explain_config(summary: dict[str, Any], diff: pa.Table, canonical_key: str |
     if not diverged or not rows:
         summary["config_cause"] = []
         return
+    amplification = summary.get("amplification") or {}
+    if amplification.get("leads"):  # the suspect is the amplification point's key, not the marginal first divergence
+        canonical_key, first = amplification["canonical_key"], amplification
     found = causes(diff, None if first is None else {"canonical_key": canonical_key,
                                                      "step": first.get("step")})
     summary["config_cause"] = [{k: r[k] for k in ("path", "value_a", "value_b", "family", "label")} for r in found]

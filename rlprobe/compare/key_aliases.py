@@ -1,4 +1,4 @@
-"""Trainers' own key names -> rlprobe's canonical keys, so the verdict rules (verdict.UPSTREAM_OF,
+"""Trainers' own key names -> rlprobe's canonical keys, so the verdict rules (dataflow.UPSTREAM_OF,
 RULES) see `old_log_prob` where a verl run saved `old_log_probs` (docs/compare.md, "Key names").
 
 The built-in table is rlprobe/key_names.csv (TRL, verl, OpenRLHF, MindSpeed-RL, and spellings of

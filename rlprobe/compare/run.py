@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any, Callable
 import pyarrow as pa
 
 from rlprobe._version import __version__
+from rlprobe.compare.amplification import KeyErrors
 from rlprobe.compare.key_data import compare_key_data, saved_keys
 from rlprobe.compare.optional_tables import has_grads, has_module_stats, has_params
 from rlprobe.compare.options import CompareOptions
 from rlprobe.compare.pairs_ahead import PairsAhead
 from rlprobe.compare.sample_alignment import modules_not_compared
 from rlprobe.compare.single_run import single_run_findings
-from rlprobe.compare.verdict import explain, explain_beyond_key_data
+from rlprobe.compare.verdict import explain, explain_beyond_key_data, settle_parting
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.sql_runner import records, run, to_arrow
 
@@ -83,15 +84,19 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
     with _numba_loading:  # what follows may compile kernels too (the single-run rules, gradients)
         pass
 
-    diverged_at_step = {}
-    if first is not None:
-        for r in records(con, "key_status_at_step.sql", step=first["step"]):
-            diverged_at_step[r["canonical_key"]] = bool(r["diverged"])
     if beside.started:
         within = beside.wait()
     else:  # each run against itself (rlprobe check)
         within = single_run_findings({"A": dump_a, "B": dump_b}, saved_keys(con), _cursors(con), key_map)
-    verdict = explain(first, diverged_at_step, within, compared.first_difference)
+    from rlprobe.compare.config_diff import diff_configs, reward_source
+    from rlprobe.compare.parting import shared_prefix_log_probs
+
+    config_diff = diff_configs(dump_a, dump_b, ignore=options.config_ignore,
+                               ignore_defaults=options.config_ignore_defaults, read_errors=read_errors)
+    verdict = explain(first, KeyErrors(con, [first["step"]]) if first is not None else None, within,
+                      compared.first_difference, config_diff=config_diff, reward_source=partial(reward_source, dump_a, dump_b),
+                      shared_prefix=partial(shared_prefix_log_probs, dump_a, dump_b, compared.table,
+                                            tolerance=options.tolerance))
     if first is not None:
         earliest = records(con, "earliest_in_step.sql", step=first["step"])
         if earliest and earliest[0]["micro_step"] < first["micro_step"]:
@@ -167,13 +172,13 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
 
         add_param_comparison(tables, summary, dump_a, dump_b, first and first["canonical_key"], read_errors, steps,
                              ranks, options.tolerance)
-    from rlprobe.compare.config_diff import diff_configs, explain_config, saved_configs
+        settle_parting(summary)  # an update that differs before the tokens part is no sampling
+    from rlprobe.compare.config_diff import explain_config, saved_configs
     from rlprobe.compare.key_aliases import flow_warning
     from rlprobe.compare.verdict_modules import follow_up
 
     follow_up(summary, tables.get("modules"))  # docs/modules.md: after the module dump; docs/compare.md: config diff
-    tables["config_diff"] = diff_configs(dump_a, dump_b, ignore=options.config_ignore,
-                                         ignore_defaults=options.config_ignore_defaults, read_errors=read_errors)
+    tables["config_diff"] = config_diff
     explain_config(summary, tables["config_diff"], first and first["canonical_key"], saved_configs(dump_a, dump_b),
                    flow_warning([k["key"] for k in summary["keys"]], key_map, order))
     if modules_skipped and (summary.get("next_config") or {}).get("rlprobe_config", {}).get("stages"):

@@ -25,6 +25,12 @@ STAGES = ["reference_compute_log_prob", "actor_compute_log_prob", "actor_update"
 SETTINGS = {"ppo.steps": 2, "rlprobe_config.stages": STAGES, "rlprobe_config.tensors": True}
 FAULTS = ("advantage-bug", "ref-bf16", "sampling-seed", "lr", "rollout-bf16", "stale-rollout-weights",
           "nondeterministic")
+# a fault from step 1 on: the GAE bug after a clean step
+LATER = ("advantage-bug@1",)
+# tokens that part under noise alone: other sampling draws from step 1 stand for a draw that straddled a
+# probability the second device's rounding moved (a real flip is too rare to meet in a cheap run), with the
+# trainer on noise only; at temperature 0.1 many draws still pick the same first tokens, which both runs share
+COLD = {**SETTINGS, "ppo.temperature": 0.1}
 # fault -> (key, step, words of the suspect) of the first divergence on one device
 EXPECTED = {
     "advantage-bug": ("advantages", 0, "not a model"),
@@ -40,11 +46,15 @@ EXPECTED = {
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("second_device")
     made = {"one": train(root / "one", None, **SETTINGS), "noise": train_on_second_device(root / "noise", None, **SETTINGS)}
-    for fault in FAULTS:
+    for fault in FAULTS + LATER:
         made[fault] = train_on_second_device(root / fault, fault, **SETTINGS)
     # the lr fault with the baseline's rollout: step 1's actor forward sees the same tokens with other weights
     made["lr-replayed"] = train_on_second_device(root / "lr-replayed", "lr", **SETTINGS,
                                                  **{"rlprobe_config.replay_from": str(made["one"])})
+    made["lr on one device"] = train(root / "lr_one", "lr", **SETTINGS)
+    made["cold"] = train(root / "cold", None, **COLD)
+    made["cold, sampling-seed@1"] = train_on_second_device(root / "cold_seed", "sampling-seed@1", **COLD)
+    made["actor_lr changed"] = train_on_second_device(root / "actor_lr", None, **SETTINGS, **{"ppo.actor_lr": 0.003})
     return made
 
 
@@ -93,6 +103,7 @@ def test_noise_alone_is_no_divergence_beyond_rounding(runs, tmp_path):
     assert used and max(used) < 0.1
     md = (out / "summary.md").read_text(encoding="utf-8")
     assert "no divergence beyond rounding" in md and "| close |" in md
+    assert summary["amplification"] is None and summary["error_jump"] is None and summary["parting"] is None
 
 
 def test_bitwise_gate_and_bitwise_tolerance_see_the_noise(runs, tmp_path):
@@ -158,3 +169,118 @@ def test_a_nondeterministic_reduction_is_rounding_and_named_only_as_a_note(runs,
     summary = rlprobe.compare(runs["one"], runs["nondeterministic"], tmp_path / "out", reports=False)
     assert summary["first_divergence"] is None and summary["first_difference"]["status"] == "close"
     assert "of run B recomputes its log-probs on-policy not bit for bit" in summary["advice"]
+
+
+def test_a_tight_tolerance_still_names_the_advantage_computation_where_its_error_jumps(runs, tmp_path):
+    """With --rtol far under the noise, log-probs, rewards and values are beyond tolerance too: the first
+    divergence is the first of them, yet the advantages' error is 1e6 times their inputs': the suspect."""
+    summary = rlprobe.compare(runs["one"], runs["advantage-bug"], tmp_path / "out", reports=False,
+                              rtol=1e-9, atol=0)
+    first = summary["first_divergence"]
+    assert first["step"] == 0 and first["key"] != "advantages" and first["norm_rel_err"] < 1e-6
+    rows = pq.read_table(tmp_path / "out" / "key_data.parquet").to_pylist()
+    for key in ("rewards", "values", "old_log_prob"):  # the advantages' inputs: beyond this tolerance too
+        assert "mismatch" in {r["status"] for r in rows if r["step"] == 0 and r["key"] == key}, key
+    amplification = summary["amplification"]
+    assert (amplification["key"], amplification["step"]) == ("advantages", 0)
+    assert amplification["ratio"] > 1e3 and amplification["upstream_error"] < 1e-6 < 0.5 < amplification["error"]
+    assert "the error of advantages jumps at step 0" in summary["suspect"]
+    assert "-> the advantage computation (GAE or group normalisation), not a model" in summary["suspect"]
+    assert f"the first divergence beyond tolerance, {first['key']} at step 0" in summary["suspect"]
+    # the default tolerance: the same key, now the first divergence and its own amplification point
+    summary = rlprobe.compare(runs["one"], runs["advantage-bug"], tmp_path / "default", reports=False)
+    assert summary["first_divergence"]["key"] == summary["amplification"]["key"] == "advantages"
+    assert "advantages diverges first at step 0" in summary["suspect"]
+
+
+def test_a_fault_planted_at_a_later_step_is_named_where_the_errors_jump(runs, tmp_path):
+    summary = rlprobe.compare(runs["one"], runs["advantage-bug@1"], tmp_path / "out", reports=False)
+    jump = summary["error_jump"]
+    assert jump["step"] == 1 and jump["ratio"] > 1e3 and jump["previous_error"] < 1e-6
+    assert "errors jump at step 1" in summary["advice"]
+    assert (summary["first_divergence"]["key"], summary["first_divergence"]["step"]) == ("advantages", 1)
+    # a tolerance under the noise puts the first divergence at step 0; the jump names step 1's advantages
+    tight = rlprobe.compare(runs["one"], runs["advantage-bug@1"], tmp_path / "tight", reports=False,
+                            rtol=1e-9, atol=0)
+    assert tight["first_divergence"]["step"] == 0 and tight["error_jump"]["step"] == 1
+    assert (tight["amplification"]["key"], tight["amplification"]["step"]) == ("advantages", 1)
+    assert "the error of advantages jumps at step 1" in tight["suspect"] and "not a model" in tight["suspect"]
+
+
+def test_responses_that_part_under_noise_are_named_as_sampling(runs, tmp_path):
+    out = tmp_path / "out"
+    proc = _cli("compare", runs["cold"], runs["cold, sampling-seed@1"], "-o", out, "--quiet")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["suspect"].startswith(
+        "responses differ from step 1 (sampling under rounding noise: every earlier key is within rounding); "
+        "replay the baseline's rollout to compare the trainer past it")
+    assert "responses differ from step 1 (sampling under rounding noise" in proc.stdout
+    parting = summary["parting"]
+    assert (parting["step"], parting["cause"]) == (1, "sampling")
+    # the tokens before each sample's first differing one, scored by the rollout engine in both runs: rounding
+    (evidence,) = parting["evidence"]
+    assert "the policy's log-probs of the tokens both runs share at step 1 (rollout_log_prob" in evidence
+    assert "<= their tolerance" in evidence
+    assert {"advantages", "rewards", "old_log_prob"} <= set(parting["consequences"])
+    assert "replay run A's rollout in run B" in summary["advice"] and "as the consequence of the other tokens" in \
+        summary["advice"]
+    assert summary["error_jump"]["consequence_of"] == "responses at step 1"
+
+
+def test_an_update_that_differs_parts_the_responses_by_the_update_not_by_sampling(runs, tmp_path):
+    """The lr fault on the second device: every earlier key is within rounding and the tokens part at step 1 as
+    under sampling noise, but the policy's log-probs of the tokens both runs still share differ beyond rounding."""
+    summary = rlprobe.compare(runs["one"], runs["lr"], tmp_path / "out", reports=False)
+    parting = summary["parting"]
+    assert (parting["step"], parting["cause"]) == (1, "update")
+    shared = [e for e in parting["evidence"] if "the policy's log-probs of the tokens both runs share at step 1" in e]
+    assert shared and "> their tolerance" in shared[0], parting["evidence"]
+    # the run fingerprints its parameters too: the suspect is the update the fingerprints name
+    assert "the update of step 0 differs for model 'actor'" in summary["suspect"], summary["suspect"]
+    assert "sampling under rounding noise" not in summary["suspect"]
+    # on one device every earlier key matches bitwise: no noise to sample under, the update
+    one = rlprobe.compare(runs["one"], runs["lr on one device"], tmp_path / "one", reports=False)
+    assert one["parting"] is None
+    assert "the update of step 0 differs for model 'actor'" in one["suspect"], one["suspect"]  # its fingerprints
+    # a changed optimizer setting in the config diff is evidence too
+    changed = rlprobe.compare(runs["one"], runs["actor_lr changed"], tmp_path / "changed", reports=False)
+    assert changed["parting"]["cause"] == "update"
+    assert any("ppo.actor_lr" in e for e in changed["parting"]["evidence"])
+    assert changed["suspect"].startswith("config: learning rate changed: ppo.actor_lr: A=0.001, B=0.003 -> ")
+
+
+def test_noise_keeps_every_key_near_its_inputs_error(runs, tmp_path):
+    """The amplification rule's premise: under noise a key's error is of the size of its inputs' (measured: 8 at
+    most, a KL), far under the factor; the planted faults reach 1e4 and more."""
+    import duckdb
+
+    from rlprobe.compare.amplification import AMPLIFICATION, KeyErrors, against_inputs
+
+    ratios = {}
+    for name in ("noise", "advantage-bug", "ref-bf16"):
+        rlprobe.compare(runs["one"], runs[name], tmp_path / name, reports=False)
+        con = duckdb.connect()
+        con.register("key_data", pq.read_table(tmp_path / name / "key_data.parquet"))
+        errors = KeyErrors(con, [0, 1])
+        assert sorted(errors.per_step) == [0, 1]
+        found = [(against_inputs(r, errors.at(step)), r) for step in (0, 1) for r in errors.at(step).values()]
+        ratios[name] = {(r["step"], r["key"]): f["ratio"] for f, r in found if f is not None}
+    assert ratios["noise"] and max(ratios["noise"].values()) < AMPLIFICATION / 10
+    assert ratios["advantage-bug"][(0, "advantages")] > 10 * AMPLIFICATION
+    assert ratios["ref-bf16"][(0, "ref_log_prob")] > 10 * AMPLIFICATION
+
+
+def test_fingerprints_of_an_update_that_differs_part_the_responses_by_the_update(tmp_path):
+    """Tokens that share nothing at step 1 (other draws) give no log-prob evidence; the actor's fingerprints,
+    which differ after step 0's update (the lr fault), do: parting by the update, not by sampling."""
+    fingerprints = {**SETTINGS, "rlprobe_config.param_fingerprints": True}
+    a = train(tmp_path / "a", None, **fingerprints)
+    b = train_on_second_device(tmp_path / "b", ["sampling-seed@1", "lr"], **fingerprints)
+    summary = rlprobe.compare(a, b, tmp_path / "out", reports=False)
+    assert (summary["first_divergence"]["key"], summary["first_divergence"]["step"]) == ("responses", 1)
+    parting = summary["parting"]
+    assert (parting["step"], parting["cause"]) == (1, "update")
+    assert parting["evidence"][-1].startswith("the parameter fingerprints of model 'actor' differ after the update "
+                                              "of step 0")
+    assert "sampling under rounding noise" not in summary["suspect"]
+    assert "the update of step 0 differs for model 'actor'" in summary["suspect"]

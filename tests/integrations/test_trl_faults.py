@@ -88,3 +88,29 @@ def test_learning_rate_names_the_update_by_its_fingerprint(trl_runs, tmp_path):
     summary = compare(trl_runs, "base", "fault_lr", tmp_path)
     assert "the update of step 0 differs for model 'actor' (first parameter " in summary["suspect"]
     assert summary["param_first_difference"]["probe_step"] == 0
+
+
+def test_a_changed_loss_type_is_the_config_note_of_the_loss(trl_runs, tmp_path):
+    """TRL's loss_type (dapo -> dr_grpo: another normalisation of the summed token losses) belongs to the loss
+    family: the changed setting leads the suspect of the loss it changes."""
+    summary = rlprobe.compare(trl_runs.get("base"), trl_runs.get("loss_type_dr_grpo", **{"grpo.loss_type": "dr_grpo"}),
+                              tmp_path / "out")
+    assert first(summary)[0] == "loss"
+    assert [(c["path"], c["family"]) for c in summary["config_cause"]] == [("args.loss_type", "loss")]
+    assert summary["suspect"].startswith('config: loss type or aggregation changed: args.loss_type: A="dapo", '
+                                         'B="dr_grpo" -> ')
+
+
+def test_a_reward_of_reward_functions_is_named_without_a_reward_model(trl_runs, tmp_path):
+    """The example's rewards are two Python functions: its saved config names them (reward_funcs) and no
+    reward model, so a reward divergence (their weights changed: the weighted total differs, each function's
+    own rewards do not) names the reward function, with the weights as its config note, and no module dump."""
+    summary = rlprobe.compare(trl_runs.get("base"), trl_runs.get("reward_weights", **{"grpo.reward_weights": [1.0, 0.5]}),
+                              tmp_path / "out")
+    assert first(summary) == ("rewards", 0)
+    # GRPOConfig's reward_weights and the snapshot's own (config_snapshot saves the trainer's weights beside its args)
+    assert {(c["path"], c["family"]) for c in summary["config_cause"]} == {("args.reward_weights", "reward_scaling"),
+                                                                            ("reward_weights", "reward_scaling")}
+    assert "-> rewards diverges first at step 0" in summary["suspect"]
+    assert "the reward function (rule-based; the saved configs name no reward model)" in summary["suspect"]
+    assert summary["next_config"] is None and "reward model" not in summary["advice"]
