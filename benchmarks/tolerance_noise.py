@@ -1,4 +1,4 @@
-"""The figures behind the default tolerances (docs/compare.md, "Tolerances"): the PPO example on this
+"""The figures behind the default tolerances (docs/across-devices.md, "Tolerances"): the PPO example on this
 CPU against the same run on the simulated second device of tests/second_device.py (every nn.Linear
 accumulated in float64), clean and with each planted fault. Prints, per comparison, the first divergence
 and, per key, the largest max-norm relative error max|a-b| / max(|a|inf, |b|inf) and the share of its

@@ -178,7 +178,7 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
 @click.option("--workers", type=click.IntRange(1, 256), default=2, show_default=True, help="Parallel comparison workers.")
 @click.option("--rtol", type=float, callback=lambda ctx, param, value: _tolerance(value),
               help="Relative tolerance of every float key (not tokens), instead of the dtype's default "
-                   "(float32 1.5e-05: docs/compare.md, Tolerances); a pair within it is 'close', no divergence.")
+                   "(float32 1.5e-05: docs/across-devices.md, Tolerances); a pair within it is 'close', no divergence.")
 @click.option("--atol", type=float, callback=lambda ctx, param, value: _tolerance(value),
               help="Absolute tolerance (default: rtol x 1 for log-probs, rtol / 16 for the other keys).")
 @click.option("--stats-rtol", type=float, callback=lambda ctx, param, value: _tolerance(value),
@@ -186,7 +186,7 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
 @click.option("--control", metavar="RUN_C",
               help="A control run: RUN_A's code rerun with noise only (without determinism, or on RUN_B's device "
                    "with a version known to be good); B diverges where its error exceeds C's by the factor of "
-                   "docs/compare.md ('A control run'), or the dtype tolerance where that is larger.")
+                   "docs/across-devices.md ('A control run'), or the dtype tolerance where that is larger.")
 @click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True,
               help="Report column headers; zh gives msprobe's Chinese headers.")
 @click.option("--per-key-files", is_flag=True, help="Also write msprobe-style <key>.xlsx files (in OUT/per_key).")

@@ -64,7 +64,7 @@ def run_training(cfg: dict[str, Any], runs: dict[str, str | None], out: Path) ->
 
 def compare_runs(a: Path, b: Path, out: Path, bitwise: bool = False) -> dict[str, Any]:
     """Run the bundled pipelines/compare.yaml on two dumps; returns its summary. `bitwise`: tolerance 0, every
-    difference a divergence (a nondeterministic reduction differs by rounding only: docs/compare.md, Tolerances)."""
+    difference a divergence (a nondeterministic reduction differs by rounding only: docs/across-devices.md, Tolerances)."""
     from rlprobe.pipeline.runner import run_pipeline
     from rlprobe.pipeline.spec import load_pipeline
 

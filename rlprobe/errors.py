@@ -21,4 +21,4 @@ class UnreadEntriesWarning(UserWarning):
 
 class ControlRunError(ProbeError):
     """A control run (`--control`, `runs: {control: ...}`) that cannot serve as one: missing, not a dump, or
-    without key data in common with run A (docs/compare.md, "A control run")."""
+    without key data in common with run A (docs/across-devices.md, "A control run")."""

@@ -1,4 +1,4 @@
-"""A control run's noise envelope (docs/compare.md, "A control run"): run C differs from run A only by
+"""A control run's noise envelope (docs/across-devices.md, "A control run"): run C differs from run A only by
 noise (A's code rerun without determinism, or on B's device with a version known to be good). A against
 C is compared first, key data only, by the same engine and options; per (canonical key, step), the largest
 max-norm relative error of A vs C (norm_rel_err: statistics-only rows' largest statistic difference) times

@@ -1,5 +1,5 @@
 """When a pair that is not bitwise equal is `close`: its difference is what rounding explains
-(docs/compare.md, "Tolerances").
+(docs/across-devices.md, "Tolerances").
 
 The measure is the max-norm relative error, max|a-b| / max(|a|inf, |b|inf): the kernel's max_abs_err
 over the larger of both sides' largest magnitudes (from their min and max statistics), so a

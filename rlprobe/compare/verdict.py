@@ -78,7 +78,7 @@ def explain(first: dict[str, Any] | None, errors: KeyErrors | None, within: Any,
     found = {"amplification": None, "error_jump": None, "parting": None}
     if first is None and difference is not None:
         advice = ("no divergence beyond rounding: every difference is within the tolerance of its dtype "
-                  "(docs/compare.md, Tolerances); key_data's close rows give each one's error against it")
+                  "(docs/across-devices.md, Tolerances); key_data's close rows give each one's error against it")
         unsteady = sorted(name for name, rows in (getattr(within, "on_policy", None) or {}).items() if rows)
         if unsteady:  # a reduction order that changes per call is rounding too: only a bitwise comparison tells
             advice += (f"; note: the actor of run {' and of run '.join(unsteady)} recomputes its log-probs on-policy "

@@ -39,9 +39,9 @@ def compare(
     and `ranks` as the command takes them ("log_prob,kl", "0-10,12") or as lists; SelectionError (a ProbeError)
     for one that is malformed or names nothing the runs hold. `tolerance`: when a pair that is not bitwise
     equal agrees (`close`): a number (rtol), or {rtol, atol, stats_rtol, families: {log_probs: {rtol: ...}},
-    keys: {advantages: {...}}} (docs/compare.md, "Tolerances"); `rtol`, `atol`, `stats_rtol` over it.
+    keys: {advantages: {...}}} (docs/across-devices.md, "Tolerances"); `rtol`, `atol`, `stats_rtol` over it.
     `control`: a control run's dump, which differs from `a` by noise only: B diverges where its error exceeds
-    the control's by the documented factor (docs/compare.md, "A control run"); ControlRunError (a ProbeError)
+    the control's by the documented factor (docs/across-devices.md, "A control run"); ControlRunError (a ProbeError)
     for one that is missing, no dump, or without key data in common with `a`.
     `options`: a rlprobe.compare.options.CompareOptions instead of the comparison's arguments (with `control`
     given too, it replaces the options' control)."""
@@ -137,7 +137,7 @@ def print_verdict(console: Console, summary: dict[str, Any], out: str) -> None:
     if (summary.get("layout") or {}).get("note"):  # runs with different layouts: docs/compare.md
         console.print(f"[yellow]note[/]: {escape(str(summary['layout']['note']))}")
     control = summary.get("control")
-    if control:  # a control run's noise envelope: docs/compare.md, "A control run"
+    if control:  # a control run's noise envelope: docs/across-devices.md, "A control run"
         factor = whole(format(control["factor"], "g"))
         console.print(f"control run {whole(control['path'])}: B's errors judged against {factor} x the control's too")
     first = summary["first_divergence"]

@@ -64,7 +64,7 @@ class Executor(_Strict):
 
 
 class ToleranceRule(_Strict):
-    """rtol and/or atol of a key family or a key (docs/compare.md, "Tolerances")."""
+    """rtol and/or atol of a key family or a key (docs/across-devices.md, "Tolerances")."""
     rtol: float | None = Field(None, ge=0, allow_inf_nan=False)
     atol: float | None = Field(None, ge=0, allow_inf_nan=False)
 

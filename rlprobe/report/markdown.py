@@ -54,7 +54,7 @@ def render_summary_md(summary: Mapping[str, Any], key_data: pa.Table) -> str:
     if (summary.get("layout") or {}).get("note"):  # runs with different layouts: docs/compare.md
         lines += [f"**Layout:** {escape_md(str(summary['layout']['note']))}", ""]
     control = summary.get("control")
-    if control:  # a control run's noise envelope: docs/compare.md, "A control run"
+    if control:  # a control run's noise envelope: docs/across-devices.md, "A control run"
         lines += [f"**Control run:** `{_code(control.get('path'))}` (B's errors judged against "
                   f"{format_number(control.get('factor'))} x its own too)", ""]
     lines += markdown_lines(summary, escape_md)  # issue 14: config diff and warnings

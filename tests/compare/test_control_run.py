@@ -1,4 +1,4 @@
-"""A control run's noise envelope (issue 41, item 2; docs/compare.md, "A control run"). Run A is the PPO
+"""A control run's noise envelope (issue 41, item 2; docs/across-devices.md, "A control run"). Run A is the PPO
 example on this CPU; run B the same run on a device whose matmul inputs are rounded to 14 mantissa bits
 (tests/second_device.py: errors beyond float32's tolerance, so without a control B's noise alone is a
 divergence); control run C the same device with another reduction order (noise of the same kind, drawn

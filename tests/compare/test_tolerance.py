@@ -1,4 +1,4 @@
-"""Tolerances (rlprobe/compare/tolerance.py, docs/compare.md "Tolerances"): which pairs are close, by
+"""Tolerances (rlprobe/compare/tolerance.py, docs/across-devices.md "Tolerances"): which pairs are close, by
 which tolerance, and how the command, rlprobe.compare() and pipelines set it."""
 
 from __future__ import annotations
