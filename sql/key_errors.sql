@@ -21,16 +21,18 @@ WITH measured AS (
     FROM key_data AS k
     LEFT JOIN key_floors AS f USING (canonical_key)
 )
-SELECT step, NULL AS canonical_key, arg_max(key, coalesce(error, -1.0)) AS key, NULL AS rank, NULL AS micro_step,
-       arg_max(dtype, coalesce(error, -1.0)) AS dtype, max(error) AS error, bool_and(bitwise) AS bitwise,
-       bool_or(diverged) AS diverged, NULL AS flow_position
-FROM measured
-GROUP BY step
-UNION ALL
-SELECT step, canonical_key, arg_max(key, coalesce(error, -1.0)), arg_max(rank, coalesce(error, -1.0)),
-       arg_max(micro_step, coalesce(error, -1.0)), arg_max(dtype, coalesce(error, -1.0)), max(error),
-       bool_and(bitwise), bool_or(diverged), min(flow_position)
-FROM measured
-WHERE list_contains($steps, step)
-GROUP BY step, canonical_key
+SELECT * FROM (  -- a union's ORDER BY takes expressions only from a FROM clause (DuckDB 1.4)
+    SELECT step, NULL AS canonical_key, arg_max(key, coalesce(error, -1.0)) AS key, NULL AS rank, NULL AS micro_step,
+           arg_max(dtype, coalesce(error, -1.0)) AS dtype, max(error) AS error, bool_and(bitwise) AS bitwise,
+           bool_or(diverged) AS diverged, NULL AS flow_position
+    FROM measured
+    GROUP BY step
+    UNION ALL
+    SELECT step, canonical_key, arg_max(key, coalesce(error, -1.0)), arg_max(rank, coalesce(error, -1.0)),
+           arg_max(micro_step, coalesce(error, -1.0)), arg_max(dtype, coalesce(error, -1.0)), max(error),
+           bool_and(bitwise), bool_or(diverged), min(flow_position)
+    FROM measured
+    WHERE list_contains($steps, step)
+    GROUP BY step, canonical_key
+)
 ORDER BY step, canonical_key IS NOT NULL, flow_position, canonical_key
