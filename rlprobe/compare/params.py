@@ -27,9 +27,10 @@ UPDATE_KEYS = {"log_prob", "entropy", "ratio", "pg_loss", "vf_loss", "loss"}  # 
 
 def add_param_comparison(tables: dict[str, pa.Table], summary: dict[str, Any], dump_a: Dump, dump_b: Dump,
                          canonical_key: str | None, read_errors: list[str], steps: Any, ranks: Any,
-                         tolerance: Tolerance | None = None) -> None:
+                         tolerance: Tolerance | None = None, config_diff: pa.Table | None = None) -> None:
     """Where either run recorded fingerprints: tables["params"], summary's params_compared and
-    param_first_difference, and the verdict of a differing update (explain_update)."""
+    param_first_difference (with what the gradients of that update say: update_gradients), and the
+    verdict of a differing update (explain_update). `tables` holds the gradient comparison where it ran."""
     if not (has_params(dump_a) or has_params(dump_b)):
         return
     layout = summary.get("layout") or {}
@@ -37,7 +38,41 @@ def add_param_comparison(tables: dict[str, pa.Table], summary: dict[str, Any], d
                                               read_errors=read_errors, steps=steps, ranks=ranks,
                                               layout=layout if layout.get("note") else None, tolerance=tolerance)
     summary["params_compared"] = tables["params"].num_rows
-    explain_update(summary, firsts, canonical_key)
+    gradients = update_gradients(tables, firsts, across=bool(layout.get("note")))
+    for f in firsts:
+        f["gradients"] = gradients.get((f["monitor"], f["rank"], f["step"]))
+    explain_update(summary, firsts, canonical_key, optimizer_changes(config_diff))
+
+
+def update_gradients(tables: dict[str, pa.Table], firsts: list[dict[str, Any]],
+                     across: bool = False) -> dict[tuple[Any, Any, Any], dict[str, Any]]:
+    """(monitor, rank, step) -> update_noise.sql's row for each first differing update: how many of the
+    parameters that differ after it had a gradient within rounding of zero, one whose signs flipped on
+    some elements, or a solid one; {} without a gradient comparison (`tables` has no `grads`)."""
+    if not firsts or "grads" not in tables or "grad_steps" not in tables:
+        return {}
+    import duckdb
+
+    from rlprobe.compare.grads import DEFAULTS
+
+    con = duckdb.connect()
+    con.register("params", tables["params"])
+    con.register("grads", tables["grads"])
+    con.register("grad_steps", tables["grad_steps"])
+    con.register("firsts", pa.table({k: [f[k] for f in firsts] for k in ("monitor", "rank", "step")}))
+    minimum = DEFAULTS["layout_similarity_min" if across else "first_step_min"]
+    return {(r["monitor"], r["rank"], r["step"]): r
+            for r in run(con, "update_noise.sql", similarity_min=minimum).to_pylist()}
+
+
+def optimizer_changes(config_diff: pa.Table | None) -> list[str]:
+    """The changed optimizer settings of the config diff (config_families.yaml's learning_rate family:
+    learning rate and schedule, betas, eps, weight decay, clipping, the optimizer)."""
+    if config_diff is None:
+        return []
+    from rlprobe.compare.config_diff import changed
+
+    return [r["path"] for r in changed(config_diff) if r["family"] == "learning_rate"]
 
 
 def param_table(dump: Dump, errors: list[str] | None = None) -> pa.Table:
@@ -119,9 +154,12 @@ def suspect_update(firsts: list[dict[str, Any]], first: dict[str, Any] | None,
     return None
 
 
-def explain_update(summary: dict[str, Any], firsts: list[dict[str, Any]], canonical_key: str | None) -> None:
-    """Put a differing update before a forward in `summary` (suspect, advice, next_config), in place."""
+def explain_update(summary: dict[str, Any], firsts: list[dict[str, Any]], canonical_key: str | None,
+                   optimizer_changed: list[str] | None = None) -> None:
+    """Put a differing update before a forward in `summary` (suspect, advice, next_config, update_noise), in
+    place. `optimizer_changed`: the changed optimizer settings of the config diff (optimizer_changes)."""
     summary["param_first_difference"] = firsts[0] if firsts else None
+    summary["update_noise"] = None
     if summary.get("first_divergence") is None and summary.get("module_first_divergence") is not None:
         return  # the module dumps name a module: that is the finer finding
     found = suspect_update(firsts, summary.get("first_divergence"), canonical_key)
@@ -129,18 +167,55 @@ def explain_update(summary: dict[str, Any], firsts: list[dict[str, Any]], canoni
         return
     monitor, step, param = found["monitor"], found["probe_step"], found["param"]
     optimizer_step = "" if found["step"] == step else f", its optimizer step {found['step']}"
+    old = summary.get("suspect") or ""
+    head = old.split(" -> ", 1)[0] + " -> " if " -> " in old and summary.get("first_divergence") else ""
+    noise = update_noise(found, optimizer_changed or [])
+    if noise is not None:
+        summary["update_noise"] = noise
+        similarity = ("" if noise["weighted_similarity"] is None else
+                      f"; its gradients agree in sign on {noise['weighted_similarity']:.4f} of their elements")
+        summary["suspect"] = head + (
+            f"rounding noise amplified by the optimizer: after update {found['step']} of model {monitor!r} (step "
+            f"{step}, rank {found['rank']}) only parameters whose gradients were within rounding of zero or "
+            f"flipped sign on some elements differ ({noise['params']} of {noise['compared']}: "
+            f"{noise['near_zero']} near zero, {noise['sign_flipped']} with flipped signs; first "
+            f"{noise['first_param']!r}); Adam-style optimizers normalise each element, so a gradient of pure "
+            f"rounding becomes a full step; the inputs of that update agree within rounding (the key data it was "
+            f"computed from{similarity}) and its optimizer settings are the same")
+        summary["advice"] = (
+            "not a changed update: to measure how far this noise grows, compare against a control run "
+            "(--control, docs/across-devices.md: run A rerun under the same noise), or take both runs on one "
+            "deterministic layout and device; a fault beyond the noise then still stands out")
+        summary["next_config"] = None
+        return
     what = (f"the update of step {step} differs for model {monitor!r} (first parameter {param!r}{optimizer_step}, "
             f"rank {found['rank']}): its weights after that optimizer step differ"
             f"{' while every fingerprint before matched' if found['matched_rows'] else ', the first fingerprinted'}")
     grad = summary.get("grad_first_flagged")
+    gradients = found.get("gradients")
+    if gradients is None or gradients["gradients_missing"] == gradients["params"]:
+        what += ("; the gradients of that update were not captured, so whether only gradients of pure rounding "
+                 "differ (noise an Adam-style optimizer amplifies) cannot be told: monitor_grads")
     if grad is not None and grad.get("monitor") == monitor:
         cause = (f"its gradients already part ways (monitor {monitor!r}, optimizer step {grad['step']}): "
                  "find why in the backward of that update")
     else:
         cause = ("check the optimizer and its settings (learning rate and schedule, betas, weight decay, "
                  "gradient clipping), then the gradients (monitor_grads) of that step")
-    old = summary.get("suspect") or ""
-    head = old.split(" -> ", 1)[0] + " -> " if " -> " in old and summary.get("first_divergence") else ""
     summary["suspect"] = head + what
     summary["advice"] = f"the forward is not the suspect, the update before it is: {cause}; see the config diff"
     summary["next_config"] = None
+
+
+def update_noise(found: dict[str, Any], optimizer_changed: list[str]) -> dict[str, Any] | None:
+    """summary.json's update_noise where the first differing update `found` is rounding noise the optimizer
+    amplified: every parameter that differs after it had a gradient within rounding of zero or one whose signs
+    flipped on some elements (update_noise.sql), none a solid gradient or none captured, and no optimizer
+    setting changed in the config diff; None otherwise (the update is named as differing)."""
+    g = found.get("gradients")
+    if g is None or optimizer_changed or not g["differing"] or g["differing_solid"] or g["differing_missing"]:
+        return None
+    return {"monitor": found["monitor"], "update": found["step"], "probe_step": found["probe_step"],
+            "rank": found["rank"], "params": g["differing"], "compared": g["params"],
+            "near_zero": g["differing_near_zero"], "sign_flipped": g["differing_sign_flipped"],
+            "first_param": g["first_param"], "weighted_similarity": g.get("weighted_similarity")}

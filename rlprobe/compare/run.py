@@ -122,6 +122,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
         "module_first_divergence": None,
         "grad_first_flagged": None,
         "param_first_difference": None,
+        "update_noise": None,
         **verdict,
         "on_policy_recompute": within.on_policy,
         "rollout_vs_trainer": within.rollout,
@@ -171,7 +172,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
         from rlprobe.compare.params import add_param_comparison
 
         add_param_comparison(tables, summary, dump_a, dump_b, first and first["canonical_key"], read_errors, steps,
-                             ranks, options.tolerance)
+                             ranks, options.tolerance, config_diff)
         settle_parting(summary)  # an update that differs before the tokens part is no sampling
     from rlprobe.compare.config_diff import explain_config, saved_configs
     from rlprobe.compare.key_aliases import flow_warning

@@ -287,11 +287,11 @@ def _settings(rows: list[dict[str, Any]]) -> str:
 def settle_parting(summary: dict[str, Any]) -> None:
     """Once the parameter fingerprints are compared (params.py): responses named as parting by sampling
     whose policy's weights already differ after an update before the parting (`param_first_difference`:
-    beyond rounding) part by that update; `parting` and, where params.explain_update left it, the suspect
+    beyond rounding, and not rounding noise the optimizer amplified: `update_noise`) part by that update; `parting` and, where params.explain_update left it, the suspect
     say so. In place."""
     parting, update = summary.get("parting"), summary.get("param_first_difference")
-    if parting is None or parting["cause"] != "sampling" or update is None:
-        return
+    if parting is None or parting["cause"] != "sampling" or update is None or summary.get("update_noise"):
+        return  # weights that differ by amplified rounding (params.update_noise) are noise the tokens part under
     if update.get("probe_step") is None or update["probe_step"] >= parting["step"]:
         return
     parting["cause"] = "update"

@@ -13,6 +13,11 @@ def param_line(summary: Mapping[str, Any]) -> str | None:
     found = summary.get("param_first_difference")
     if found is None:
         return f"parameter updates: all {summary['params_compared']} fingerprint pairs agree"
-    return (f"parameter updates: the update of step {found['probe_step']} differs first for model "
+    line = (f"parameter updates: the update of step {found['probe_step']} differs first for model "
             f"{found['monitor']!r} (first parameter {found['param']!r}, rank {found['rank']}, "
             f"norm A={found['norm_a']!r}, B={found['norm_b']!r})")
+    noise = summary.get("update_noise")
+    if noise is not None:  # compare/params.py: no changed update, the optimizer's amplification of rounding
+        line += (f"; rounding noise amplified by the optimizer: only the {noise['params']} of {noise['compared']} "
+                 "parameters whose gradients were rounding (near zero or flipped signs) differ")
+    return line

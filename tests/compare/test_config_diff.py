@@ -135,7 +135,8 @@ def test_family_patterns_match_every_trainer_s_names(ppo_runs):
              "sampling", "args.top_p": "sampling", "args.epsilon": "clip", "actor.clip_ratio": "clip",
              "args.per_device_train_batch_size": "batch", "args.gradient_accumulation_steps": "batch",
              "args.num_iterations": "batch", "actor.entropy_coeff": "entropy", "args.bf16": "precision",
-             "models.reference.dtypes": "precision", "args.adam_epsilon": None, "args.output_dir": None}
+             "models.reference.dtypes": "precision", "args.adam_epsilon": "learning_rate", "args.optim": "learning_rate",
+             "args.logging_steps": None, "args.output_dir": None}
     con = duckdb.connect()
     rows = pa.table({"rank": [0] * len(paths), "path": list(paths), "value": ["1"] * len(paths)})
     con.register("configs_a", rows)
@@ -144,4 +145,4 @@ def test_family_patterns_match_every_trainer_s_names(ppo_runs):
     query = f"SELECT path, family, ignored FROM ({sql_text('config_diff.sql')})"
     found = {r[0]: (r[1], r[2]) for r in con.execute(query).fetchall()}
     assert {p: f for p, (f, _) in found.items()} == paths
-    assert found["args.output_dir"][1] is True and found["args.adam_epsilon"][1] is False
+    assert found["args.output_dir"][1] is True and found["args.logging_steps"][1] is False

@@ -156,3 +156,21 @@ def test_the_amplification_point_takes_the_config_note_of_its_own_key(tmp_path):
     assert summary["suspect"].startswith("config: advantage setting changed: ppo.lam: A=0.95, B=0.5 -> the error of "
                                          "advantages jumps at step 0")
     assert "the first divergence beyond tolerance, rewards at step 0" in summary["suspect"]
+
+
+def test_weights_apart_by_amplified_rounding_leave_tokens_parting_by_sampling():
+    """settle_parting: a fingerprint difference after update 0 names the update as the parting's cause, unless
+    it is rounding noise the optimizer amplified (params.update_noise): then the tokens part under noise."""
+    from rlprobe.compare.verdict import settle_parting
+
+    def summary(noise):
+        return {"parting": {"step": 1, "cause": "sampling", "evidence": [], "consequences": []},
+                "suspect": "responses differ from step 1 (sampling under rounding noise: ...)",
+                "param_first_difference": {"monitor": "actor", "probe_step": 0, "param": "embed.weight"},
+                "update_noise": noise}
+
+    changed, noise = summary(None), summary({"monitor": "actor", "update": 0, "params": 1})
+    settle_parting(changed)
+    settle_parting(noise)
+    assert changed["parting"]["cause"] == "update" and changed["suspect"].startswith("the parameter update after step 0")
+    assert noise["parting"]["cause"] == "sampling" and noise["suspect"].startswith("responses differ from step 1")

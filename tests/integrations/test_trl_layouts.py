@@ -89,3 +89,23 @@ def test_a_loss_fault_under_another_layout_names_the_loss(compared):
     # the advised module dump would not be compared under these layouts: the advice says so
     assert summary["next_config"]["rlprobe_config"]["stages"] == ["actor_update"]
     assert summary["advice"].endswith("take the advised dump with both runs on one micro-batch layout")
+
+
+def test_weights_that_differ_by_amplified_rounding_are_named_so_not_a_changed_update(compared):
+    """Adam turns the near-zero gradients of the key biases (softmax ignores a shift of every key) and the few
+    gradient elements whose sign is rounding into full steps of lr: the weights after update 0 differ beyond
+    rounding in those parameters only, every solid gradient updated within rounding."""
+    summary = compared["same"]
+    noise = summary["update_noise"]
+    assert (noise["monitor"], noise["update"], noise["probe_step"]) == ("actor", 0, 0)
+    gradients = summary["param_first_difference"]["gradients"]
+    assert gradients["differing"] == noise["params"] == noise["near_zero"] + noise["sign_flipped"] > 0
+    assert gradients["differing_solid"] == gradients["differing_missing"] == 0
+    assert noise["params"] < noise["compared"] / 2  # most parameters updated within rounding
+    assert "k_proj" in noise["first_param"]
+    assert "rounding noise amplified by the optimizer: after update 0 of model 'actor'" in summary["suspect"]
+    assert "the update of step 0 differs" not in summary["suspect"]
+    assert "the loss computation" not in summary["suspect"]
+    assert "--control" in summary["advice"]
+    # a real fault of the loss is still the loss at step 0, before any update
+    assert summary["first_divergence"]["step"] >= 1 and compared["fault"]["update_noise"] is None
