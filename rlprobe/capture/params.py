@@ -84,22 +84,12 @@ class ParamMonitor:
 
     def _submit(self, step: int, specs: list[GradSpec], finish: Callable[[], ParamBatch], nbytes: int) -> None:
         probe = self.probe
-        writer, monitor, framework, probe_step = probe._writer, self.name, self.framework, probe.current_step
-
-        def job() -> None:
-            sink = writer.sink
-            try:
-                batch = finish()
-            except Exception as e:
-                msg = f"monitor_params {monitor!r} step {step}: fingerprints failed: {type(e).__name__}: {e}"
-                sink.record_error(msg, {"kind": "param", "monitor": monitor, "step": step, "what": "rows"})
-                writer.report([msg])
-                return
-            for row in param_rows(batch, specs, range(len(specs)), monitor=monitor, step=step,
-                                  probe_step=probe_step, framework=framework):
-                sink.add_row("param", row)
-
-        writer.submit(job, nbytes)
+        monitor, framework, probe_step = self.name, self.framework, probe.current_step
+        submit_rows(probe._writer,
+                    "param", f"monitor_params {monitor!r} step {step}: fingerprints failed", finish,
+                    lambda batch: param_rows(batch, specs, range(len(specs)), monitor=monitor, step=step,
+                                             probe_step=probe_step, framework=framework),
+                    nbytes, {"monitor": monitor, "step": step})
         probe._step_has_data = True
         probe._raise_background_errors()
 
@@ -117,3 +107,23 @@ class ParamMonitor:
     def __repr__(self) -> str:
         return f"ParamMonitor({self.name!r}, {self.framework}, step {self.count})"
 
+
+
+def submit_rows(writer: Any, kind: str, what: str, finish: Callable[[], Any], rows: Callable[[Any], Any],
+                nbytes: int, detail: dict[str, Any]) -> None:
+    """Queue on the probe's writer a job adding `rows(finish())` as rows of `kind` (fingerprints read off the
+    device: monitor_params', and the weights of a stage block, stage_weights.py); a batch that fails is the
+    error "`what`: TYPE: message", recorded with `detail`."""
+    def job() -> None:
+        sink = writer.sink
+        try:
+            batch = finish()
+        except Exception as e:
+            msg = f"{what}: {type(e).__name__}: {e}"
+            sink.record_error(msg, {"kind": kind, **detail, "what": "rows"})
+            writer.report([msg])
+            return
+        for row in rows(batch):
+            sink.add_row(kind, row)
+
+    writer.submit(job, nbytes)

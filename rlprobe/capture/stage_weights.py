@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from rlprobe.capture.params import submit_rows
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks.base import Adapter
 from rlprobe.lake.param_stats import ParamBatch, WeightSpec, module_weight_rows
@@ -53,19 +54,9 @@ def fingerprint_weights(probe: Any, stage: str, block: int, hooked: list[tuple[s
 
 def _submit(probe: Any, stage: str, framework: str, specs: list[WeightSpec], finish: Callable[[], ParamBatch],
             nbytes: int) -> None:
-    writer, step = probe._writer, probe.current_step
-
-    def job() -> None:
-        sink = writer.sink
-        try:
-            batch = finish()
-        except Exception as e:
-            msg = f"stage {stage!r} step {step}: fingerprints of the weights failed: {type(e).__name__}: {e}"
-            sink.record_error(msg, {"kind": "module_param", "stage": stage, "step": step, "what": "rows"})
-            writer.report([msg])
-            return
-        for row in module_weight_rows(batch, specs, stage=stage, step=step, framework=framework):
-            sink.add_row("module_param", row)
-
-    writer.submit(job, nbytes)
+    step = probe.current_step
+    submit_rows(probe._writer,
+                "module_param", f"stage {stage!r} step {step}: fingerprints of the weights failed", finish,
+                lambda batch: module_weight_rows(batch, specs, stage=stage, step=step, framework=framework),
+                nbytes, {"stage": stage, "step": step})
     probe._step_has_data = True

@@ -150,3 +150,27 @@ def test_mindspore_optimizer_fingerprints_match_the_numpy_reference(tmp_path):
     want = host_fingerprints([p.asnumpy() for p in opt.parameters])
     assert [int(r["digest"], 16) for r in rows[2:]] == [int(d) for d in want.digests]
     assert rows[0]["digest"] != rows[2]["digest"]
+
+
+def test_a_fingerprint_batch_that_fails_is_an_error_naming_it_and_loses_nothing_else(tmp_path):
+    """The writer's job of monitor_params and of a stage's weights (capture/params.submit_rows): a batch whose
+    read fails (a device lost, say) is recorded in rank0.json and warned of, and the step's other rows stay."""
+    import json
+    import warnings
+
+    from rlprobe.capture.params import submit_rows
+
+    def lost() -> None:
+        raise RuntimeError("device lost")
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with rlprobe.Probe(tmp_path / "d", on_error="warn") as probe:
+            probe.save({"loss": 1.0})
+            submit_rows(probe._writer, "module_param", "stage 'actor_update' step 0: fingerprints of the weights failed",
+                        lost, lambda batch: [], 0, {"stage": "actor_update", "step": 0})
+            probe.step()
+    message = "stage 'actor_update' step 0: fingerprints of the weights failed: RuntimeError: device lost"
+    assert any(message in str(w.message) for w in seen)
+    assert json.loads((tmp_path / "d" / "rank0.json").read_text())["errors"] == [message]
+    assert rlprobe.open(tmp_path / "d").key_data().collect()["key"].to_list() == ["loss"]
