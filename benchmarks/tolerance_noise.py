@@ -6,7 +6,7 @@ tolerance the noise used.
 
     PYTHONPATH=. python benchmarks/tolerance_noise.py --steps 3 --out /tmp/tolerance_noise
 
-With --draws N, instead: the measurement behind the control run's factor (docs/compare.md, "A control
+With --draws N, instead: the measurement behind the control run's factor (docs/across-devices.md, "A control
 run"): N independent noise draws of one kind (tests/second_device.py: the products of every nn.Linear summed
 in an order drawn per call, seeds 1..N; and with such an order, inputs rounded to 14 mantissa bits, or
 to TF32's 10) each compared with run A; per (key, step), the largest max-norm error of each draw;

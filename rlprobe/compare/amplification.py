@@ -1,4 +1,4 @@
-"""Where something new happens (docs/compare.md, "The amplification point"): within a step, the key
+"""Where something new happens (docs/across-devices.md, "The amplification point"): within a step, the key
 whose error jumps far above the errors of the keys it is computed from; across steps, the first
 step whose largest error jumps far above the previous step's.
 

@@ -25,7 +25,8 @@ from rlprobe.lake.sql_runner import records, run
 # How far B's error may exceed C's and still be noise: of two independent noise draws of one kind against run
 # A, one draw's max-norm error (per key and step, where beyond float32's tolerance) was at most 4.6 times the
 # other's (TF32 inputs; 3.75 for a reordered float32 sum, 7 where both are within the tolerance), measured on
-# the PPO example (benchmarks/tolerance_noise.py --draws 5, docs/compare.md): the next power of two above
+# the PPO example (benchmarks/tolerance_noise.py --draws 5, docs/across-devices.md): the next power of two
+# above both
 FACTOR = 8.0
 
 

@@ -1,5 +1,5 @@
 """Whether responses that part at a step part by sampling or because the weights differ
-(docs/compare.md, "Responses that part"): the log-probs of the tokens both runs share.
+(docs/across-devices.md, "Responses that part"): the log-probs of the tokens both runs share.
 
 A sample's tokens before its first differing token are the same in both runs, and so are their
 contexts; a causal model's log-probs of them depend on nothing else. With the same weights they

@@ -207,7 +207,7 @@ class PipelineSpec(_Strict):
     def _two_runs(cls, runs: dict[str, str], info) -> dict[str, str]:
         compared = [name for name in runs if name != CONTROL_RUN]
         if len(runs) == 3 and CONTROL_RUN not in runs:
-            raise ValueError(f"three runs need one named {CONTROL_RUN!r}, the control run (docs/compare.md, 'A "
+            raise ValueError(f"three runs need one named {CONTROL_RUN!r}, the control run (docs/across-devices.md, 'A "
                              f"control run'), e.g. {{baseline: ./a, candidate: ./b, {CONTROL_RUN}: ./c}}; "
                              f"got {', '.join(runs)}")
         if len(runs) == 3 and len(compared) == 2:
