@@ -16,7 +16,7 @@ start-up (two one-step dumps of one 4-element tensor). With --baseline, the same
 its measured value. The dumps are written once into --cache (default: a temp folder; large: ~1.3 GB).
 Then (unless --no-core-scaling) benchmarks/core_scaling.py says what two busy processes get done on
 this machine against one: a 2-worker ratio cannot exceed it (~2.0 on two whole cores; 1.45-1.92 on the
-test VM's two vCPUs, docs/compare.md "Twelfth session").
+test VM's two vCPUs, docs/performance.md "Two workers against one, and what bounds it").
 
 rlprobe runs as installed, as msprobe does from its virtual environment: each checkout's package (and
 its bundled sql/, pipelines/, examples/) is copied into the work folder and byte-compiled first, as pip

@@ -9,7 +9,7 @@
 #   6. save               `save` blocking from the GPU (96 x 1 MB)
 #   7. compare 2 cores    issue 18's `rlprobe compare` 2-vs-1-worker ratio on two whole cores of this machine
 #                         (taskset; the test VM's two vCPUs do 1.4-2.1 x the work of one): needs duckdb, which the
-#                         machine lacks: carry its wheel (docs/compare.md, "Fifteenth session"), else skipped
+#                         machine lacks: carry its wheel (docs/performance.md), else skipped
 # Each section runs under its own time limit and none stops the others (no `set -e`); a summary
 # with every section's status and the headline figures ends the run. With $OUT set, every
 # section's JSON and the summary (gpu_checks.json) are written there.
@@ -80,7 +80,7 @@ fi
 
 if [ "${GPU_CHECKS_CPU_SMOKE:-}" != 1 ]; then
     if ! "$PY" -c "import duckdb" 2>/dev/null; then
-        echo; echo "=== compare 2 cores: skipped (no duckdb here: docs/compare.md, 'Fifteenth session') ==="
+        echo; echo "=== compare 2 cores: skipped (no duckdb here: docs/performance.md) ==="
     elif ! command -v taskset >/dev/null; then
         echo; echo "=== compare 2 cores: skipped (no taskset here) ==="
     elif CORES=$("$PY" benchmarks/core_scaling.py --two-cores); then

@@ -1,6 +1,6 @@
 """Instructions of the start-up (`rlprobe compare` of two one-step dumps, as benchmarks/startup.py runs it),
 counted by valgrind's callgrind per thread: a figure the load of a shared VM does not move, where wall and
-CPU times move by 30-50 % between runs (docs/compare.md, "Eighth session").
+CPU times move by 30-50 % between runs (docs/performance.md, "How speed is measured").
 
     python benchmarks/startup_instructions.py [--baseline /work/base-s8] [--format msprobe] [--bytecode]
 

@@ -1,5 +1,5 @@
 """Settings of the native libraries under the `rlprobe` command, made before they load (issue 18;
-docs/compare.md, "Eighteenth session"). Each is an environment variable the library reads once,
+docs/performance.md, "Two workers against one, and what bounds it"). Each is an environment variable the library reads once,
 when it is loaded: set only when the user has not set it and only when that library is not yet in
 the process (then it would not read it). Only for the command line: `rlprobe.compare()` in a
 user's process leaves the environment alone.

@@ -1,7 +1,7 @@
 """Where numba keeps its compiled kernels: shared by the comparison kernels and the CPU gradient
 kernel, so neither has to import the other to set it; numba loaded ahead of the first kernel; and the
 kernels compiled ahead of time (AOT_FAMILIES, compiled_module: imported without numba, built by
-rlprobe/numba_build.py; docs/compare.md "The compiled kernels without numba")."""
+rlprobe/numba_build.py; docs/performance.md "Comparison: start-up")."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ usual case, as soon as run A's folders are listed: each tensor file of run A wit
 path in run B. The statistics files (a JSON file per tensor, read by Python, holding the GIL), run B's
 listing and the layout and pairing SQL take longer than the pairs themselves on a dump of many small
 tensors, so the pairs start on the workers (compiled, GIL-free: rlprobe.compare.small_pairs) beside that
-reading (docs/compare.md, "seventh session: two workers on the msprobe small dump").
+reading (docs/performance.md, "Comparison: many small pairs").
 
 The SQL still decides which pairs are compared (tensor_pairs.sql): `take` gives each of its pairs
 the result computed ahead where there is one - the same kernel on the same files, so the same bits -
