@@ -162,13 +162,13 @@ def token_phase(path: Path, warm: Path | str, repeat: int | str) -> dict[str, li
     calls, between two getrusage)."""
     import resource
 
-    from rlprobe.check import inputs
-    from rlprobe.check.run import check_dump
-    from rlprobe.check.sample_pairs import samples_table
-    from rlprobe.check.token_tables import group_advantages, token_tables
+    from rlprobe.checks import inputs
+    from rlprobe.checks.run import check_dump
+    from rlprobe.checks.sample_pairs import samples_table
+    from rlprobe.checks.token_tables import group_advantages, token_tables
     from rlprobe.lake.reader import open_dump
 
-    from rlprobe.check import run as check_run
+    from rlprobe.checks import run as check_run
 
     paused = getattr(check_run, "collections_paused", contextlib.nullcontext)  # as check_dump runs the phase
     for dump in str(warm).split(os.pathsep):  # start-up: numba's compiled kernels load (or compile) here
@@ -204,14 +204,14 @@ def in_child(checkout: Path, call: str, *args: str) -> dict:
 def kernel_speed(path: Path, repeat: int | str) -> dict[str, float]:
     """GB/s of the kernel alone on the dump's rollout/old pairs, in memory: 1 thread (wall and thread
     CPU time), 2 threads (wall), scaling = 2-thread / 1-thread wall GB/s."""
-    from rlprobe.check.inputs import stats_table
-    from rlprobe.check.token_tables import tensor_rows
+    from rlprobe.checks.inputs import stats_table
+    from rlprobe.checks.token_tables import tensor_rows
 
     try:
-        from rlprobe.check.token_figures import PairFigures
-        from rlprobe.check.token_reduce import reduce_pair
+        from rlprobe.checks.token_figures import PairFigures
+        from rlprobe.checks.token_reduce import reduce_pair
     except ImportError:  # a --baseline checkout from before the kernels' AOT split (session 5)
-        from rlprobe.check.token_kernel import PairFigures, reduce_pair
+        from rlprobe.checks.token_kernel import PairFigures, reduce_pair
     from rlprobe.lake.reader import open_dump
 
     dump = open_dump(path)
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.workloads.split(",")) - set(WORKLOADS) - {"bench", ""}
     if unknown:
         ap.error(f"unknown workload(s) {sorted(unknown)}: expected bench or {', '.join(WORKLOADS)}")
-    from rlprobe.check.run import check_dump
+    from rlprobe.checks.run import check_dump
 
     args.cache.mkdir(parents=True, exist_ok=True)
     figures: dict = {"load_average": os.getloadavg()}

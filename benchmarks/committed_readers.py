@@ -30,7 +30,7 @@ def _readers(path: Path):
     import duckdb
 
     import rlprobe
-    from rlprobe.compare.key_data import load_stats
+    from rlprobe.comparison.key_data import load_stats
     from rlprobe.lake.dump_info import dump_info
 
     def polars_key_data(include: bool) -> int:

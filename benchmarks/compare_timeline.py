@@ -34,30 +34,30 @@ HERE = Path(__file__).resolve().parent
 SPANS = (
     ("rlprobe.pipeline.compare_command", "compare"),
     ("rlprobe.lake.reader", "open_dump"),
-    ("rlprobe.compare.run", "compare_dumps"),
-    ("rlprobe.compare.run", "warm_up_kernels"),
-    ("rlprobe.compare.run", "_import_later_modules"),
-    ("rlprobe.compare.key_data", "compare_key_data"),
-    ("rlprobe.compare.key_data", "load_stats"),
+    ("rlprobe.comparison.run", "compare_dumps"),
+    ("rlprobe.comparison.run", "warm_up_kernels"),
+    ("rlprobe.comparison.run", "_import_later_modules"),
+    ("rlprobe.comparison.key_data", "compare_key_data"),
+    ("rlprobe.comparison.key_data", "load_stats"),
     ("rlprobe.lake.msprobe_format", "key_data_table"),
-    ("rlprobe.compare.sample_alignment", "layout"),
+    ("rlprobe.comparison.sample_alignment", "layout"),
     ("rlprobe.lake.sql_runner", "run"),
     ("rlprobe.lake.sql_runner", "records"),
     ("rlprobe.lake.sql_runner", "execute"),
     ("rlprobe.lake.sql_runner", "create_table"),
     ("rlprobe.lake.sql_runner", "store"),
     ("rlprobe.lake.sql_runner", "to_arrow"),
-    ("rlprobe.compare.key_data", "_pair_tasks"),
-    ("rlprobe.compare.run", "_saved_keys"),
-    ("rlprobe.compare.run", "_cursors"),
-    ("rlprobe.compare.run", "_SingleRunBeside.run_pairs"),
-    ("rlprobe.compare.executor", "run_pairs"),
-    ("rlprobe.compare.pairs_ahead", "PairsAhead.take"),  # a method: Class.name
-    ("rlprobe.compare.pair_results", "pair_results_table"),
-    ("rlprobe.compare.single_run", "single_run_findings"),
-    ("rlprobe.compare.verdict", "explain"),
-    ("rlprobe.compare.params", "add_param_comparison"),
-    ("rlprobe.compare.config_diff", "diff_configs"),
+    ("rlprobe.comparison.key_data", "_pair_tasks"),
+    ("rlprobe.comparison.run", "_saved_keys"),
+    ("rlprobe.comparison.run", "_cursors"),
+    ("rlprobe.comparison.run", "_SingleRunBeside.run_pairs"),
+    ("rlprobe.comparison.executor", "run_pairs"),
+    ("rlprobe.comparison.pairs_ahead", "PairsAhead.take"),  # a method: Class.name
+    ("rlprobe.comparison.pair_results", "pair_results_table"),
+    ("rlprobe.comparison.single_run", "single_run_findings"),
+    ("rlprobe.comparison.verdict", "explain"),
+    ("rlprobe.comparison.params", "add_param_comparison"),
+    ("rlprobe.comparison.config_diff", "diff_configs"),
     ("rlprobe.report.comparison_files", "write_tables"),
     ("rlprobe.report.comparison_files", "write_summary_json"),
     ("rlprobe.report.comparison_files", "write_reports"),
@@ -186,7 +186,7 @@ def phases(result: dict) -> dict[str, tuple[float, float, float]]:
     for s in result["spans"]:
         if s["thread"] == "MainThread":
             first.setdefault(s["label"], s)
-    # with pairs compared ahead (rlprobe.compare.pairs_ahead), the pairs phase is the main thread's wait for
+    # with pairs compared ahead (rlprobe.comparison.pairs_ahead), the pairs phase is the main thread's wait for
     # them, and their CPU counts where their thread ran (before the pairs, mostly)
     calls = [first[label] for label in ("executor.run_pairs", "pairs_ahead.PairsAhead.take") if label in first]
     if not calls or not {"run.compare_dumps", "output_folder.publish_output"} <= first.keys():

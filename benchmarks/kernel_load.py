@@ -6,7 +6,7 @@ with RLPROBE_AOT=0 (numba's JIT kernels from its on-disk cache), alternating; me
 
     python benchmarks/kernel_load.py [--repeat 7] [--checkout PATH]
 
-CPU time, not wall time: the machine is shared. numpy's import, and the modules a command imports before\nit needs the kernels (compare: rlprobe.compare.run), are outside the measured span.
+CPU time, not wall time: the machine is shared. numpy's import, and the modules a command imports before\nit needs the kernels (compare: rlprobe.comparison.run), are outside the measured span.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ _MEASURE = ("import sys, time\nimport numpy as np\n{setup}\nt = time.thread_time
 
 FAMILIES = {
     # what `rlprobe compare` runs: the warm-up, one larger pair (element kernel) and a batch of small files
-    "compare": ("import rlprobe.compare.run, rlprobe.compare.compiled  # imported by the command anyway",
-                "from rlprobe.compare.run import warm_up_kernels\nwarm_up_kernels()\n"
-                "from rlprobe.compare.compiled import pair_kernel, batch_functions\n"
+    "compare": ("import rlprobe.comparison.run, rlprobe.comparison.compiled  # imported by the command anyway",
+                "from rlprobe.comparison.run import warm_up_kernels\nwarm_up_kernels()\n"
+                "from rlprobe.comparison.compiled import pair_kernel, batch_functions\n"
                 "x = np.arange(64, dtype=np.float32)\npair_kernel(x.dtype)(x, x, 0, 64)\n"
                 "bk = batch_functions()\npaths = np.frombuffer(b'/nonexistent\\0', np.uint8)\n"
                 "info, sizes = np.zeros((1, 4), np.int64), np.zeros(1, np.int64)\n"
@@ -35,8 +35,8 @@ FAMILIES = {
                 "bk.compare_batch(buf, info, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 6), np.int64),"
                 " np.zeros((0, 5)))\n"),
     # `rlprobe check`'s token kernel (and compare's single-run rules'), as token_tables calls it
-    "check": ("import rlprobe.check.token_tables  # imported by the command anyway",
-              "from rlprobe.check.token_reduce import reduce_pair\n"
+    "check": ("import rlprobe.checks.token_tables  # imported by the command anyway",
+              "from rlprobe.checks.token_reduce import reduce_pair\n"
               "x = np.zeros((2, 8), np.float32)\nreduce_pair(x, x, 0.2)\n"),
     # the gradient probe's CPU kernel (JIT only so far)
     "grads": ("", "from rlprobe.frameworks.cpu_grad_kernel import stats_into\n"

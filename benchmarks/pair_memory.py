@@ -100,8 +100,8 @@ def vm_status(field: str) -> int:
 
 def child(mode: str, pa: str, pb: str, workers: int) -> None:
     """One measurement, in its own process; prints a JSON line."""
-    from rlprobe.compare.executor import PairTask, run_pairs
-    from rlprobe.compare.pair_metrics import pair_metrics, warm_up
+    from rlprobe.comparison.executor import PairTask, run_pairs
+    from rlprobe.comparison.pair_metrics import pair_metrics, warm_up
 
     warm_up()
     rss_before = vm_status("VmRSS")
@@ -230,7 +230,7 @@ def best_time(fn, repeat: int) -> float:
 
 
 def kernel_part(args) -> list[dict]:
-    from rlprobe.compare.pair_metrics import pair_metrics, warm_up
+    from rlprobe.comparison.pair_metrics import pair_metrics, warm_up
 
     warm_up()
     rng = np.random.default_rng(0)

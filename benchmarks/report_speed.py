@@ -8,7 +8,7 @@ Makes once, under --tmp (kept with --keep):
   rlprobe.Probe (25,600 pairs; run B differs in two keys from step 120 on);
 - an msprobe-format pair of 100 steps x 4 micro-batches x 8 keys of [4, 64] / [4, 512] float32
   (3,200 pairs; run B differs in one key from step 50 on);
-compares each pair once in memory (rlprobe.compare.run.compare_dumps) and keeps the tables and the
+compares each pair once in memory (rlprobe.comparison.run.compare_dumps) and keeps the tables and the
 summary. Then, alternating the two trees, each repetition loads the kept tables in a fresh
 process with that tree first on sys.path and times each writer of
 rlprobe/report/comparison_files.py: the Parquet tables, summary.json, key_data.csv, report.xlsx,
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from rlprobe.compare.options import CompareOptions
+from rlprobe.comparison.options import CompareOptions
 
 HERE = Path(__file__).resolve().parent
 WRITERS = ("tables", "summary_json", "csv", "xlsx", "markdown")
@@ -80,7 +80,7 @@ def compare_once(a: Path, b: Path, cache: Path) -> None:
     """The comparison's tables and summary, as write_tables / write_reports get them."""
     import pyarrow.parquet as pq
 
-    from rlprobe.compare.run import compare_dumps
+    from rlprobe.comparison.run import compare_dumps
     from rlprobe.lake.reader import open_dump
 
     tables, summary = compare_dumps(open_dump(a), open_dump(b), CompareOptions(workers=2))

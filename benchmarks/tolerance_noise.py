@@ -75,7 +75,7 @@ def draw_errors(one: Path, run: Path, out: Path) -> dict[tuple[str, int], float]
     """Per (key, step) of float keys, the largest max-norm relative error of `run` against `one`, before the
     first step whose tokens differ."""
     import rlprobe
-    from rlprobe.compare.tolerance import FAMILIES
+    from rlprobe.comparison.tolerance import FAMILIES
 
     rlprobe.compare(one, run, out, reports=False)
     rows = pq.read_table(out / "key_data.parquet").to_pylist()
@@ -92,7 +92,7 @@ def draw_errors(one: Path, run: Path, out: Path) -> dict[tuple[str, int], float]
 def envelope_factor(one: Path, out: Path, draws: int, settings: dict) -> None:
     from second_device import train_on_second_device
 
-    from rlprobe.compare.tolerance import default_rtol
+    from rlprobe.comparison.tolerance import default_rtol
 
     tolerance = default_rtol("float32")
     for kind, device in (("reduction order", {}), ("14 mantissa bits + reduction order", {"mantissa_bits": 14}),

@@ -6,10 +6,8 @@ line starts fast.
 
 from __future__ import annotations
 
-import types
 from typing import TYPE_CHECKING, Any
 
-from rlprobe import check, compare  # light (no heavy imports); made callable below
 from rlprobe._version import __version__
 from rlprobe.errors import DumpReadError, ProbeError
 
@@ -35,27 +33,21 @@ def from_config(cfg: Any, **probe_kwargs: Any) -> Any:
     return build(cfg, **probe_kwargs)
 
 
-class _CallableCompare(types.ModuleType):
-    """rlprobe.compare as a function: rlprobe.compare(a, b, out, **options) -> summary."""
+def compare(a: Any, b: Any, out: Any, **options: Any) -> dict[str, Any]:
+    """Compare run `b` against run `a`, write the output folder `out` and return its summary
+    (the options: rlprobe.comparison.options.CompareOptions; docs/comparing.md)."""
+    from rlprobe.pipeline.compare_command import compare as run_compare
 
-    def __call__(self, a: Any, b: Any, out: Any, **options: Any) -> dict[str, Any]:
-        from rlprobe.pipeline.compare_command import compare
-
-        return compare(a, b, out, **options)
-
-
-class _CallableCheck(types.ModuleType):
-    """rlprobe.check as a function: rlprobe.check(dump, out=None, params=None, **params) -> CheckResult."""
-
-    def __call__(self, dump: Any, out: Any = None, params: dict[str, Any] | None = None, *, plots: bool = True,
-                 **more_params: Any) -> Any:
-        from rlprobe.pipeline.check_command import check as run_check
-
-        return run_check(dump, out, params, plots=plots, **more_params)
+    return run_compare(a, b, out, **options)
 
 
-compare.__class__ = _CallableCompare
-check.__class__ = _CallableCheck
+def check(dump: Any, out: Any = None, params: dict[str, Any] | None = None, *, plots: bool = True,
+          **more_params: Any) -> Any:
+    """Check one run on its own, no baseline (docs/check.md): rlprobe.check(dump, out=None, params=None,
+    **params) -> CheckResult."""
+    from rlprobe.pipeline.check_command import check as run_check
+
+    return run_check(dump, out, params, plots=plots, **more_params)
 
 
 def __getattr__(name: str) -> Any:

@@ -219,7 +219,7 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, rtol, atol, stats_rt
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     key_list = parse_key_list(keys, "--keys")
-    from rlprobe.compare.key_aliases import parse_key_map
+    from rlprobe.comparison.key_aliases import parse_key_map
 
     try:
         key_mapping = parse_key_map(key_map)

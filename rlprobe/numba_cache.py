@@ -16,11 +16,11 @@ from typing import Any
 #: (pair_kernels' element kernel into batch_kernels' batch) was loaded stale after only the first
 #: file changed; the cache folder is named after the contents of all of them instead (and of
 #: lake/regular_files.py, whose READ_FLAGS the compiled readers open files with)
-KERNEL_MODULES = ("compare/pair_kernels.py", "compare/batch_kernels.py", "compare/batch_codes.py",
-                  "compare/mapped_kernels.py", "lake/msprobe_kernels.py", "lake/msprobe_codes.py",
+KERNEL_MODULES = ("comparison/pair_kernels.py", "comparison/batch_kernels.py", "comparison/batch_codes.py",
+                  "comparison/mapped_kernels.py", "lake/msprobe_kernels.py", "lake/msprobe_codes.py",
                   "lake/msprobe_json_kernel.py", "lake/folder_kernel.py", "lake/regular_files.py",
-                  "check/token_kernel.py", "check/token_figures.py", "check/token_batch_kernel.py",
-                  "check/npy_reads.py", "check/npy_layout.py",
+                  "checks/token_kernel.py", "checks/token_figures.py", "checks/token_batch_kernel.py",
+                  "checks/npy_reads.py", "checks/npy_layout.py",
                   "frameworks/cpu_grad_kernel.py", "frameworks/cpu_param_kernel.py")
 
 
@@ -170,28 +170,28 @@ def _batch_signature() -> str:
 #: exactly these types, unchecked: callers pass what they pass the JIT kernels (C-contiguous, dtype)
 AOT_FAMILIES: dict[str, tuple[tuple[str, str, str, str], ...]] = {
     "compare": (
-        ("pair_f4", "rlprobe.compare.pair_kernels", "_float_kernel", _pair_signature("float32")),
-        ("pair_f8", "rlprobe.compare.pair_kernels", "_float_kernel", _pair_signature("float64")),
-        ("pair_i8", "rlprobe.compare.pair_kernels", "_int_kernel", _pair_signature("int64")),
-        ("read_files", "rlprobe.compare.batch_kernels", "read_files",
+        ("pair_f4", "rlprobe.comparison.pair_kernels", "_float_kernel", _pair_signature("float32")),
+        ("pair_f8", "rlprobe.comparison.pair_kernels", "_float_kernel", _pair_signature("float64")),
+        ("pair_i8", "rlprobe.comparison.pair_kernels", "_int_kernel", _pair_signature("int64")),
+        ("read_files", "rlprobe.comparison.batch_kernels", "read_files",
          f"({_array('uint8', readonly=True)}, {_array('int64')}, {_array('int64')}, {_array('int64')}, int64, "
          f"{_array('int64', 2)}, {_array('int64')})"),
-        ("compare_batch", "rlprobe.compare.batch_kernels", "compare_batch",
+        ("compare_batch", "rlprobe.comparison.batch_kernels", "compare_batch",
          f"({_array('uint8')}, {_array('int64', 2)}, {_array('int64')}, {_array('int64')}, {_array('int64', 2)}, "
          f"{_array('float64', 2)})"),
         ("scan_msprobe", "rlprobe.lake.msprobe_kernels", "scan_dump", f"({_array('uint8', readonly=True)},)"),
-        ("compare_mapped", "rlprobe.compare.mapped_kernels", "compare_mapped",
+        ("compare_mapped", "rlprobe.comparison.mapped_kernels", "compare_mapped",
          f"({_array('uint8', readonly=True)}, {_array('int64')}, {_array('int64')}, {_array('int64')}, int64, "
          f"int64, {_array('int64', 2)}, "
          f"{_array('int64')}, {_array('int64', 2)}, {_array('float64', 2)})"),
     ),
     # a family per package: compare's commands do not wait for check's build, nor the other way round
     "check": tuple(
-        (f"reduce_rows_{a}_{b}", "rlprobe.check.token_kernel", "reduce_rows", _rows_signature(a, b))
+        (f"reduce_rows_{a}_{b}", "rlprobe.checks.token_kernel", "reduce_rows", _rows_signature(a, b))
         for a in ("float32", "float64") for b in ("float32", "float64")) + tuple(
-        (f"reduce_maxima_{a}_{b}", "rlprobe.check.token_kernel", "reduce_maxima", _maxima_signature(a, b))
+        (f"reduce_maxima_{a}_{b}", "rlprobe.checks.token_kernel", "reduce_maxima", _maxima_signature(a, b))
         for a in ("float32", "float64") for b in ("float32", "float64")) + (
-        ("reduce_batch", "rlprobe.check.token_batch_kernel", "reduce_batch", _batch_signature()),),
+        ("reduce_batch", "rlprobe.checks.token_batch_kernel", "reduce_batch", _batch_signature()),),
 }
 
 _CPU_FIELDS = ("vendor_id", "model name", "flags", "cpu family", "model", "stepping")

@@ -2,7 +2,7 @@
 -- that saved a config in both runs, one row per (path, value_a, value_b) with its ranks.
 -- Inputs: configs_a / configs_b (rank, path, value as JSON text; the lake's configs table),
 -- config_patterns (kind 'ignore' or 'family', family, label, pattern, position) from
--- rlprobe/compare/config_families.yaml plus the user's ignore patterns. A pattern with no dot
+-- rlprobe/comparison/config_families.yaml plus the user's ignore patterns. A pattern with no dot
 -- matches the path's last part, one with a dot the path's end; both case-insensitively.
 -- value_a / value_b are NULL where the path is absent in that run.
 WITH both_ranks AS (

@@ -1,4 +1,4 @@
--- Whether control run C has key data in common with run A (rlprobe/compare/control_run.py): the rows of
+-- Whether control run C has key data in common with run A (rlprobe/comparison/control_run.py): the rows of
 -- A-vs-C's key_data that both saved and that were compared (same shape and dtype: an error to measure), and
 -- each run's keys (named by the error where there are none).
 -- Tables: key_data, stats_a (run A), stats_b (run C).

@@ -1,6 +1,6 @@
 -- The first row of a token key ($tokens: the exact family's canonical keys) where control run C differs
 -- from run A (A-vs-C's key_data): C's sampling parted under its noise, so from that step on C is no
--- noise-only control (rlprobe/compare/control_run.py). Steps C lacks (only_in_a) are no parting.
+-- noise-only control (rlprobe/comparison/control_run.py). Steps C lacks (only_in_a) are no parting.
 -- Tables: key_data.
 SELECT key, step, status
 FROM key_data

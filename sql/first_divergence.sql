@@ -1,4 +1,4 @@
--- The earliest row beyond tolerance: neither match, close (within rounding: rlprobe/compare/tolerance.py),
+-- The earliest row beyond tolerance: neither match, close (within rounding: rlprobe/comparison/tolerance.py),
 -- stats_only_match, stats_only_close nor absent_in_both (None in both runs), in (step, dataflow order of
 -- keys, rank, micro_step, index) order, with the tolerance it was judged by (key_tolerance; a row without
 -- element metrics, equal_count NULL, by that of statistics-only rows). Empty when the runs agree within

@@ -2,8 +2,8 @@
 -- and both sides' statistics, in (step, dataflow order, rank, micro_step, index) order.
 -- Tables: selected_pairs (selected_pairs.sql: the selection's key_data_pairs), pair_results
 -- (element kernel results by (file_a, file_b)), key_order (dataflow), key_tolerance ((key, dtype) -> rtol,
--- atol, stats_rtol, stats_atol, tolerance_source: rlprobe/compare/tolerance.py), key_envelope ((canonical
--- key, step) -> control_rel_err, envelope: a control run's noise, rlprobe/compare/control_run.py; empty
+-- atol, stats_rtol, stats_atol, tolerance_source: rlprobe/comparison/tolerance.py), key_envelope ((canonical
+-- key, step) -> control_rel_err, envelope: a control run's noise, rlprobe/comparison/control_run.py; empty
 -- without one). Macros: pair_macros.sql.
 -- A pair is judged by the tolerance of the dtype both runs saved it in (different dtypes stay
 -- dtype_mismatch), or by the envelope of its key and step where that is larger: close where its

@@ -1,6 +1,6 @@
 -- key_envelope: per (canonical key, step), the largest max-norm relative error of run A against control run C
 -- (A-vs-C's key_data: norm_rel_err; of statistics-only rows, their largest statistic difference) and the
--- envelope, $factor times it, that sql/key_data.sql judges A against B by (rlprobe/compare/control_run.py);
+-- envelope, $factor times it, that sql/key_data.sql judges A against B by (rlprobe/comparison/control_run.py);
 -- `source`: $source, the tolerance's source as the reports name it.
 -- None for exact keys (key_tolerance's exact: tokens, integers), for rows without a measure (missing on a
 -- side, absent, other shapes or dtypes, a kernel error, NaN), nor from $parted_step on (C's tokens parted).

@@ -1,9 +1,9 @@
--- The errors the verdict's amplification point and error jump read (rlprobe/compare/amplification.py):
+-- The errors the verdict's amplification point and error jump read (rlprobe/comparison/amplification.py):
 -- per step (canonical_key NULL) its largest error over the float keys, and per (step, canonical key) for
 -- the steps in $steps only, each with the key, rank, micro_step and dtype of its largest error, whether
 -- every row is bitwise equal and whether any diverged beyond tolerance.
 -- The error of a row is the measure its tolerance judges, max|a-b| / max(|a|inf, |b|inf, the family's
--- scale floor) (rlprobe/compare/tolerance.py), so a key near zero (a KL, a mean of differences) is not made
+-- scale floor) (rlprobe/comparison/tolerance.py), so a key near zero (a KL, a mean of differences) is not made
 -- large by cancellation; statistics-only rows give their norm_rel_err; NULL for keys that are not rated
 -- (dtypes outside $float_dtypes, canonical keys in $exact_keys: tokens part, they do not drift).
 -- Tables: key_data, key_floors (canonical_key -> scale floor); $default_floor: the floor of the others.

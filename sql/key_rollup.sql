@@ -1,7 +1,7 @@
 -- Per key: how many rows of each kind (close: within rounding, counted as matching too), where it first
 -- diverged beyond tolerance, its worst errors, and the tolerance it was judged by (rtol, atol and their
 -- source from key_tolerance, the largest where the key was saved in several dtypes) with its largest
--- measured error against it (norm_rel_err: max|a-b| / max(|a|inf, |b|inf), rlprobe/compare/tolerance.py);
+-- measured error against it (norm_rel_err: max|a-b| / max(|a|inf, |b|inf), rlprobe/comparison/tolerance.py);
 -- where a control run's envelope judged some of its rows (key_data's control_envelope: it was larger than the
 -- dtype tolerance), the largest envelope used and key_envelope's source as the tolerance's source.
 -- Tables: key_data, key_tolerance, key_envelope.

@@ -1,6 +1,6 @@
 -- The first diverging module tensor in run A's execution order (step, seq, inputs before
 -- outputs), with whether that module call's inputs matched: "inputs equal, output differs"
--- pins the layer (close: within rounding, rlprobe/compare/tolerance.py, agrees). For a backward call its inputs are the grad_output rows. Empty when the runs agree.
+-- pins the layer (close: within rounding, rlprobe/comparison/tolerance.py, agrees). For a backward call its inputs are the grad_output rows. Empty when the runs agree.
 -- Table: modules (modules.sql).
 WITH first AS (
     SELECT *

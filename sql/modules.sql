@@ -3,7 +3,7 @@
 -- (step, seq, then inputs before outputs; for backward grad_output before grad_input).
 -- Tables: module_pairs (module_pairs.sql), module_results (element kernel),
 --         module_tolerance (dtype -> rtol, atol, stats_rtol, stats_atol: the comparison's tolerance,
---         rlprobe/compare/tolerance.py; a dtype not in it is exact). Macros: pair_macros.sql.
+--         rlprobe/comparison/tolerance.py; a dtype not in it is exact). Macros: pair_macros.sql.
 -- The rule is key data's (sql/key_data.sql): close within atol + rtol * scale, statistics-only rows each
 -- statistic within it.
 WITH joined AS (

@@ -60,7 +60,7 @@ CREATE OR REPLACE TEMP MACRO compared_metrics(compared, kernel_numel, numel_a, n
 CREATE OR REPLACE TEMP MACRO pair_scale(min_a, max_a, min_b, max_b) AS
     greatest(abs(min_a), abs(max_a), abs(min_b), abs(max_b));
 
--- the max-norm relative error max|a-b| / max(|a|inf, |b|inf) (rlprobe/compare/tolerance.py): not
+-- the max-norm relative error max|a-b| / max(|a|inf, |b|inf) (rlprobe/comparison/tolerance.py): not
 -- inflated by near-zero elements, as the element-wise max_rel_err is
 CREATE OR REPLACE TEMP MACRO norm_rel_err(max_abs_err, scale) AS
     CASE WHEN max_abs_err = 0 THEN 0.0 WHEN scale > 0 THEN max_abs_err / scale END;
@@ -74,7 +74,7 @@ CREATE OR REPLACE TEMP MACRO within_tolerance(max_abs_err, nan_mismatch_count, s
 CREATE OR REPLACE TEMP MACRO tolerance_bound(scale, rtol, atol) AS
     CASE WHEN scale > 0 THEN rtol + atol / scale END;
 
--- a pair within a control run's envelope (rlprobe/compare/control_run.py): its norm_rel_err at most the
+-- a pair within a control run's envelope (rlprobe/comparison/control_run.py): its norm_rel_err at most the
 -- envelope of its key and step (NULL: no envelope, the dtype tolerance alone judges)
 CREATE OR REPLACE TEMP MACRO within_envelope(err, envelope) AS coalesce(err <= envelope, false);
 

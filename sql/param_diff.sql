@@ -2,7 +2,7 @@
 -- (monitor, rank, step, param); one row per parameter and step (docs/compare.md, "Parameter updates").
 -- status (fingerprint_macros.sql): 'match' (the digests of the raw bytes are equal), 'close' (digests
 -- differ, sum and norm agree within rtol of their scale), 'differs', 'dtype_mismatch', 'shape_mismatch', 'only_in_a',
--- 'only_in_b'. param_tolerance: dtype -> rtol (compare/params.py: the comparison's tolerance of that
+-- 'only_in_b'. param_tolerance: dtype -> rtol (comparison/params.py: the comparison's tolerance of that
 -- dtype, 0 = bitwise; where the runs' layouts differ, so that reductions ran in another order, at least
 -- the layout tolerance). Macros: fingerprint_macros.sql.
 SELECT

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import rlprobe
-import rlprobe.check
+import rlprobe.checks
 from rlprobe.key_names import canonical_names, rows, sample_id_keys
 
 
@@ -67,7 +67,7 @@ def test_the_experience_is_read_as_old_log_prob_by_check_and_compare_alike(tmp_p
     b = _run(tmp_path / "b", [experience, {**experience, "action_log_probs": _lp(0.25)}])
     summary = rlprobe.compare(a, b, tmp_path / "o")
     assert summary["suspect"].startswith("action_log_probs (as old_log_prob) diverges first at step 1")
-    steps = rlprobe.check.check_dump(b, only=("rollout_vs_recompute",)).tables["token_steps"].to_pylist()
+    steps = rlprobe.checks.check_dump(b, only=("rollout_vs_recompute",)).tables["token_steps"].to_pylist()
     assert {r["pair"] for r in steps} == {"rollout_vs_old"}
     assert [round(r["max_abs"], 4) for r in sorted(steps, key=lambda r: r["step"])] == [0.0, 0.25]
     assert set(summary["rollout_vs_trainer"]) == {"B"}  # the comparison's single-run rule reads it so too
@@ -79,7 +79,7 @@ def test_the_loss_inputs_read_action_log_probs_as_the_current_log_prob(tmp_path)
     b = _run(tmp_path / "b", [{**loss, "action_log_probs": _lp(0.5)}])
     summary = rlprobe.compare(a, b, tmp_path / "o")
     assert summary["suspect"].startswith("action_log_probs (as log_prob) diverges first at step 0")
-    result = rlprobe.check.check_dump(b, only=("on_policy",))
+    result = rlprobe.checks.check_dump(b, only=("on_policy",))
     assert result.results["status"].to_pylist() == ["fail"]  # log_prob != old_log_prob where on-policy
     assert [r["step"] for r in summary["on_policy_recompute"]["B"]] == [0] and "A" not in summary["on_policy_recompute"]
 

@@ -79,8 +79,8 @@ def _pairs(dtype, rng):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
 def test_the_ahead_of_time_element_kernel_gives_the_jit_kernels_bits(aot_compare, dtype):
-    from rlprobe.compare.compiled import _PAIR_EXPORTS
-    from rlprobe.compare.pair_kernels import kernel_for
+    from rlprobe.comparison.compiled import _PAIR_EXPORTS
+    from rlprobe.comparison.pair_kernels import kernel_for
 
     aot, jit = getattr(aot_compare, _PAIR_EXPORTS[np.dtype(dtype)]), kernel_for(np.dtype(dtype))
     rng = np.random.default_rng(18)
@@ -95,7 +95,7 @@ def test_the_ahead_of_time_element_kernel_gives_the_jit_kernels_bits(aot_compare
 
 def _pair_files(tmp_path, seed):
     """_pairs of the three dtypes saved as .npy files, and an unreadable pair last: (paths, their starts, pairs)."""
-    from rlprobe.compare.small_pairs import path_bytes
+    from rlprobe.comparison.small_pairs import path_bytes
 
     rng = np.random.default_rng(seed)
     paths = []
@@ -110,7 +110,7 @@ def _pair_files(tmp_path, seed):
 
 
 def test_the_ahead_of_time_batch_gives_the_jit_batchs_bits(aot_compare, tmp_path):
-    from rlprobe.compare import batch_kernels
+    from rlprobe.comparison import batch_kernels
 
     names, starts, n = _pair_files(tmp_path, 7)
     out = []
@@ -129,7 +129,7 @@ def test_the_ahead_of_time_batch_gives_the_jit_batchs_bits(aot_compare, tmp_path
 def test_the_ahead_of_time_mapped_pairs_give_the_jit_kernels_bits(aot_compare, tmp_path):
     """mapped_kernels.compare_mapped (larger pairs, mapped, chunk by chunk: chunks of 3,000 elements here) built
     ahead of time gives the JIT's partials and codes, bit for bit, and leaves unreadable pairs to the per-pair path."""
-    from rlprobe.compare import mapped_kernels
+    from rlprobe.comparison import mapped_kernels
 
     names, starts, n = _pair_files(tmp_path, 8)
     first_row = np.arange(n + 1, dtype=np.int64) * 30
@@ -149,8 +149,8 @@ def test_compare_uses_the_built_module_without_importing_numba(aot_compare, tmp_
     numba is never imported and the kernels load in well under 50 ms of CPU."""
     code = ("import sys, time\nimport numpy as np\n"
             "t = time.thread_time()\n"
-            "from rlprobe.compare.pair_metrics import pair_metrics\n"
-            "from rlprobe.compare.small_pairs import warm_up\n"
+            "from rlprobe.comparison.pair_metrics import pair_metrics\n"
+            "from rlprobe.comparison.small_pairs import warm_up\n"
             "warm_up()\n"
             "m = pair_metrics(np.arange(1000, dtype=np.float32), np.arange(1000, dtype=np.float32) + 1)\n"
             "print(m['numel'], 'numba' in sys.modules, time.thread_time() - t)\n")
@@ -172,14 +172,14 @@ def test_a_failed_build_leaves_the_jit_kernels_and_is_not_retried_by_commands(tm
         "import os, numpy as np\n"
         "from rlprobe import numba_cache\n"
         "from rlprobe.numba_build import build\n"
-        "numba_cache.AOT_FAMILIES['compare'] = (('pair_f4', 'rlprobe.compare.pair_kernels', 'no_such_kernel',\n"
+        "numba_cache.AOT_FAMILIES['compare'] = (('pair_f4', 'rlprobe.comparison.pair_kernels', 'no_such_kernel',\n"
         "                                        '(int64,)'),)\n"
         "numba_cache._aot_key.clear()\n"
         "folder = numba_cache.aot_folder(create=True)\n"
         "print(build('compare'))\n"
         "print('no_such_kernel' in open(os.path.join(folder, 'compare.failed')).read())\n"
         "print(compiled_module('compare'))\n"
-        "from rlprobe.compare.pair_metrics import pair_metrics\n"
+        "from rlprobe.comparison.pair_metrics import pair_metrics\n"
         "print(pair_metrics(np.arange(100.0), np.arange(100.0))['equal_count'])\n"
         "print(sorted(os.listdir(folder)))\n")
     done = _python(code, XDG_CACHE_HOME=str(tmp_path))
@@ -263,9 +263,9 @@ def _token_pairs(rng):
 @pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float64, np.float64), (np.float64, np.float32),
                                     (np.float32, np.float64)])
 def test_the_ahead_of_time_token_kernel_gives_the_jit_kernels_bits(aot_check, dtypes):
-    from rlprobe.check.compiled import ROWS_EXPORTS
-    from rlprobe.check.token_figures import LOG_THRESHOLDS, PROBABILITY_OF, PairFigures, mask_bytes
-    from rlprobe.check.token_kernel import reduce_rows
+    from rlprobe.checks.compiled import ROWS_EXPORTS
+    from rlprobe.checks.token_figures import LOG_THRESHOLDS, PROBABILITY_OF, PairFigures, mask_bytes
+    from rlprobe.checks.token_kernel import reduce_rows
 
     aot = getattr(aot_check, ROWS_EXPORTS[tuple(np.dtype(d) for d in dtypes)])
     rng = np.random.default_rng(16)
@@ -291,9 +291,9 @@ def test_the_ahead_of_time_token_kernel_gives_the_jit_kernels_bits(aot_check, dt
 @pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float64, np.float64), (np.float64, np.float32),
                                     (np.float32, np.float64)])
 def test_the_ahead_of_time_maxima_kernel_gives_the_jit_kernels_bits(aot_check, dtypes):
-    from rlprobe.check.compiled import ROWS_EXPORTS, maxima_kernel
-    from rlprobe.check.token_figures import mask_bytes
-    from rlprobe.check.token_kernel import reduce_maxima
+    from rlprobe.checks.compiled import ROWS_EXPORTS, maxima_kernel
+    from rlprobe.checks.token_figures import mask_bytes
+    from rlprobe.checks.token_kernel import reduce_maxima
 
     name = ROWS_EXPORTS[tuple(np.dtype(d) for d in dtypes)].replace("reduce_rows", "reduce_maxima")
     aot = getattr(aot_check, name)
@@ -338,11 +338,11 @@ def _table_bits(tables) -> dict:
 def test_the_ahead_of_time_batch_kernel_gives_the_jit_tables(aot_check, tmp_path, monkeypatch):
     """token_tables' batch of small pairs (compiled reads included) and its pair-by-pair path give the same
     tables, as bits, through the ahead-of-time kernels as through numba's JIT kernels."""
-    from rlprobe.check import compiled, token_batch
-    from rlprobe.check.inputs import stats_table
-    from rlprobe.check.token_batch_kernel import reduce_batch
-    from rlprobe.check.token_kernel import reduce_rows
-    from rlprobe.check.token_tables import token_tables
+    from rlprobe.checks import compiled, token_batch
+    from rlprobe.checks.inputs import stats_table
+    from rlprobe.checks.token_batch_kernel import reduce_batch
+    from rlprobe.checks.token_kernel import reduce_rows
+    from rlprobe.checks.token_tables import token_tables
     from rlprobe.lake.reader import open_dump
 
     dump = open_dump(_small_dump(tmp_path / "d"))
@@ -363,8 +363,8 @@ def test_check_uses_the_built_module_without_importing_numba(aot_check, tmp_path
     """A fresh process reducing a run's token pairs, batched and pair by pair: with the module built, numba is
     never imported."""
     path = _small_dump(tmp_path / "d")
-    code = ("import sys\nfrom rlprobe.check import token_batch\nfrom rlprobe.check.inputs import stats_table\n"
-            "from rlprobe.check.token_tables import token_tables\nfrom rlprobe.lake.reader import open_dump\n"
+    code = ("import sys\nfrom rlprobe.checks import token_batch\nfrom rlprobe.checks.inputs import stats_table\n"
+            "from rlprobe.checks.token_tables import token_tables\nfrom rlprobe.lake.reader import open_dump\n"
             f"dump = open_dump({str(path)!r})\n"
             "n = [len(token_tables(dump, stats_table(dump), 0.2, workers=2)['token_steps'])]\n"
             "token_batch.SMALL = -1\n"

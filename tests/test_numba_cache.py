@@ -19,7 +19,7 @@ def _run(code: str, cache_home: Path) -> subprocess.CompletedProcess:
 
 def test_kernels_cache_in_the_user_folder_when_numba_was_imported_first(tmp_path):
     code = ("import numba, numpy as np\n"  # a user's process that loaded numba before rlprobe
-            "from rlprobe.compare.pair_kernels import kernel_for\n"
+            "from rlprobe.comparison.pair_kernels import kernel_for\n"
             "x = np.arange(3, dtype=np.int64)\n"
             "print(kernel_for(np.dtype(np.int64))(x, x, 0, 3)[1])\n")
     first = _run(code, tmp_path / "cache")
@@ -35,7 +35,7 @@ def test_kernels_cache_in_the_user_folder_when_numba_was_imported_first(tmp_path
 
 def test_a_users_numba_cache_dir_is_left_alone(tmp_path):
     code = ("import os, numba\n"
-            "import rlprobe.check.token_kernel\n"
+            "import rlprobe.checks.token_kernel\n"
             "from numba.core import config\n"
             "print(os.environ['NUMBA_CACHE_DIR'], config.CACHE_DIR)\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NUMBA_CACHE_DIR": str(tmp_path / "mine")}
@@ -75,7 +75,7 @@ def test_loading_numba_in_a_thread_while_a_kernel_loads(tmp_path):
             "threading.excepthook = lambda args: errors.append(repr(args.exc_value))\n"
             "t = threading.Thread(target=load_numba)\n"
             "t.start()\n"
-            "from rlprobe.compare.pair_kernels import kernel_for\n"
+            "from rlprobe.comparison.pair_kernels import kernel_for\n"
             "x = np.arange(100, dtype=np.float32)\n"
             "n = kernel_for(np.dtype(np.float32))(x, x, 0, 100)[1]\n"
             "t.join()\n"
@@ -123,7 +123,7 @@ def test_a_cached_kernel_loads_without_numbas_registries_and_a_compilation_after
     CPU: numba.np.arraymath among them); a kernel compiled later in the same process (the cache cold for
     it) installs them then and gives the right result, and so does one more call of the cached one."""
     warm = ("import numpy as np\n"
-            "from rlprobe.compare.pair_kernels import kernel_for\n"
+            "from rlprobe.comparison.pair_kernels import kernel_for\n"
             "x = np.arange(100, dtype=np.float32)\n"
             "print(kernel_for(np.dtype(np.float32))(x, x[::-1].copy(), 0, 100)[3])\n")
     assert _run(warm, tmp_path / "cache").returncode == 0  # compiles the float kernel into the cache

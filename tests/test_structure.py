@@ -13,15 +13,15 @@ import pytest
 import rlprobe
 
 MAX_LINES = 400
-# X must not import Y (the layer is the package under rlprobe: rlprobe.compare.run -> compare).
-# check (one run's checks) is a library below compare: compare may import it, it never imports compare.
+# X must not import Y (the layer is the package under rlprobe: rlprobe.comparison.run -> comparison).
+# checks (one run's checks) is a library below comparison: comparison may import it, it never imports comparison.
 FORBIDDEN = {
-    "compare": {"report", "pipeline", "capture"},
-    "check": {"compare", "report", "pipeline", "capture"},
-    "report": {"compare", "check", "pipeline", "capture"},
-    "frameworks": {"capture", "compare", "check", "report", "pipeline"},
-    "lake": {"capture", "compare", "check", "report", "pipeline", "frameworks"},
-    "capture": {"compare", "check", "report", "pipeline"},
+    "comparison": {"report", "pipeline", "capture"},
+    "checks": {"comparison", "report", "pipeline", "capture"},
+    "report": {"comparison", "checks", "pipeline", "capture"},
+    "frameworks": {"capture", "comparison", "checks", "report", "pipeline"},
+    "lake": {"capture", "comparison", "checks", "report", "pipeline", "frameworks"},
+    "capture": {"comparison", "checks", "report", "pipeline"},
 }
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -144,18 +144,18 @@ def _package(root: Path, files: dict[str, str]) -> Path:
 
 def test_the_checker_finds_each_kind_of_violation(tmp_path):
     pkg = _package(tmp_path, {
-        "lake/reader.py": "def f():\n    from pkg.compare import run  # lazy, still a runtime import\n",
-        "compare/run.py": "from pkg.compare.modules import helper\n",
-        "compare/modules.py": "from pkg.compare.run import _private\nhelper = 1\n",
-        "report/xlsx.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.compare import run\n"
+        "lake/reader.py": "def f():\n    from pkg.comparison import run  # lazy, still a runtime import\n",
+        "comparison/run.py": "from pkg.comparison.modules import helper\n",
+        "comparison/modules.py": "from pkg.comparison.run import _private\nhelper = 1\n",
+        "report/xlsx.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.comparison import run\n"
                           + "x = 1\n" * (MAX_LINES + 1),
         "report/csv.py": "from . import xlsx\nfrom ..pipeline import runner\n",
-        "pipeline/runner.py": "import pkg.compare.run\nimport pkg.report.xlsx\n",
+        "pipeline/runner.py": "import pkg.comparison.run\nimport pkg.report.xlsx\n",
     })
     assert check_package(pkg) == [
-        ("cycle", "pkg.compare.modules -> pkg.compare.run"),
-        ("pkg.compare.modules", "pkg.compare.run._private"),
-        ("pkg.lake.reader", "pkg.compare.run"),
+        ("cycle", "pkg.comparison.modules -> pkg.comparison.run"),
+        ("pkg.comparison.modules", "pkg.comparison.run._private"),
+        ("pkg.lake.reader", "pkg.comparison.run"),
         ("pkg.report.csv", "pkg.pipeline.runner"),
         ("pkg/report/xlsx.py", "lines"),
     ]
@@ -164,16 +164,16 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path):
 def test_the_checker_passes_a_one_way_package(tmp_path):
     pkg = _package(tmp_path, {
         "lake/reader.py": "import json\n",
-        "compare/run.py": "from pkg.lake import reader\nfrom pkg.lake.reader import open_dump\n",
+        "comparison/run.py": "from pkg.lake import reader\nfrom pkg.lake.reader import open_dump\n",
         "report/xlsx.py": "from pkg.lake.reader import open_dump\n",
-        "pipeline/runner.py": "def run():\n    from pkg.compare import run\n    from pkg.report import xlsx\n",
+        "pipeline/runner.py": "def run():\n    from pkg.comparison import run\n    from pkg.report import xlsx\n",
     })
     assert check_package(pkg) == []
 
 
 @pytest.mark.parametrize("source", ["from pkg.report import xlsx\n", "def f():\n    import pkg.pipeline.runner\n",
                                     "from pkg.capture.probe import Probe\n"])
-@pytest.mark.parametrize("layer", ["compare", "check"])
+@pytest.mark.parametrize("layer", ["comparison", "checks"])
 def test_a_new_upward_import_of_compare_or_check_fails(tmp_path, source, layer):
     pkg = _package(tmp_path, {f"{layer}/run.py": source, "report/xlsx.py": "", "pipeline/runner.py": "",
                               "capture/probe.py": "Probe = 1\n"})
@@ -181,8 +181,8 @@ def test_a_new_upward_import_of_compare_or_check_fails(tmp_path, source, layer):
 
 
 def test_check_may_be_imported_by_compare_but_never_imports_it(tmp_path):
-    pkg = _package(tmp_path, {"compare/run.py": "from pkg.check.run import check_dump\n",
-                              "check/run.py": "def check_dump():\n    from pkg.compare import verdict\n",
-                              "compare/verdict.py": "", "report/check_report.py": "from pkg.check import run\n"})
-    assert check_package(pkg) == [("pkg.check.run", "pkg.compare.verdict"),
-                                  ("pkg.report.check_report", "pkg.check.run")]
+    pkg = _package(tmp_path, {"comparison/run.py": "from pkg.checks.run import check_dump\n",
+                              "checks/run.py": "def check_dump():\n    from pkg.comparison import verdict\n",
+                              "comparison/verdict.py": "", "report/check_report.py": "from pkg.checks import run\n"})
+    assert check_package(pkg) == [("pkg.checks.run", "pkg.comparison.verdict"),
+                                  ("pkg.report.check_report", "pkg.checks.run")]

@@ -21,7 +21,7 @@ def check(dump: Any, out: str | Path | None = None, params: dict[str, Any] | Non
     report.xlsx, plots/). Parameters (thresholds, eps, group_size...) as in docs/check.md, given as
     `params` or keywords; `key_map` {saved: canonical} reads a trainer's key names (rlprobe/key_names.csv adds). Raises DumpReadError, ValueError (a bad parameter) or OutputError (`out`
     cannot be written or holds files rlprobe did not write; it keeps its earlier files)."""
-    from rlprobe.check import check_dump
+    from rlprobe.checks import check_dump
 
     if out is not None:
         from rlprobe.report.output_folder import prepare_output
@@ -68,7 +68,7 @@ def check_command(dump: str, out: str | None, params: tuple[str, ...], key_map: 
 
     Exit codes: 0 every applicable check passed, 1 a check failed, 2 a bad parameter, 3 unreadable dump.
     """
-    from rlprobe.compare.key_aliases import parse_key_map
+    from rlprobe.comparison.key_aliases import parse_key_map
 
     try:
         key_mapping = parse_key_map(key_map)

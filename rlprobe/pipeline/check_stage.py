@@ -24,7 +24,7 @@ def check_runs(runs: dict[str, Path], params: dict[str, Any], spec_path: Path,
                key_map: dict[str, str] | None = None) -> dict[str, Any]:
     """{run name: CheckResult} of every run, its keys read through the pipeline's `key_map:` as the
     comparison reads them. Raises CheckStageError."""
-    from rlprobe.check import check_dump
+    from rlprobe.checks import check_dump
 
     found = {}
     for name, path in runs.items():

@@ -43,9 +43,9 @@ def compare(
     `control`: a control run's dump, which differs from `a` by noise only: B diverges where its error exceeds
     the control's by the documented factor (docs/across-devices.md, "A control run"); ControlRunError (a ProbeError)
     for one that is missing, no dump, or without key data in common with `a`.
-    `options`: a rlprobe.compare.options.CompareOptions instead of the comparison's arguments (with `control`
+    `options`: a rlprobe.comparison.options.CompareOptions instead of the comparison's arguments (with `control`
     given too, it replaces the options' control)."""
-    from rlprobe.compare.options import CompareOptions
+    from rlprobe.comparison.options import CompareOptions
 
     if options is None:  # as the command line and pipelines take them: "0-10,12", "log_prob,kl" or lists
         options = CompareOptions.build(keys=keys, steps=steps, ranks=ranks, tolerance=tolerance, rtol=rtol, atol=atol,
@@ -58,8 +58,8 @@ def compare(
     from rlprobe.lake.connection_ahead import ConnectionAhead
 
     with ConnectionAhead() as ahead:  # DuckDB starts its database on a thread while the modules below load
-        from rlprobe.compare.kernel_use import may_run_compiled_kernels
-        from rlprobe.compare.run import compare_dumps, start_warm_up
+        from rlprobe.comparison.kernel_use import may_run_compiled_kernels
+        from rlprobe.comparison.run import compare_dumps, start_warm_up
         from rlprobe.lake.reader import open_dump
         from rlprobe.report.comparison_files import ReportOptions, write_reports, write_summary_json, write_tables
         from rlprobe.report.output_folder import prepare_output, publish_output

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rlprobe.compare.config_diff import DIFF_SCHEMA
+from rlprobe.comparison.config_diff import DIFF_SCHEMA
 from rlprobe.errors import ControlRunError, DumpReadError, ProbeError, SelectionError
 from rlprobe.exit_codes import EXIT_GATE_FAILED, EXIT_OK, EXIT_SPEC, EXIT_UNREADABLE
 from rlprobe.lake.schema import SCALAR, with_rank
@@ -63,7 +63,7 @@ class PipelineResult:
 
 def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | None = None) -> PipelineResult:
     """Run a loaded pipeline; raises PipelineError for exit codes 2 and 3."""
-    from rlprobe.compare.run import compare_dumps
+    from rlprobe.comparison.run import compare_dumps
     from rlprobe.lake.reader import open_dump
 
     spec = pipeline.spec
@@ -145,7 +145,7 @@ def _executor(executor) -> Callable[..., dict] | None:
     if executor.kind == "ray":
         from functools import partial
 
-        from rlprobe.compare.ray_executor import run_pairs_ray
+        from rlprobe.comparison.ray_executor import run_pairs_ray
 
         return partial(run_pairs_ray, address=executor.address)
     return None  # compare_dumps' default: the local thread executor
@@ -154,7 +154,7 @@ def _executor(executor) -> Callable[..., dict] | None:
 def _compare_options(spec, control: Path | None = None) -> Any:
     """The spec's select:, executor: and compare: sections (and its control run) as the comparison's
     CompareOptions."""
-    from rlprobe.compare.options import CompareOptions
+    from rlprobe.comparison.options import CompareOptions
 
     key_data = spec.compare.key_data
     return CompareOptions(keys=spec.select.key_list(), steps=spec.select.step_list(), ranks=spec.select.rank_list(),

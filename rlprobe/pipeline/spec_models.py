@@ -70,7 +70,7 @@ class ToleranceRule(_Strict):
 
 
 class KeyDataTolerance(_Strict):
-    """compare.key_data.tolerance: over the dtypes' defaults (rlprobe/compare/tolerance.py)."""
+    """compare.key_data.tolerance: over the dtypes' defaults (rlprobe/comparison/tolerance.py)."""
     rtol: float | None = Field(None, ge=0, allow_inf_nan=False)
     atol: float | None = Field(None, ge=0, allow_inf_nan=False)
     stats_rtol: float | None = Field(None, ge=0, allow_inf_nan=False)
@@ -80,7 +80,7 @@ class KeyDataTolerance(_Strict):
     @field_validator("families")
     @classmethod
     def _known_families(cls, value: dict[str, ToleranceRule]) -> dict[str, ToleranceRule]:
-        from rlprobe.compare.tolerance import FAMILIES
+        from rlprobe.comparison.tolerance import FAMILIES
 
         unknown = sorted(set(value) - set(FAMILIES))
         if unknown:
@@ -94,8 +94,8 @@ class KeyDataCompare(_Strict):
     order: list[str] | None = None
 
     def tolerance_rules(self) -> Any:
-        """The comparison's Tolerance (rlprobe/compare/tolerance.py) of this section."""
-        from rlprobe.compare.tolerance import Tolerance
+        """The comparison's Tolerance (rlprobe/comparison/tolerance.py) of this section."""
+        from rlprobe.comparison.tolerance import Tolerance
 
         rules = self.tolerance.model_dump(exclude_none=True)
         if self.stats_rtol is not None and "stats_rtol" not in rules:
@@ -161,7 +161,7 @@ class CheckStage(_Strict):
 
 def _flow_key(canonical: str) -> str:
     """A key_map value: a key of the data flow (checked per entry, so an error names its line)."""
-    from rlprobe.compare.key_aliases import flow_key
+    from rlprobe.comparison.key_aliases import flow_key
 
     try:
         return flow_key(canonical.strip())
@@ -172,7 +172,7 @@ def _flow_key(canonical: str) -> str:
 FlowKey = Annotated[str, AfterValidator(_flow_key)]
 
 
-# the reserved name of a pipeline's third run: a control run (compare/control_run.py)
+# the reserved name of a pipeline's third run: a control run (comparison/control_run.py)
 CONTROL_RUN = "control"
 
 
@@ -195,7 +195,7 @@ class PipelineSpec(_Strict):
     @field_validator("key_map")
     @classmethod
     def _key_map(cls, key_map: dict[str, str]) -> dict[str, str]:  # each value is a FlowKey already
-        from rlprobe.compare.key_aliases import parse_key_map
+        from rlprobe.comparison.key_aliases import parse_key_map
 
         try:
             return parse_key_map(key_map, "key_map:")

@@ -18,7 +18,7 @@ HIDDEN_ROLLUP_COLUMNS = frozenset({"flow_position", "canonical_key"})
 # a canonical status order for counts; others follow alphabetically
 STATUS_ORDER = ("match", "stats_only_match", "close", "stats_only_close", "absent_in_both", "mismatch", "stats_only_mismatch", "shape_mismatch",
                 "dtype_mismatch", "absent_in_a", "absent_in_b", "only_in_a", "only_in_b", "error")
-# None in both runs agrees; so do close rows (within rounding: rlprobe/compare/tolerance.py)
+# None in both runs agrees; so do close rows (within rounding: rlprobe/comparison/tolerance.py)
 MATCHING_STATUSES = frozenset({"match", "stats_only_match", "close", "stats_only_close", "absent_in_both"})
 
 

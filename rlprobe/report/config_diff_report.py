@@ -1,6 +1,6 @@
 """The config diff and the warnings of a comparison as the console, summary.md and the xlsx
 Summary show them (the summary's config_diff, config_cause, config_ignored and warnings; they
-are computed by rlprobe.compare.config_diff)."""
+are computed by rlprobe.comparison.config_diff)."""
 
 from __future__ import annotations
 

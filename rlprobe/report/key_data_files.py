@@ -1,6 +1,6 @@
 """key_data.parquet and key_data.csv rendered in memory by a thread as soon as the comparison has
 its key_data table, while it still runs the verdict's queries and the later comparisons
-(`rlprobe compare --workers 2`: rlprobe.compare.run.compare_dumps's `key_data_ready`);
+(`rlprobe compare --workers 2`: rlprobe.comparison.run.compare_dumps's `key_data_ready`);
 write_reports then only writes the bytes into the output folder. They are the bytes
 write_key_data_parquet and write_key_data_csv write (comparison_files.py, csv_report.py)."""
 
@@ -26,7 +26,7 @@ class KeyDataFiles:
 
     def start(self, key_data: pa.Table) -> None:
         # imported here, on the calling thread, which may import other modules while the thread renders:
-        # no two threads in one import cycle (as rlprobe.compare.run's later imports)
+        # no two threads in one import cycle (as rlprobe.comparison.run's later imports)
         from rlprobe.report import csv_report  # noqa: F401
         from rlprobe.report import comparison_files  # noqa: F401
 

@@ -1,5 +1,5 @@
 """The parameter-update finding (summary's param_first_difference, computed by
-rlprobe.compare.params) as one line for the console, summary.md and the xlsx Summary."""
+rlprobe.comparison.params) as one line for the console, summary.md and the xlsx Summary."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def param_line(summary: Mapping[str, Any]) -> str | None:
             f"{found['monitor']!r} (first parameter {found['param']!r}, rank {found['rank']}, "
             f"norm A={found['norm_a']!r}, B={found['norm_b']!r})")
     noise = summary.get("update_noise")
-    if noise is not None:  # compare/params.py: no changed update, the optimizer's amplification of rounding
+    if noise is not None:  # comparison/params.py: no changed update, the optimizer's amplification of rounding
         line += (f"; rounding noise amplified by the optimizer: only the {noise['params']} of {noise['compared']} "
                  "parameters whose gradients were rounding (near zero or flipped signs) differ")
     return line

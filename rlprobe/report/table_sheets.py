@@ -23,7 +23,7 @@ ROWS_PER_SHEET = MAX_ROWS - 1  # one row is the header
 STATUS_FAMILY = {
     "mismatch": "bad", "stats_only_mismatch": "bad", "shape_mismatch": "bad", "dtype_mismatch": "bad",
     "error": "bad", "only_in_a": "missing", "only_in_b": "missing", "absent_in_a": "missing", "absent_in_b": "missing",
-    "close": "close", "stats_only_close": "close",  # within rounding (rlprobe/compare/tolerance.py)
+    "close": "close", "stats_only_close": "close",  # within rounding (rlprobe/comparison/tolerance.py)
 }
 FAMILIES = (None, "bad", "missing", "first", "close")
 

@@ -3,7 +3,7 @@
 -- recomputation of the same tokens: old_log_prob, or log_prob at an on-policy micro-batch (micro-step
 -- 0 of a generating step, see on_policy.sql) where no old_log_prob is saved. Token level, rollout and
 -- trainer rows are paired by sample where the dump saved sample identity (TRL saves the rollout and the
--- shuffled update micro-batches in different calls; rlprobe/check/sample_pairs.py), else within one
+-- shuffled update micro-batches in different calls; rlprobe/checks/sample_pairs.py), else within one
 -- save call. One row per step and rank that exceeds a threshold. Token level (token_steps: masked by
 -- the response mask where saved; Δ = rollout - trainer): mean |Δ|, the share of tokens whose ratio exp(Δ) is outside [1-eps, 1+eps]
 -- (eps: the run's clip range from its config, else 0.2; `--param eps=...`), max |Δ|. Statistics

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import rlprobe
-from rlprobe.check.inputs import stats_table
-from rlprobe.check.mapped_tensors import READ_BELOW, map_tensor
-from rlprobe.check.token_tables import tensor_rows
+from rlprobe.checks.inputs import stats_table
+from rlprobe.checks.mapped_tensors import READ_BELOW, map_tensor
+from rlprobe.checks.token_tables import tensor_rows
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.npy_header import plain_header
 from rlprobe.lake.reader import open_dump

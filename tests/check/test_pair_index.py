@@ -1,4 +1,4 @@
-"""The pairs within a save call computed on the tensor index's columns (rlprobe/check/pair_index.py) are
+"""The pairs within a save call computed on the tensor index's columns (rlprobe/checks/pair_index.py) are
 token_tables.pairs' (the rule in Python, a dict a row), key by key in the same order, with the same
 files read; where the columnar rule does not apply, token_tables pairs in Python and its tables do not
 change."""
@@ -11,11 +11,11 @@ import pyarrow as pa
 import pytest
 
 import rlprobe
-from rlprobe.check import pair_index as pair_index_module
-from rlprobe.check import token_tables as token_tables_module
-from rlprobe.check.inputs import stats_table
-from rlprobe.check.pair_index import pair_index
-from rlprobe.check.token_tables import pairs, tensor_rows, token_tables
+from rlprobe.checks import pair_index as pair_index_module
+from rlprobe.checks import token_tables as token_tables_module
+from rlprobe.checks.inputs import stats_table
+from rlprobe.checks.pair_index import pair_index
+from rlprobe.checks.token_tables import pairs, tensor_rows, token_tables
 from rlprobe.lake.reader import open_dump
 
 
@@ -93,7 +93,7 @@ def test_the_columns_pair_as_the_rows_do(tmp_path):
 
 
 def test_files_are_named_from_their_folder_as_the_plan_names_them(tmp_path):
-    from rlprobe.check.token_batch import _split
+    from rlprobe.checks.token_batch import _split
 
     index = pair_index(stats_table(every_case(tmp_path / "d")))
     names = bytes(index.paths)
@@ -143,7 +143,7 @@ def test_tuples_past_62_bits_are_not_numbered():
 def test_without_compiled_reads_numpy_reads_each_part_of_the_index(tmp_path, monkeypatch):
     """Where the C library's reads do not run (not POSIX: npy_layout.READS), every part of a job planned
     from the index is read by numpy (token_batch._preload) in the one compiled call, with the same tables."""
-    from rlprobe.check import npy_layout, token_batch
+    from rlprobe.checks import npy_layout, token_batch
 
     dump = every_case(tmp_path / "d")
     stats = stats_table(dump)

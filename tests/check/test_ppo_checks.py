@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import rlprobe
-import rlprobe.check
+import rlprobe.checks
 from rlprobe.cli import main
 
 

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 import rlprobe
-from rlprobe.check import token_batch
+from rlprobe.checks import token_batch
 from rlprobe.cli import main
-from rlprobe.compare.single_run import single_run_findings
+from rlprobe.comparison.single_run import single_run_findings
 
 RULED = ("on_policy", "rollout_vs_recompute", "kl_first_step")
 

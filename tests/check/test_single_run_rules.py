@@ -166,11 +166,11 @@ def test_an_unreadable_dump_exits_3_with_a_clear_message(tmp_path):
 def test_only_the_named_checks_run_as_the_two_run_verdict_asks(tmp_path):
     a = logp(0)
     dump = write(tmp_path / "d", [[{"log_prob": a + 1, "old_log_prob": a, "loss": np.float32(np.nan)}]])
-    result = rlprobe.check.check_dump(dump, only=("on_policy", "rollout_vs_recompute"))
+    result = rlprobe.checks.check_dump(dump, only=("on_policy", "rollout_vs_recompute"))
     assert statuses(result) == {"on_policy": "fail", "rollout_vs_recompute": "not_applicable"}
     assert result.rows["on_policy"].num_rows == 1
     with pytest.raises(ValueError, match="unknown check"):
-        rlprobe.check.check_dump(dump, only=("nope",))
+        rlprobe.checks.check_dump(dump, only=("nope",))
 
 
 def test_check_command_reads_keys_through_key_map(tmp_path):

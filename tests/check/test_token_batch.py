@@ -1,4 +1,4 @@
-"""A job of small pairs reads its files in compiled code (rlprobe/check/npy_reads.py): files that are
+"""A job of small pairs reads its files in compiled code (rlprobe/checks/npy_reads.py): files that are
 not numpy's plain float32 layout are read by numpy in the middle of the job with the same figures, a
 missing or truncated file is named, and the pair column of a long table is cut into chunks."""
 
@@ -15,11 +15,11 @@ import pyarrow as pa
 import pytest
 
 import rlprobe
-from rlprobe.check import npy_reads, token_batch, token_batch_tables
-from rlprobe.check import token_tables as token_tables_module
-from rlprobe.check.inputs import stats_table
-from rlprobe.check.run import collections_paused
-from rlprobe.check.token_tables import tensor_rows, token_tables
+from rlprobe.checks import npy_reads, token_batch, token_batch_tables
+from rlprobe.checks import token_tables as token_tables_module
+from rlprobe.checks.inputs import stats_table
+from rlprobe.checks.run import collections_paused
+from rlprobe.checks.token_tables import tensor_rows, token_tables
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.reader import open_dump
 

@@ -1,4 +1,4 @@
-"""check_dump(only=..., maxima_only=True) (rlprobe/check/token_maxima.py): the on_policy pairs reduced to their
+"""check_dump(only=..., maxima_only=True) (rlprobe/checks/token_maxima.py): the on_policy pairs reduced to their
 token count and max |Δ| give the figures of the full reduction and the same rule results."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlprobe.check.run import check_dump
-from rlprobe.check.token_maxima import reduce_maxima
-from rlprobe.check.token_reduce import reduce_pair
+from rlprobe.checks.run import check_dump
+from rlprobe.checks.token_maxima import reduce_maxima
+from rlprobe.checks.token_reduce import reduce_pair
 
 from tests.check.test_token_selection import RULES, _msprobe_run, _rlprobe_run
 

@@ -1,4 +1,4 @@
-"""check_dump(only=...) reduces only the token pairs the requested checks read (rlprobe/check/token_selection.py):
+"""check_dump(only=...) reduces only the token pairs the requested checks read (rlprobe/checks/token_selection.py):
 on_policy's pairs at the (step, rank) its query judges, the rollout pairs for rollout_vs_recompute, none for
 a check without token figures; its results stay those of the full check."""
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import rlprobe
-from rlprobe.check import check_dump
-from rlprobe.check.inputs import run_info, run_info_table, stats_table
-from rlprobe.check.token_rows import STEPS
-from rlprobe.check.token_selection import on_policy_judged
+from rlprobe.checks import check_dump
+from rlprobe.checks.inputs import run_info, run_info_table, stats_table
+from rlprobe.checks.token_rows import STEPS
+from rlprobe.checks.token_selection import on_policy_judged
 from rlprobe.lake.sql_runner import run
 
 from tests.lake.layouts import rewrite_record

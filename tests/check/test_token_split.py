@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import rlprobe
-from rlprobe.check.inputs import stats_table
-from rlprobe.check.token_tables import (
+from rlprobe.checks.inputs import stats_table
+from rlprobe.checks.token_tables import (
     MIN_PIECE,
     pairs,
     split_rows,

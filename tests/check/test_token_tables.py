@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 
 import rlprobe
-from rlprobe.check import token_batch
-from rlprobe.check.inputs import stats_table
-from rlprobe.check.pair_part import Part
-from rlprobe.check.token_figures import TABLE_BITS
-from rlprobe.check.token_reduce import reduce_pair
-from rlprobe.check.token_tables import batches, token_tables
+from rlprobe.checks import token_batch
+from rlprobe.checks.inputs import stats_table
+from rlprobe.checks.pair_part import Part
+from rlprobe.checks.token_figures import TABLE_BITS
+from rlprobe.checks.token_reduce import reduce_pair
+from rlprobe.checks.token_tables import batches, token_tables
 from rlprobe.lake.reader import open_dump
 
 

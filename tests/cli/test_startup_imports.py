@@ -15,7 +15,7 @@ import rlprobe
 from rlprobe.unused_imports import UNUSED, refused
 
 # loaded by nothing the default `rlprobe compare` of tensor dumps does (numba: not for tensors of fewer
-# than 8 elements, which numpy compares: rlprobe.compare.numpy_kernels)
+# than 8 elements, which numpy compares: rlprobe.comparison.numpy_kernels)
 NEVER_LOADED = ("pandas", "scipy", "cffi", "torch", "mindspore", "ray", "matplotlib", "polars", "transformers",
                 "numba")
 

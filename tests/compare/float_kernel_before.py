@@ -1,4 +1,4 @@
-"""The float kernel of rlprobe.compare.pair_kernels as it was before its loop was split (issue 18,
+"""The float kernel of rlprobe.comparison.pair_kernels as it was before its loop was split (issue 18,
 second numba pass), kept verbatim as an oracle: tests/compare/test_float_kernel_split.py checks that
 the current kernel gives the same bits on every field, the reassociated sums included. What the split
 left as it was (the exact element-by-element kernel, the integer maximum, the block sizes) is imported."""
@@ -14,7 +14,7 @@ import_numba()
 
 import numba  # noqa: E402
 
-from rlprobe.compare.pair_kernels import _BLOCK, _SEQUENTIAL_BELOW, _float_exact, _max_int  # noqa: E402
+from rlprobe.comparison.pair_kernels import _BLOCK, _SEQUENTIAL_BELOW, _float_exact, _max_int  # noqa: E402
 
 
 @numba.njit(nogil=True, cache=True)

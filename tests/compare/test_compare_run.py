@@ -15,7 +15,7 @@ import rlprobe
 from rlprobe.pipeline.compare_command import compare
 
 from tests.lake.layouts import unpack
-from rlprobe.compare.options import CompareOptions
+from rlprobe.comparison.options import CompareOptions
 
 
 def _dump(path: Path, steps: dict[int, dict], **probe_kw) -> Path:
@@ -238,7 +238,7 @@ def test_filters_and_unwritable_output(tmp_path):
 
 
 def test_public_api_rlprobe_compare_returns_summary(tmp_path):
-    import rlprobe.compare.run  # noqa: F401  (importing a submodule must not hide the callable)
+    import rlprobe.comparison.run  # noqa: F401  (importing a submodule must not hide the callable)
 
     x = {0: {"loss": np.float32(1.0)}}
     summary = rlprobe.compare(_dump(tmp_path / "a", x), _dump(tmp_path / "b", x), tmp_path / "out")
@@ -254,8 +254,8 @@ def test_no_kernel_runs_while_the_warm_up_still_loads_numba(tmp_path, monkeypatc
     import numpy as np
 
     import rlprobe
-    import rlprobe.compare.run as compare_run
-    from rlprobe.compare.executor import run_pairs
+    import rlprobe.comparison.run as compare_run
+    from rlprobe.comparison.executor import run_pairs
     from rlprobe.lake.reader import open_dump
 
     for name, shift in (("a", 0.0), ("b", 1e-3)):
@@ -286,7 +286,7 @@ def test_no_kernel_runs_while_the_warm_up_still_loads_numba(tmp_path, monkeypatc
 
 
 def test_both_runs_statistics_are_returned_unless_asked_not_to(tmp_path):
-    from rlprobe.compare.run import compare_dumps
+    from rlprobe.comparison.run import compare_dumps
     from rlprobe.lake.reader import open_dump
 
     x = {0: {"log_prob": np.linspace(-3, 0, 7, dtype=np.float32)}, 1: {"log_prob": np.zeros(3, np.float32)}}

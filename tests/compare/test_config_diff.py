@@ -1,4 +1,4 @@
-"""The config diff (rlprobe/compare/config_diff.py): real PPO runs of examples/ppo/tiny_ppo.py that
+"""The config diff (rlprobe/comparison/config_diff.py): real PPO runs of examples/ppo/tiny_ppo.py that
 differ in one config setting, through rlprobe.compare, the CLI and a pipeline's config_differs gate."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import openpyxl
 import pytest
 
 import rlprobe
-from rlprobe.compare.config_diff import causes, diff_configs, patterns_table
+from rlprobe.comparison.config_diff import causes, diff_configs, patterns_table
 from rlprobe.demo import load_config, load_example_module
 from rlprobe.lake.reader import open_dump
 

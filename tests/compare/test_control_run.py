@@ -17,8 +17,8 @@ import pytest
 
 import rlprobe
 from ppo_runs import train
-from rlprobe.compare.control_run import FACTOR
-from rlprobe.compare.options import CompareOptions
+from rlprobe.comparison.control_run import FACTOR
+from rlprobe.comparison.options import CompareOptions
 from rlprobe.errors import ControlRunError, ProbeError
 from second_device import train_on_second_device
 

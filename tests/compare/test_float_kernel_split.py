@@ -12,7 +12,7 @@ from float_kernel_before import float_kernel_before
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlprobe.compare.pair_kernels import kernel_for
+from rlprobe.comparison.pair_kernels import kernel_for
 
 # lengths around the block (2048) and vector (8) boundaries, tails of every remainder, several blocks
 LENGTHS = [8, 9, 15, 16, 17, 31, 33, 100, 2047, 2048, 2049, 4095, 4096, 4100, 6144 + 13]

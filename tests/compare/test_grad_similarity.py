@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import rlprobe
-from rlprobe.compare.grads import agreeing_bits, compare_grads
+from rlprobe.comparison.grads import agreeing_bits, compare_grads
 from rlprobe.compat.msprobe import GradComparator
 
 
@@ -252,7 +252,7 @@ def test_report_has_a_similarity_matrix_and_the_flagged_rows(tmp_path: Path):
 def test_same_counts_of_a_whole_file_equal_pair_by_pair(tmp_path: Path, monkeypatch, numpy_bitwise_count: bool):
     """The per-file count (one XOR, padding cleared, prefix counts) against agreeing_bits, with
     numpy's popcount and with the table used before numpy 2."""
-    from rlprobe.compare.grads import _same_counts_in_file
+    from rlprobe.comparison.grads import _same_counts_in_file
 
     if not numpy_bitwise_count:
         monkeypatch.delattr(np, "bitwise_count", raising=False)
@@ -323,7 +323,7 @@ def test_a_gradient_within_rounding_of_zero_is_no_divergence_unless_judged_bitwi
     """A bias whose gradient is zero but for rounding (as an attention key bias's: softmax ignores it) has
     signs, digests and norms that two devices do not share; within rounding of zero against the step's
     largest gradient norm it is not flagged, while a tolerance of 0 still sees it (docs/grads.md)."""
-    from rlprobe.compare.tolerance import Tolerance
+    from rlprobe.comparison.tolerance import Tolerance
 
     noise = 1e-12 * torch.tensor([1.0, -1.0, 1.0])
     a = _run_with_grad(tmp_path / "a", "2.bias", noise, level=level)

@@ -1,4 +1,4 @@
-"""Gradients of runs with different layouts (rlprobe/compare/grads.py, docs/grads.md "Runs with
+"""Gradients of runs with different layouts (rlprobe/comparison/grads.py, docs/grads.md "Runs with
 different layouts"): real PPO runs of the bundled example with the gradient monitor on, 2 vs 4
 micro-batches and 1 vs 2 gloo ranks with the same global batch."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from rlprobe.compare.grads import compare_grads
-from rlprobe.compare.run import compare_dumps
+from rlprobe.comparison.grads import compare_grads
+from rlprobe.comparison.run import compare_dumps
 from rlprobe.lake.reader import open_dump
-from rlprobe.compare.options import CompareOptions
+from rlprobe.comparison.options import CompareOptions
 from ppo_runs import train, train_two_ranks
 
 RUN = {"ppo.steps": 2, "rlprobe_config.grads_dump": True, "rlprobe_config.metrics_dump": False}
@@ -116,7 +116,7 @@ def test_the_layout_similarity_bar_is_a_threshold(runs):
 def test_a_pipeline_sets_the_layout_similarity_bar(runs, tmp_path):
     import json
 
-    from rlprobe.compare.grads import DEFAULTS
+    from rlprobe.comparison.grads import DEFAULTS
     from rlprobe.pipeline.runner import run_pipeline
     from rlprobe.pipeline.spec import load_pipeline
     from rlprobe.pipeline.spec_models import GradsCompare

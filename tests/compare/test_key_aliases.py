@@ -1,5 +1,5 @@
-"""Trainers' key names (rlprobe/compare/key_aliases.py), the KL penalty rule and what the verdict
-says after a module dump was compared (rlprobe/compare/verdict_modules.py), on real dumps."""
+"""Trainers' key names (rlprobe/comparison/key_aliases.py), the KL penalty rule and what the verdict
+says after a module dump was compared (rlprobe/comparison/verdict_modules.py), on real dumps."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 import rlprobe
 from rlprobe.cli import main
-from rlprobe.compare.key_aliases import builtin_rows, key_order_table, parse_key_map
-from rlprobe.compare.verdict_modules import follow_up
+from rlprobe.comparison.key_aliases import builtin_rows, key_order_table, parse_key_map
+from rlprobe.comparison.verdict_modules import follow_up
 from rlprobe.errors import ProbeError
 
 
@@ -120,7 +120,7 @@ def test_a_compared_module_dump_is_not_advised_again_and_a_matching_model_is_fin
 
 
 def _compare_dumps(a, b):
-    from rlprobe.compare.run import compare_dumps
+    from rlprobe.comparison.run import compare_dumps
     from rlprobe.lake.reader import open_dump
 
     return compare_dumps(open_dump(a), open_dump(b))

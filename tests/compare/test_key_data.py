@@ -1,4 +1,4 @@
-"""rlprobe/compare/key_data.py: the executor's tasks of the pairs tensor_pairs.sql lists, made column by
+"""rlprobe/comparison/key_data.py: the executor's tasks of the pairs tensor_pairs.sql lists, made column by
 column, are the tasks made pair by pair from lake/tensor_pack.split_address, whatever the addresses."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from rlprobe.compare.key_data import _pair_tasks, _pair_tasks_one_by_one
+from rlprobe.comparison.key_data import _pair_tasks, _pair_tasks_one_by_one
 from rlprobe.lake.tensor_pack import Record
 
 RECORDS = ["tensors/key_data/step=0/rank=0/call=0.npys#0+1152", "t/x#y/call=1.npys#000128+64"]

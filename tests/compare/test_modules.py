@@ -10,7 +10,7 @@ import torch
 from openpyxl import load_workbook
 
 import rlprobe
-from rlprobe.compare.modules import compare_modules
+from rlprobe.comparison.modules import compare_modules
 from tiny_models import tiny_lm, token_ids
 
 

@@ -1,4 +1,4 @@
-"""One .npy file of a pair (rlprobe/compare/npy_files.py): a header numpy wrote the plain way is
+"""One .npy file of a pair (rlprobe/comparison/npy_files.py): a header numpy wrote the plain way is
 opened without np.load, anything else through np.load, and both read the values np.load reads; a
 file that is not what its header says is named as before."""
 
@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from rlprobe.compare.npy_files import PairError, NpyFile
+from rlprobe.comparison.npy_files import PairError, NpyFile
 
 PLAIN = {
     "f4_2d": np.arange(12, dtype=np.float32).reshape(3, 4),

@@ -1,4 +1,4 @@
-"""rlprobe.compare.numpy_kernels against the compiled kernels of pair_kernels: bit for bit on every
+"""rlprobe.comparison.numpy_kernels against the compiled kernels of pair_kernels: bit for bit on every
 field below SEQUENTIAL_BELOW elements (NaN, infinities, -0.0, denormals, overflowing differences,
 int64 extremes, empty chunks), and as an oracle for longer chunks. That a comparison of small
 tensors never imports numba: tests/cli/test_startup_imports.py."""
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlprobe.compare import numpy_kernels as nk
-from rlprobe.compare import pair_kernels as pk
-from rlprobe.compare.pair_metrics import chunk_partial, combine, pair_metrics
+from rlprobe.comparison import numpy_kernels as nk
+from rlprobe.comparison import pair_kernels as pk
+from rlprobe.comparison.pair_metrics import chunk_partial, combine, pair_metrics
 
 S = nk.SEQUENTIAL_BELOW
 F64 = np.finfo(np.float64)

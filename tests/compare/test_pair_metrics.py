@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rlprobe.compare import pair_kernels as pk
-from rlprobe.compare import pair_metrics as pm
-from rlprobe.compare.executor import PairError, PairTask, run_pairs
-from rlprobe.compare.npy_files import NpyFile
-from rlprobe.compare.pair_metrics import (
+from rlprobe.comparison import pair_kernels as pk
+from rlprobe.comparison import pair_metrics as pm
+from rlprobe.comparison.executor import PairError, PairTask, run_pairs
+from rlprobe.comparison.npy_files import NpyFile
+from rlprobe.comparison.pair_metrics import (
     METRIC_KEYS,
     ArraySource,
     Partial,
@@ -624,7 +624,7 @@ def test_numba_cache_dir_defaults_to_user_cache(tmp_path):
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME")}
     env.update(HOME=str(home), PYTHONPATH=str(ro), PYTHONDONTWRITEBYTECODE="1")
-    code = ("import os, numpy as np, rlprobe.compare.pair_metrics as m; m.warm_up();"
+    code = ("import os, numpy as np, rlprobe.comparison.pair_metrics as m; m.warm_up();"
             f"assert m.__file__.startswith({str(ro)!r}), m.__file__;"
             "print(os.environ['NUMBA_CACHE_DIR']);"
             "print(m.pair_metrics(np.arange(3.0), np.arange(3.0))['equal_count'])")
@@ -858,7 +858,7 @@ def _edge_pairs(rng, count):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_batched_small_pairs_equal_pair_metrics(tmp_path, workers):
-    """Pairs compared in batches (rlprobe.compare.small_pairs) give pair_metrics' result, bit for bit."""
+    """Pairs compared in batches (rlprobe.comparison.small_pairs) give pair_metrics' result, bit for bit."""
     rng = np.random.default_rng(18)
     tasks, want = [], {}
     for i, (a, b) in enumerate(_edge_pairs(rng, 300)):

@@ -1,11 +1,11 @@
-"""rlprobe/compare/pair_results.py: the kernel's results of many pairs as the table key_data.sql joins."""
+"""rlprobe/comparison/pair_results.py: the kernel's results of many pairs as the table key_data.sql joins."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
 
-from rlprobe.compare.pair_results import PairResults, pair_results_table
+from rlprobe.comparison.pair_results import PairResults, pair_results_table
 
 _METRICS = {"numel": 4, "equal_count": 3, "first_mismatch_index": 2, "max_abs_err": 0.5, "max_rel_err": 0.25,
             "within_1e3_count": 3, "within_1e2_count": 4, "cosine": 0.9, "nan_mismatch_count": 0}

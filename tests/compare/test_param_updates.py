@@ -1,4 +1,4 @@
-"""Parameter updates in the comparison (rlprobe/compare/params.py): real PPO runs of
+"""Parameter updates in the comparison (rlprobe/comparison/params.py): real PPO runs of
 examples/ppo/tiny_ppo.py whose fingerprints name the update that differs before a forward is blamed."""
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ def _sgd_run(path, nudge_at: int | None = None, scale: float | None = None):
 
 
 def test_weights_apart_by_rounding_are_close_and_bitwise_sees_them(tmp_path):
-    from rlprobe.compare.params import compare_params
-    from rlprobe.compare.tolerance import Tolerance
+    from rlprobe.comparison.params import compare_params
+    from rlprobe.comparison.tolerance import Tolerance
 
     a, b = rlprobe.open(_sgd_run(tmp_path / "a")), rlprobe.open(_sgd_run(tmp_path / "b", nudge_at=1))
     params, firsts = compare_params(a, b, exact=True)
@@ -183,7 +183,7 @@ def test_a_changed_learning_rate_is_a_changed_update_even_where_rounding_differs
 
 
 def test_a_changed_optimizer_setting_is_no_noise_even_where_only_rounding_gradients_differ(tmp_path):
-    from rlprobe.compare.params import update_noise
+    from rlprobe.comparison.params import update_noise
 
     found = {"monitor": "actor", "step": 0, "probe_step": 0, "rank": 0,
              "gradients": {"differing": 1, "differing_solid": 0, "differing_missing": 0, "params": 5,

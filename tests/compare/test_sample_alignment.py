@@ -1,4 +1,4 @@
-"""Runs with different layouts compared per sample (rlprobe/compare/sample_alignment.py)."""
+"""Runs with different layouts compared per sample (rlprobe/comparison/sample_alignment.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import rlprobe
-from rlprobe.compare.run import compare_dumps
+from rlprobe.comparison.run import compare_dumps
 from rlprobe.errors import ProbeError
 from rlprobe.lake.reader import open_dump
 from ppo_runs import train, train_two_ranks

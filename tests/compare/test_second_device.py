@@ -254,7 +254,7 @@ def test_noise_keeps_every_key_near_its_inputs_error(runs, tmp_path):
     most, a KL), far under the factor; the planted faults reach 1e4 and more."""
     import duckdb
 
-    from rlprobe.compare.amplification import AMPLIFICATION, KeyErrors, against_inputs
+    from rlprobe.comparison.amplification import AMPLIFICATION, KeyErrors, against_inputs
 
     ratios = {}
     for name in ("noise", "advantage-bug", "ref-bf16"):

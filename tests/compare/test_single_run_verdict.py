@@ -1,5 +1,5 @@
 """The two-run verdict reads each run's single-run rules (rlprobe check's on_policy and
-rollout_vs_recompute, compare/single_run.py): a rollout engine that was never re-synced gets its
+rollout_vs_recompute, comparison/single_run.py): a rollout engine that was never re-synced gets its
 own verdict, and an epoch after an update is not called a non-deterministic recomputation."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 import rlprobe
-import rlprobe.check
+import rlprobe.checks
 from rlprobe.cli import main
 
 
@@ -108,7 +108,7 @@ def test_a_recomputation_off_by_rounding_only_is_named_when_the_runs_part_there(
     differs by float32 rounding, which the single-run check itself lets pass."""
     a, b = _ppo_epochs(tmp_path / "a", 0.01), _ppo_epochs(tmp_path / "b", 0.01)
     dump = rlprobe.open(b)
-    assert rlprobe.check.check_dump(b, only=("on_policy",)).results["status"].to_pylist() == ["pass"]
+    assert rlprobe.checks.check_dump(b, only=("on_policy",)).results["status"].to_pylist() == ["pass"]
     summary = rlprobe.compare(a, a, tmp_path / "same")
     assert summary["on_policy_recompute"] == {} and summary["first_divergence"] is None
     with rlprobe.Probe(tmp_path / "c", flush_interval=0) as probe:
@@ -135,7 +135,7 @@ def test_a_recomputation_off_by_rounding_only_is_named_when_the_runs_part_there(
 
 def test_the_rules_read_beside_the_pairs_give_the_findings_read_after_them(tmp_path):
     """With workers > 1 the single-run rules run on a thread while the tensor pairs are compared
-    (compare/run.py); with one worker after them: the same summary, finding for finding."""
+    (comparison/run.py); with one worker after them: the same summary, finding for finding."""
     a, b = _ppo_epochs(tmp_path / "a", 0.01), _ppo_epochs(tmp_path / "b", 0.01, noise_at=2)
     one = rlprobe.compare(a, b, tmp_path / "one", workers=1)
     two = rlprobe.compare(a, b, tmp_path / "two", workers=2)
@@ -145,7 +145,7 @@ def test_the_rules_read_beside_the_pairs_give_the_findings_read_after_them(tmp_p
 
 
 def test_a_rule_that_fails_beside_the_pairs_fails_the_comparison(tmp_path, monkeypatch):
-    import rlprobe.compare.run as compare_run
+    import rlprobe.comparison.run as compare_run
 
     def broken(*args, **kwargs):
         raise RuntimeError("single-run rule bug")
@@ -160,19 +160,19 @@ def test_a_rule_that_fails_beside_the_pairs_fails_the_comparison(tmp_path, monke
 def test_the_single_run_rules_read_no_advantages(ppo_runs):
     """compare's single-run rules (on_policy, rollout_vs_recompute) never read the group_advantages table,
     so check_dump(only=...) does not read every advantages tensor for it; the full check still does."""
-    from rlprobe.compare.single_run import RULES
+    from rlprobe.comparison.single_run import RULES
 
     root = Path(__file__).resolve().parents[2] / "sql"
     readers = sorted(p.name for p in root.rglob("*.sql") if "group_advantages" in p.read_text(encoding="utf-8"))
-    assert readers == ["grpo_advantages.sql"]  # the one check that reads the table (check/run.py names it)
+    assert readers == ["grpo_advantages.sql"]  # the one check that reads the table (checks/run.py names it)
     dump = rlprobe.open(ppo_runs.get(None))
-    full = rlprobe.check.check_dump(dump, {"group_size": 2})
+    full = rlprobe.checks.check_dump(dump, {"group_size": 2})
     assert full.tables["group_advantages"].num_rows > 0
-    only = rlprobe.check.check_dump(dump, {"group_size": 2}, only=RULES)
+    only = rlprobe.checks.check_dump(dump, {"group_size": 2}, only=RULES)
     assert only.tables["group_advantages"].num_rows == 0
     assert [r["check"] for r in only.results.to_pylist()] == list(RULES)
     assert only.results.to_pylist() == [r for r in full.results.to_pylist() if r["check"] in RULES]
-    # and reduce only the token pairs the two rules read (check/token_selection.py): every rollout pair, and
+    # and reduce only the token pairs the two rules read (checks/token_selection.py): every rollout pair, and
     # of the on_policy pairs those that are not bitwise equal by their hash (the on_policy rule reports no
     # bitwise equal pair whatever its tokens say), here none or those this CPU's kernels round apart
     # (test_token_selection.py builds both kinds)
@@ -193,8 +193,8 @@ def test_the_rules_run_in_a_connection_of_the_callers(ppo_runs):
     starting one a run; the check's tables are registered there and its results are the same."""
     import duckdb
 
-    from rlprobe.check.run import check_dump
-    from rlprobe.compare.single_run import RULES
+    from rlprobe.checks.run import check_dump
+    from rlprobe.comparison.single_run import RULES
 
     path = ppo_runs.get("stale-rollout-weights")
     database = duckdb.connect()

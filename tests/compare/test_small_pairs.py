@@ -1,9 +1,9 @@
-"""How run_pairs cuts its pairs into batch jobs (rlprobe/compare/small_pairs.py, plan_jobs): in task order,
+"""How run_pairs cuts its pairs into batch jobs (rlprobe/comparison/small_pairs.py, plan_jobs): in task order,
 at least one batch a worker, at most BATCH_PAIRS pairs a batch, none below BATCH_MIN pairs."""
 
 from __future__ import annotations
 
-from rlprobe.compare.small_pairs import BATCH_MIN, BATCH_PAIRS, plan_jobs
+from rlprobe.comparison.small_pairs import BATCH_MIN, BATCH_PAIRS, plan_jobs
 
 
 def _sizes(n: int, workers: int) -> list[int]:
@@ -49,9 +49,9 @@ def test_records_of_many_packed_files_read_as_from_their_own_files(tmp_path):
     # and one record cut short: each pair's result is the one of the same arrays in files of their own
     import numpy as np
 
-    from rlprobe.compare.batch_kernels import FD_CACHE
-    from rlprobe.compare.pair_columns import PairColumns, Side
-    from rlprobe.compare.small_pairs import compare_small_pairs, path_bytes
+    from rlprobe.comparison.batch_kernels import FD_CACHE
+    from rlprobe.comparison.pair_columns import PairColumns, Side
+    from rlprobe.comparison.small_pairs import compare_small_pairs, path_bytes
 
     rng = np.random.default_rng(1)
     files = FD_CACHE + 8

@@ -1,4 +1,4 @@
-"""Tolerances (rlprobe/compare/tolerance.py, docs/across-devices.md "Tolerances"): which pairs are close, by
+"""Tolerances (rlprobe/comparison/tolerance.py, docs/across-devices.md "Tolerances"): which pairs are close, by
 which tolerance, and how the command, rlprobe.compare() and pipelines set it."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 import rlprobe
 from rlprobe.cli import main
-from rlprobe.compare.options import CompareOptions
-from rlprobe.compare.tolerance import COARSER, EPS, FAMILIES, Tolerance, default_rtol
+from rlprobe.comparison.options import CompareOptions
+from rlprobe.comparison.tolerance import COARSER, EPS, FAMILIES, Tolerance, default_rtol
 from rlprobe.resources import sql_text
 
 

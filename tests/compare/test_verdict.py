@@ -161,7 +161,7 @@ def test_the_amplification_point_takes_the_config_note_of_its_own_key(tmp_path):
 def test_weights_apart_by_amplified_rounding_leave_tokens_parting_by_sampling():
     """settle_parting: a fingerprint difference after update 0 names the update as the parting's cause, unless
     it is rounding noise the optimizer amplified (params.update_noise): then the tokens part under noise."""
-    from rlprobe.compare.verdict import settle_parting
+    from rlprobe.comparison.verdict import settle_parting
 
     def summary(noise):
         return {"parting": {"step": 1, "cause": "sampling", "evidence": [], "consequences": []},

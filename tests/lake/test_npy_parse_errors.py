@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 import rlprobe
-from rlprobe.check.inputs import stats_table
-from rlprobe.check.mapped_tensors import map_tensor
-from rlprobe.check.token_tables import tensor_rows
-from rlprobe.compare.executor import PairTask, run_pairs
-from rlprobe.compare.kernel_use import may_run_compiled_kernels
-from rlprobe.compare.npy_files import NpyFile, PairError
+from rlprobe.checks.inputs import stats_table
+from rlprobe.checks.mapped_tensors import map_tensor
+from rlprobe.checks.token_tables import tensor_rows
+from rlprobe.comparison.executor import PairTask, run_pairs
+from rlprobe.comparison.kernel_use import may_run_compiled_kernels
+from rlprobe.comparison.npy_files import NpyFile, PairError
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.npy_header import PARSE_ERRORS
 from rlprobe.lake.reader import open_dump

@@ -106,7 +106,7 @@ def test_compare_makes_the_part_an_error_row(broken, good, tmp_path):
 
 def test_compare_makes_run_b_s_part_an_error_row(broken, good, tmp_path):
     # a part of run B that cannot be read is named as run A's is, whatever the damage, with 1 worker and 2
-    # (the worker count changes what runs beside the statistics' reading: compare/key_data.py, run.py)
+    # (the worker count changes what runs beside the statistics' reading: comparison/key_data.py, run.py)
     path, bad, kind = broken
     for workers in (1, 2):
         summary = compare(good, path, tmp_path / f"out{workers}", workers=workers)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import rlprobe
-from rlprobe.compare.kernel_use import may_run_compiled_kernels
+from rlprobe.comparison.kernel_use import may_run_compiled_kernels
 from rlprobe.lake.dump_info import dump_info
 from rlprobe.lake.layout import safe_component
 from rlprobe.lake.tensor_pack import pack_records

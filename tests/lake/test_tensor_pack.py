@@ -13,14 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 
 import rlprobe
-from rlprobe.check.run import check_dump
-from rlprobe.compare.executor import PairTask, run_pairs
-from rlprobe.compare.run import compare_dumps
+from rlprobe.checks.run import check_dump
+from rlprobe.comparison.executor import PairTask, run_pairs
+from rlprobe.comparison.run import compare_dumps
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.tensor_pack import PACK_BUFFERED_BELOW, Record, TensorPack, TensorRecordError, load_record, pack_records, record_layout
 
 from tests.lake.layouts import unpack
-from rlprobe.compare.options import CompareOptions
+from rlprobe.comparison.options import CompareOptions
 
 MICRO = 20  # more pairs than compare's batch (16) and check's compiled path take
 
@@ -89,7 +89,7 @@ def _write_steps(path: Path, steps: int = 40) -> None:
 
 
 def test_check_reads_records_as_whole_files(tmp_path, monkeypatch):
-    from rlprobe.check import token_batch
+    from rlprobe.checks import token_batch
 
     packed, folders = tmp_path / "packed", tmp_path / "folders"
     _write_steps(packed)

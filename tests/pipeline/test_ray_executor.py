@@ -32,8 +32,8 @@ def test_ray_and_local_give_identical_key_data(tmp_path, dumps, cli, local_ray, 
 def test_run_pairs_ray_matches_run_pairs_and_reports_errors(tmp_path, local_ray):
     import numpy as np
 
-    from rlprobe.compare.executor import PairTask, run_pairs
-    from rlprobe.compare.ray_executor import run_pairs_ray
+    from rlprobe.comparison.executor import PairTask, run_pairs
+    from rlprobe.comparison.ray_executor import run_pairs_ray
 
     tasks = []
     for i in range(6):

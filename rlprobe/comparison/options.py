@@ -1,0 +1,72 @@
+"""A comparison's options as one object, which `rlprobe compare`, `rlprobe.compare()` and pipelines
+build and compare_dumps takes: the selection, workers, the tolerance (rlprobe/comparison/tolerance.py),
+the key map, the config diff's ignore list, the gradient and module comparisons' settings, and a control
+run (comparison/control_run.py).
+
+Only the standard library (and tolerance.py) at import: the command builds its options first."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from rlprobe.comparison.tolerance import Tolerance
+from rlprobe.errors import ProbeError, SelectionError
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """What to compare and how. `keys`, `steps`, `ranks`: None (all) or lists; `tolerance`: when a
+    pair that is not bitwise equal agrees (`close`); `grads`: compare_grads' thresholds
+    (first_step_min, max_drop, norm_rtol, layout_similarity_min); `modules`: compare_modules' keyword
+    arguments (e.g. stages=[...]); `order`: the data-flow order of keys (default dataflow.py's); `control`: the
+    path of a control run, which differs from run A only by noise: its error against A, per key and step, widens
+    the tolerance (comparison/control_run.py; None: the dtype tolerances alone)."""
+
+    keys: list[str] | None = None
+    steps: list[int] | None = None
+    ranks: list[int] | None = None
+    workers: int = 2
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    order: list[str] | None = None
+    key_map: Mapping[str, str] | None = None
+    config_ignore: list[str] | None = None
+    config_ignore_defaults: bool = True
+    grads: Mapping[str, float] | None = None
+    modules: Mapping[str, Any] | None = None
+    control: str | os.PathLike | None = None
+
+    def __post_init__(self) -> None:
+        if self.control is not None and not isinstance(self.control, (str, os.PathLike)):
+            raise ProbeError(f"control must be the path of a control run's dump (str or os.PathLike), "
+                             f"not {self.control!r}")
+        if type(self.workers) is not int or self.workers < 1:
+            raise ProbeError(f"workers must be a whole number >= 1, not {self.workers!r}")
+        if not isinstance(self.tolerance, Tolerance):
+            raise ProbeError(f"tolerance must be a rlprobe.comparison.tolerance.Tolerance (CompareOptions.build takes "
+                             f"a mapping), not {self.tolerance!r}")
+
+    @classmethod
+    def build(cls, *, keys: Any = None, steps: Any = None, ranks: Any = None, tolerance: Any = None,
+              rtol: float | None = None, atol: float | None = None, stats_rtol: float | None = None,
+              **options: Any) -> "CompareOptions":
+        """Options from what a user writes: keys, steps and ranks as the command takes them ("log_prob,kl",
+        "0-10,12") or as lists (SelectionError for one that is malformed); `tolerance` a Tolerance, a number
+        (rtol) or a mapping {rtol, atol, stats_rtol, families, keys} (ProbeError naming the field);
+        `rtol`, `atol`, `stats_rtol` (the command line's) over it; the other fields as they are."""
+        from rlprobe.selection import parse_int_set, parse_key_list
+
+        try:
+            keys, steps, ranks = parse_key_list(keys), parse_int_set(steps, "steps"), parse_int_set(ranks, "ranks")
+        except ValueError as e:
+            raise SelectionError(str(e)) from None
+        try:
+            chosen = Tolerance.of(tolerance).with_overrides(rtol=rtol, atol=atol, stats_rtol=stats_rtol)
+        except ValueError as e:
+            raise ProbeError(str(e)) from None
+        return cls(keys=keys, steps=steps, ranks=ranks, tolerance=chosen, **options)
+
+    def with_(self, **changes: Any) -> "CompareOptions":
+        """A copy with `changes` (dataclasses.replace)."""
+        return replace(self, **changes)
