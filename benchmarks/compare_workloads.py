@@ -71,12 +71,12 @@ def msprobe_small(cache: Path) -> tuple[Path, Path]:
     return a, b
 
 
-def _rlprobe_rank(root: Path, rank: int, perturb_from: int | None) -> None:
+def _rlprobe_rank(root: Path, rank: int, perturb_from: int | None, ranks: int = RL_RANKS) -> None:
     import rlprobe
 
     rng = np.random.default_rng(rank)
     keys = [f"key{k:02d}" for k in range(RL_KEYS)]
-    with rlprobe.Probe(str(root), rank=rank, world_size=RL_RANKS, run_id="bench-small", flush_interval=0) as p:
+    with rlprobe.Probe(str(root), rank=rank, world_size=ranks, run_id="bench-small", flush_interval=0) as p:
         for step in range(RL_STEPS):
             batch = {k: rng.standard_normal((4, 64), dtype=np.float32) for k in keys}
             if perturb_from is not None and step >= perturb_from:
@@ -85,15 +85,18 @@ def _rlprobe_rank(root: Path, rank: int, perturb_from: int | None) -> None:
             p.step()
 
 
-def _rlprobe_run(root: Path, perturb_from: int | None) -> None:
-    for rank in range(RL_RANKS):  # rank 0 first: it writes the run manifest
-        _rlprobe_rank(root, rank, perturb_from)
+def _rlprobe_run(root: Path, perturb_from: int | None, ranks: int = RL_RANKS) -> None:
+    for rank in range(ranks):  # rank 0 first: it writes the run manifest
+        _rlprobe_rank(root, rank, perturb_from, ranks)
 
 
-def rlprobe_small(cache: Path) -> tuple[Path, Path]:
-    params = {"steps": RL_STEPS, "ranks": RL_RANKS, "keys": RL_KEYS, "shape": [4, 64], "v": 1}
-    a = _cached(cache / "rl_small_a", params, lambda p: _rlprobe_run(p, None))
-    b = _cached(cache / "rl_small_b", params, lambda p: _rlprobe_run(p, RL_STEPS // 2))
+def rlprobe_small(cache: Path, ranks: int = RL_RANKS) -> tuple[Path, Path]:
+    """The rlprobe_small pair of dumps; `ranks` other than 8 (benchmarks/compare_scaling.py) gives as many
+    pairs per rank in dumps of their own."""
+    params = {"steps": RL_STEPS, "ranks": ranks, "keys": RL_KEYS, "shape": [4, 64], "v": 1}
+    name = "rl_small" if ranks == RL_RANKS else f"rl_small_r{ranks}"
+    a = _cached(cache / f"{name}_a", params, lambda p: _rlprobe_run(p, None, ranks))
+    b = _cached(cache / f"{name}_b", params, lambda p: _rlprobe_run(p, RL_STEPS // 2, ranks))
     return a, b
 
 

@@ -184,7 +184,7 @@ def test_startup_bytecode_copy_is_compiled_and_runs(tmp_path, monkeypatch):
     import startup
 
     copy = startup.installed_copy(BENCHMARKS.parent, tmp_path / "installed")
-    assert sorted(p.name for p in (copy / "rlprobe" / "compare" / "__pycache__").glob("run.*.pyc"))
+    assert sorted(p.name for p in (copy / "rlprobe" / "comparison" / "__pycache__").glob("run.*.pyc"))
     assert (copy / "sql" / "key_data.sql").is_file()
     a, b = startup.make_tiny_dumps(tmp_path, "msprobe")
     wall, cpu = startup.startup_seconds(copy, a, b, tmp_path / "out")
@@ -240,3 +240,27 @@ def test_compare_speed_keeps_a_carried_pythonpath_and_returns_its_figures(monkey
         "whole_w2_s": 1.0, "whole_w1_s": 1.5, "peak_MB": 310, "w2_over_w1_beyond_start_up": 2.0}}}
     assert "2 workers 2.00 x faster than 1" in capsys.readouterr().out
     sys.modules.pop("compare_speed", None)
+
+
+def test_compare_scaling_script_reports_each_size(tmp_path, monkeypatch, capsys):
+    """benchmarks/compare_scaling.py at two small sizes: the pairs it counts are the pairs compared (the
+    comparison's own key_data.parquet says how many), with time, memory and the output files' sizes."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import compare_scaling
+    import compare_workloads
+
+    rows = compare_scaling.main(["--ranks", "1,2", "--cache", str(tmp_path / "cache"), "--tmp", str(tmp_path),
+                                 "--workers", "1"])
+    per_rank = compare_workloads.RL_STEPS * compare_workloads.RL_KEYS
+    assert [r["pairs"] for r in rows] == [per_rank, 2 * per_rank]
+    for r in rows:
+        assert r["wall_s"] > 0 and r["cpu_s"] > 0 and r["peak_rss"] > 0 and r["outputs"]["key_data.parquet"] > 0
+    a, b = compare_workloads.rlprobe_small(tmp_path / "cache", 2)
+    out = tmp_path / "check"
+    import rlprobe
+    import pyarrow.parquet as pq
+
+    rlprobe.compare(a, b, out)
+    assert pq.read_metadata(out / "key_data.parquet").num_rows == 2 * per_rank
+    assert "peak memory under 1 GB at 6,400 pairs" in capsys.readouterr().out
+    sys.modules.pop("compare_scaling", None)

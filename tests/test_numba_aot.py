@@ -231,7 +231,7 @@ def test_the_folder_is_named_after_the_sources_numba_settings_and_cpu(tmp_path):
     assert _python(code, NUMBA_CACHE_DIR=str(tmp_path), NUMBA_DEBUG_CACHE="1").stdout.strip() == plain
     copy = tmp_path / "rlprobe"
     shutil.copytree(ROOT / "rlprobe", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    with open(copy / "compare" / "batch_kernels.py", "a", encoding="utf-8") as f:
+    with open(copy / "comparison" / "batch_kernels.py", "a", encoding="utf-8") as f:
         f.write("\n# changed\n")
     changed = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(tmp_path)},
                              cwd=tmp_path, capture_output=True, text=True, timeout=300)  # not this checkout

@@ -113,7 +113,7 @@ def test_a_changed_kernel_source_gets_a_new_cache_folder(tmp_path):
         shutil.copy(ROOT / "rlprobe" / name, copy / name)
     before = kernel_sources_digest(str(copy))
     assert before == kernel_sources_digest()
-    with open(copy / "compare" / "pair_kernels.py", "a", encoding="utf-8") as f:
+    with open(copy / "comparison" / "pair_kernels.py", "a", encoding="utf-8") as f:
         f.write("\n# changed\n")
     assert kernel_sources_digest(str(copy)) != before
 
