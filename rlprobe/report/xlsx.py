@@ -31,7 +31,7 @@ from rlprobe.report.table_sheets import (ROWS_PER_SHEET, STATUS_FAMILY, column_v
 from rlprobe.report.workbook import FILLS, MAX_ROWS, CellFormat, SheetNames, Workbook
 
 SUMMARY_SHEET = "Summary"
-MAX_SHEET_ROWS = 20_000  # rows of a key sheet in report.xlsx; key_data.csv / .parquet have them all
+MAX_SHEET_ROWS = 1_000  # rows of a key sheet in report.xlsx (what a person reads); key_data.csv / .parquet have them all
 
 # Per-key sheet column order; columns not named here follow in table order.
 KEY_SHEET_COLUMNS = (
