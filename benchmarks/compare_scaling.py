@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--cache", type=Path, help="folder for the dumps (kept)")
     ap.add_argument("--tmp", type=Path, help="folder for the comparison outputs")
     ap.add_argument("--json", type=Path, help="write the figures here too")
+    ap.add_argument("--record", action="store_true",
+                    help="write the figures into benchmarks/RESULTS.md's compare_scaling section (benchmarks/results.py)")
     args = ap.parse_args(argv)
     sizes = [int(r) for r in args.ranks.split(",")]
     cache = args.cache or Path(tempfile.mkdtemp(prefix="rlprobe-scaling-"))
@@ -94,6 +96,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"{'ok' if ratio <= 1.5 else 'MISSED'} (<= 1.5)")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
+    if args.record:
+        import results
+
+        results.record(
+            "compare_scaling", "Comparison time and memory against the number of pairs",
+            f"python benchmarks/compare_scaling.py --ranks {args.ranks} --workers {args.workers} --record",
+            ["ranks", "pairs", "wall", "CPU", "peak memory", "µs a pair", "bytes a pair", "report.xlsx", "key_data.csv"],
+            [[r["ranks"], f"{r['pairs']:,}", f"{r['wall_s']:.2f} s", f"{r['cpu_s']:.2f} s", f"{r['peak_rss'] / 1e6:.0f} MB",
+              f"{r['us_per_pair']:.1f}", f"{r['rss_bytes_per_pair']:.0f}", f"{r['outputs'].get('report.xlsx', 0) / 1e6:.1f} MB",
+              f"{r['outputs'].get('key_data.csv', 0) / 1e6:.1f} MB"] for r in rows],
+            notes="One `rlprobe compare --quiet` per size, its own rusage; the goal: peak memory under 1 GB at every size.")
     return rows
 
 

@@ -141,6 +141,8 @@ def main() -> None:
     ap.add_argument("--source", action="store_true",
                     help="run each checkout's own sources instead of a byte-compiled copy (as installed)")
     ap.add_argument("--json", default=None, help="write each workload's figures (and every run) here")
+    ap.add_argument("--record", action="store_true",
+                    help="write the figures into benchmarks/RESULTS.md's compare_speed section (benchmarks/results.py)")
     ap.add_argument("--no-core-scaling", action="store_true",
                     help="skip core_scaling.py's measure of what two busy processes do against one here (~30 s)")
     args = ap.parse_args()
@@ -219,6 +221,8 @@ def main() -> None:
         figures = report_targets(runs, dumps, list(versions))
         if args.json:
             Path(args.json).write_text(json.dumps({"figures": figures, "runs": runs}, indent=1), encoding="utf-8")
+        if args.record:
+            record_results(runs, figures, dumps, list(versions), args)
         if not args.no_core_scaling:  # the ceiling of the 2-worker ratios on this machine (docs/compare.md)
             print("\n== this machine: two busy processes against one (benchmarks/core_scaling.py) ==")
             core_scaling.main(["--repeat", "3"])
@@ -226,6 +230,41 @@ def main() -> None:
         print("runs:", json.dumps(runs))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def paired_ratio(runs: dict[str, list], label: str, other: str, key: str) -> float:
+    """The median of per-repeat ratios other / label of the figure `key` (e.g. "rlprobe_small/w2/s")."""
+    return statistics.median(o / m for o, m in zip(runs[f"{other}/{key}"], runs[f"{label}/{key}"]))
+
+
+def record_results(runs: dict[str, list], figures: dict[str, dict], dumps: dict, labels: list[str],
+                   args: argparse.Namespace) -> None:
+    """This checkout's figures (and, with --baseline, the paired ratios) as RESULTS.md's compare_speed section."""
+    import results
+
+    label, others = labels[0], labels[1:]
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    header = ["workload", "2 workers", "1 worker", "CPU, 2 workers", "peak", "msprobe's call"]
+    header += [f"{o} / this, w2 · w1" for o in others]
+    rows = []
+    start = figures[label]["start_up_s"]
+    rows.append(["start-up (one-step compare)", f"{start:.2f} s", "", f"{med[f'{label}/tiny/w2/cpu_s']:.2f} s", "",
+                 ""] + [f"{paired_ratio(runs, label, o, 'tiny/w2/s'):.2f}" for o in others])
+    for wl in ("large", "msprobe_small", "rlprobe_small"):
+        if wl not in dumps:
+            continue
+        f = figures[label][wl]
+        call = runs.get(f"msprobe/{wl}/call_s")
+        rows.append([wl, f"{f['whole_w2_s']:.2f} s", f"{f['whole_w1_s']:.2f} s", f"{med[f'{label}/{wl}/w2/cpu_s']:.2f} s",
+                     f"{f['peak_MB']:.0f} MB", f"{min(call):.2f} s" if call else ""]
+                    + [f"{paired_ratio(runs, label, o, f'{wl}/w2/s'):.2f} · {paired_ratio(runs, label, o, f'{wl}/w1/s'):.2f}"
+                       for o in others])
+    command = "python benchmarks/compare_speed.py " + " ".join(
+        a for a in (f"--repeat {args.repeat}", f"--workloads {args.workloads}", args.baseline and "--baseline BASE",
+                    "--record") if a)
+    results.record("compare_speed", "Comparison speed (`rlprobe compare`, whole commands, medians)", command, header,
+                   rows, notes=(f"Medians of {args.repeat} alternating repeats; msprobe's call: the faster of two "
+                                "SingleComparator.compare calls; a paired ratio above 1 means the baseline took longer."))
 
 
 def report_targets(runs: dict[str, list], dumps: dict, labels: list[str]) -> dict[str, dict]:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -223,7 +225,7 @@ def test_two_cores_are_two_physical_cores(monkeypatch):
     sys.modules.pop("core_scaling", None)
 
 
-def test_compare_speed_keeps_a_carried_pythonpath_and_returns_its_figures(monkeypatch, capsys):
+def test_compare_speed_keeps_a_carried_pythonpath_and_returns_its_figures(tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import compare_speed
 
@@ -239,7 +241,21 @@ def test_compare_speed_keeps_a_carried_pythonpath_and_returns_its_figures(monkey
     assert figures == {"rlprobe": {"start_up_s": 0.5, "rlprobe_small": {
         "whole_w2_s": 1.0, "whole_w1_s": 1.5, "peak_MB": 310, "w2_over_w1_beyond_start_up": 2.0}}}
     assert "2 workers 2.00 x faster than 1" in capsys.readouterr().out
+    for name, value in (("tiny/w2", 0.6), ("rlprobe_small/w1", 1.2), ("rlprobe_small/w2", 2.0)):
+        runs[f"baseline/{name}/s"] = [value]  # the baseline: 1.2 x this start-up, 0.8 x / 2 x the workloads
+    import argparse
+
+    import results
+
+    monkeypatch.setattr(results, "RESULTS", Path(str(tmp_path)) / "RESULTS.md")
+    compare_speed.record_results(runs, figures, {"tiny": None, "rlprobe_small": None}, ["rlprobe", "baseline"],
+                                 argparse.Namespace(repeat=1, workloads="rlprobe_small", baseline="/b"))
+    recorded = (Path(str(tmp_path)) / "RESULTS.md").read_text(encoding="utf-8")
+    assert "| start-up (one-step compare) | 0.50 s |  | 0.60 s |  |  | 1.20 |" in recorded
+    assert "| rlprobe_small | 1.00 s | 1.50 s | 1.80 s | 310 MB |  | 2.00 · 0.80 |" in recorded
+    assert "--workloads rlprobe_small --baseline BASE --record" in recorded
     sys.modules.pop("compare_speed", None)
+    sys.modules.pop("results", None)
 
 
 def test_compare_scaling_script_reports_each_size(tmp_path, monkeypatch, capsys):
@@ -249,8 +265,13 @@ def test_compare_scaling_script_reports_each_size(tmp_path, monkeypatch, capsys)
     import compare_scaling
     import compare_workloads
 
+    import results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "RESULTS.md")
     rows = compare_scaling.main(["--ranks", "1,2", "--cache", str(tmp_path / "cache"), "--tmp", str(tmp_path),
-                                 "--workers", "1"])
+                                 "--workers", "1", "--record"])
+    recorded = (tmp_path / "RESULTS.md").read_text(encoding="utf-8")
+    assert "| 2 | 6,400 |" in recorded and "--ranks 1,2 --workers 1 --record" in recorded
     per_rank = compare_workloads.RL_STEPS * compare_workloads.RL_KEYS
     assert [r["pairs"] for r in rows] == [per_rank, 2 * per_rank]
     for r in rows:
@@ -264,3 +285,30 @@ def test_compare_scaling_script_reports_each_size(tmp_path, monkeypatch, capsys)
     assert pq.read_metadata(out / "key_data.parquet").num_rows == 2 * per_rank
     assert "peak memory under 1 GB at 6,400 pairs" in capsys.readouterr().out
     sys.modules.pop("compare_scaling", None)
+    sys.modules.pop("results", None)
+
+
+def test_results_sections_are_replaced_whole_and_others_kept(tmp_path, monkeypatch):
+    """benchmarks/results.py: a script's section is appended once, then replaced by its latest figures; the
+    hand-written text and other scripts' sections stay as they were; a section without its end marker is an
+    error naming it, and the file is left as it was."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import results
+
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# Benchmark results\n\nhand-written text\n", encoding="utf-8")
+    results.record("one", "First", "python one.py", ["a", "b"], [[1, 2.34567]], path=path)
+    results.record("two", "Second", "python two.py", ["x"], [["y|z"]], path=path)
+    results.record("one", "First", "python one.py", ["a", "b"], [[3, None]], path=path)
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("# Benchmark results\n\nhand-written text\n")
+    assert text.count("<!-- results:one ") == 1 and "| 3 |  |" in text and "2.35" not in text
+    assert "| y\\|z |" in text and text.index("results:one") < text.index("results:two")
+    with pytest.raises(ValueError, match="2 headers"):
+        results.record("one", "First", "python one.py", ["a", "b"], [[1]], path=path)
+    broken = text.replace("<!-- /results:two -->", "")
+    path.write_text(broken, encoding="utf-8")
+    with pytest.raises(ValueError, match="'two' has no end marker"):
+        results.record("two", "Second", "python two.py", ["x"], [[1]], path=path)
+    assert path.read_text(encoding="utf-8") == broken
+    sys.modules.pop("results", None)
