@@ -68,7 +68,8 @@ def one_run(steps: int, stats_only: bool, train_ops: int = 0, plain: bool = Fals
     with tempfile.TemporaryDirectory(prefix="capture_small_") as tmp, \
             (contextlib.nullcontext() if plain else rlprobe.Probe(tmp, stats_only=stats_only)) as probe:
         writer = None if plain else next(t for t in threading.enumerate() if t.name.startswith("rlprobe-writer"))
-        helper = None if plain else getattr(probe._writer, "process", None)  # absent in older checkouts
+        writer = getattr(probe, "writer", None) or probe._writer  # `_writer` in older checkouts
+        helper = None if plain else getattr(writer, "process", None)  # absent in older checkouts
         process = None if helper is None else helper.process.pid
         warm = 10
         save_s, train_s, caller0, w0, p0 = 0.0, 0.0, 0.0, (0.0, 0.0), (0.0, 0.0)

@@ -179,7 +179,7 @@ class Gate:
         end = callback.on_step_end
         callback.on_step_end = self._step_end(end)
         callback.on_log = self._on_log
-        self.writer, self.interval = self.probe._writer, None
+        self.writer, self.interval = getattr(self.probe, "writer", None) or self.probe._writer, None  # older: _writer
 
     def align(self, on_share: float) -> None:
         """Hold the writer's timers back; its work becomes due after flush_interval / on_share seconds,

@@ -19,7 +19,7 @@ from rlprobe.lake.layout import check_text
 from rlprobe.selection import parse_int_set
 
 if TYPE_CHECKING:
-    from rlprobe.capture.probe import Probe
+    from rlprobe.capture.calls import MonitoredProbe
 
 DEFAULT_BOUNDS = (-1.0, 0.0, 1.0)  # msprobe's default
 
@@ -27,7 +27,7 @@ DEFAULT_BOUNDS = (-1.0, 0.0, 1.0)  # msprobe's default
 class GradMonitor:
     """A removable gradient monitor (what `Probe.monitor_grads` returns)."""
 
-    def __init__(self, probe: "Probe", model: Any = None, optimizer: Any = None, *, name: str = "default",
+    def __init__(self, probe: "MonitoredProbe", model: Any = None, optimizer: Any = None, *, name: str = "default",
                  level: str = "L1", bounds: Sequence[float] | None = None, params: Sequence[str] | None = None,
                  steps: Any = None, ranks: Any = None):
         where = f"monitor_grads(name={name!r})"
@@ -101,7 +101,7 @@ class GradMonitor:
     def submit(self, step: int, specs: list[GradSpec], finish: Callable[[], GradBatch], nbytes: int) -> None:
         """Hand one captured step to the probe's background writer."""
         probe = self.probe
-        writer, layout, rank = probe._writer, probe.layout, probe.rank
+        writer, layout, rank = probe.writer, probe.layout, probe.rank
         monitor, level, bounds, framework = self.name, self.level, self.bounds, self.framework
         probe_step = probe.current_step
 
@@ -134,8 +134,8 @@ class GradMonitor:
                 sink.add_row("grad", row)
 
         writer.submit(job, nbytes)
-        probe._step_has_data = True
-        probe._raise_background_errors()
+        probe.wrote_rows()
+        probe.raise_background_errors()
 
     def remove(self) -> None:
         """Remove every hook this monitor installed (also done by `Probe.close()`)."""

@@ -27,8 +27,7 @@ from rlprobe.lake.statistics import (STACK_BYTES, STATISTICS, bitwise_hash, cons
                                      host_statistics_columns)
 
 if TYPE_CHECKING:
-    from rlprobe.capture.save_calls import SaveCall
-    from rlprobe.capture.writer import BackgroundWriter, LeafJob
+    from rlprobe.capture.calls import LeafJob, SaveCall, WriterState
     from rlprobe.lake.tensor_pack import TensorPack
 
 __all__ = ["key_data_tables", "null_lost_files"]
@@ -81,7 +80,7 @@ def _not_written(sink: Any, errors: list[str], key: str, step: int, micro_step: 
     errors.append(msg)
 
 
-def key_data_tables(writer: BackgroundWriter, calls: list[SaveCall], pack: TensorPack | None,
+def key_data_tables(writer: WriterState, calls: list[SaveCall], pack: TensorPack | None,
                     pack_path: str | None) -> list[pa.Table]:
     """Each call's key-data rows (a slice of one table), its tensors' records written into `pack` (the
     batch's packed file, relative path `pack_path`) for calls that save tensors; errors recorded and reported."""
@@ -134,7 +133,7 @@ def _chunks(entries: list[tuple[int, SaveCall, LeafJob, np.ndarray | None]]) -> 
     return [[entries[i] for i in run] for run in runs]
 
 
-def _chunk_rows(writer: BackgroundWriter, chunk: list[tuple[int, SaveCall, LeafJob, np.ndarray | None]],
+def _chunk_rows(writer: WriterState, chunk: list[tuple[int, SaveCall, LeafJob, np.ndarray | None]],
                 cols: _Columns, stats: dict[str, np.ndarray], null: dict[str, np.ndarray], lost: list[int],
                 pack: TensorPack | None, pack_path: str | None, errors: list[str]) -> None:
     """Statistics, hash and packed record of a chunk's tensors, into the batch's columns."""

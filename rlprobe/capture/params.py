@@ -20,13 +20,13 @@ from rlprobe.lake.param_stats import ParamBatch, param_rows
 from rlprobe.selection import parse_int_set
 
 if TYPE_CHECKING:
-    from rlprobe.capture.probe import Probe
+    from rlprobe.capture.calls import MonitoredProbe
 
 
 class ParamMonitor:
     """A removable parameter-fingerprint monitor (what `Probe.monitor_params` returns)."""
 
-    def __init__(self, probe: "Probe", model: Any = None, optimizer: Any = None, *, name: str = "default",
+    def __init__(self, probe: "MonitoredProbe", model: Any = None, optimizer: Any = None, *, name: str = "default",
                  params: Any = None, steps: Any = None, ranks: Any = None):
         where = f"monitor_params(name={name!r})"
         if not isinstance(name, str) or not name.strip() or "/" in name or ".." in name:
@@ -85,13 +85,13 @@ class ParamMonitor:
     def _submit(self, step: int, specs: list[GradSpec], finish: Callable[[], ParamBatch], nbytes: int) -> None:
         probe = self.probe
         monitor, framework, probe_step = self.name, self.framework, probe.current_step
-        submit_rows(probe._writer,
+        submit_rows(probe.writer,
                     "param", f"monitor_params {monitor!r} step {step}: fingerprints failed", finish,
                     lambda batch: param_rows(batch, specs, range(len(specs)), monitor=monitor, step=step,
                                              probe_step=probe_step, framework=framework),
                     nbytes, {"monitor": monitor, "step": step})
-        probe._step_has_data = True
-        probe._raise_background_errors()
+        probe.wrote_rows()
+        probe.raise_background_errors()
 
     def remove(self) -> None:
         """Remove every hook this monitor installed (also done by `Probe.close()`)."""

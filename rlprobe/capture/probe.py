@@ -7,7 +7,6 @@ import json
 import math
 import operator
 import os
-import socket
 import time
 import uuid
 import warnings
@@ -16,18 +15,17 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from rlprobe._version import __version__
 from rlprobe.capture.flatten import flatten, shape_of
-from rlprobe.capture.rank_claim import RankClaim, read_json
+from rlprobe.capture.rank_claim import RankClaim, read_json, write_run_manifest
 from rlprobe.capture.replay import open_replay
 from rlprobe.capture.user_values import as_number, is_whole_number, jsonable, key_names, whole
-from rlprobe.capture.save_calls import SaveCall
-from rlprobe.capture.writer import BackgroundWriter, LeafJob
+from rlprobe.capture.calls import LeafJob, SaveCall
+from rlprobe.capture.writer import BackgroundWriter
 from rlprobe.capture.writer_process import end_session, prepare_calls, writer_process
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks import broadcast_from_rank0, detect_rank_and_world, framework_names, prepare
 from rlprobe.lake.atomic import atomic_write_json
-from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout, check_text
+from rlprobe.lake.layout import DumpLayout, check_text
 from rlprobe.lake.samples import call_identity
 
 if TYPE_CHECKING:
@@ -135,7 +133,8 @@ class Probe:
                               {"framework": framework or "auto", "mode": mode, "stats_only": stats_only},
                               previous=previous, lock=self._lock)
             if self.rank == 0 and not (mode == "append" and self.layout.run_manifest.exists()):
-                self._write_run_manifest(tags or {})
+                write_run_manifest(self.layout, self.run_id, self.framework, self.world_size, self.stats_only,
+                                   tags or {}, self.summed_keys, self._replay.record)
             # resuming: a killed run's uncommitted last steps (or an incomplete step) would
             # otherwise sit beside the new ones
             resume = previous is not None and (not previous.get("closed") or previous.get("incomplete_steps"))
@@ -146,7 +145,7 @@ class Probe:
         except BaseException:
             self._lock.release()
             raise
-        self._writer = BackgroundWriter(sink, max_inflight_bytes, float(flush_interval), process, prepare_calls)
+        self.writer = BackgroundWriter(sink, max_inflight_bytes, float(flush_interval), process, prepare_calls)
         self._closed = False
         me = weakref.ref(self)
         self._atexit = lambda: (p := me()) is not None and p.close()
@@ -159,18 +158,6 @@ class Probe:
             or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
         return broadcast_from_rank0(run_id) if self.world_size > 1 else run_id
 
-    def _write_run_manifest(self, tags: dict[str, Any]) -> None:
-        atomic_write_json(self.layout.run_manifest, {
-            "format_version": FORMAT_VERSION,
-            "run_id": self.run_id,
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "framework": self.framework or "auto",
-            "rlprobe_version": __version__, "world_size": self.world_size,
-            "host": socket.gethostname(), "stats_only": self.stats_only,
-            "tags": tags, "summed_keys": self.summed_keys,  # keys whose step value is their micro-batches' sum
-            **({"replay_from": self._replay.record} if self._replay.record else {}),
-        })
-
     # -- capture -------------------------------------------------------------------------
     def save(self, data: dict[str, Any], sample_ids: Any = None, group_ids: Any = None,
              micro_step: int | None = None) -> None:
@@ -182,16 +169,16 @@ class Probe:
         prompt ids saved in the call) and `group_ids` (GRPO groups) let runs with different
         layouts be compared per sample: docs/dump-format.md, "Samples"."""
         where = f"rank {self.rank} step {self.current_step}"
-        if not self._usable(where):
+        if not self.usable(where):
             return
         if micro_step is not None and (not is_whole_number(micro_step) or micro_step < 0):
-            return self._fail(f"{where}: save(micro_step={micro_step!r}): expected a whole number >= 0, or None")
+            return self.fail(f"{where}: save(micro_step={micro_step!r}): expected a whole number >= 0, or None")
         try:
             leaves = flatten(data, where)
             identity = call_identity([(k, i, shape_of(leaf)) for k, i, leaf, _ in leaves], sample_ids,
                                      group_ids, where)
         except ProbeError as e:
-            self._fail(str(e))
+            self.fail(str(e))
             return
         # stage per framework, keeping the caller's order
         by_adapter: dict[str, list[int]] = {}
@@ -205,7 +192,7 @@ class Probe:
                 # statistics-only: batch tensors still come to the host for their per-row statistics
                 out = adapter.stage([leaves[i][2] for i in idx], keep_raw=not self.stats_only or identity is not None)
             except ProbeError as e:
-                self._fail(f"{where}: {e}")
+                self.fail(f"{where}: {e}")
                 return
             for i, leaf in zip(idx, out):
                 staged[i] = leaf
@@ -217,11 +204,11 @@ class Probe:
         jobs = [LeafJob(key, index, micro[key], self.framework or (adapter.name if adapter else None), leaf)
                 for (key, index, _, adapter), leaf in zip(leaves, staged)]
         nbytes = sum(j.leaf.nbytes for j in jobs if j.leaf is not None)
-        self._writer.defer(SaveCall(self.layout, self.current_step, jobs, not self.stats_only, identity, self._calls),
+        self.writer.defer(SaveCall(self.layout, self.current_step, jobs, not self.stats_only, identity, self._calls),
                            nbytes, call=True)
         self._calls += 1
         self._step_has_data = True
-        self._raise_background_errors()
+        self.raise_background_errors()
 
     def replay(self, data: dict[str, Any], micro_step: int | None = None) -> dict[str, Any]:
         """The baseline's tensors (replay_from) of `data`'s keys at this step, rank and the micro-step their next
@@ -233,15 +220,15 @@ class Probe:
         step). A step that has already ended is fine: a callback that runs after `step()` passes
         the step its values belong to, and readers show them there."""
         where = f"rank {self.rank} step {self.current_step if step is None else step}"
-        if not self._usable(where):
+        if not self.usable(where):
             return
         if step is not None and (not is_whole_number(step) or step < 0):
-            self._fail(f"rank {self.rank}: log_metrics(step={step!r}): expected a whole number >= 0, "
+            self.fail(f"rank {self.rank}: log_metrics(step={step!r}): expected a whole number >= 0, "
                        "or None for the current step")
             return
         at = self.current_step if step is None else operator.index(step)
         if not isinstance(metrics, dict):
-            self._fail(f"{where}: log_metrics() takes a dict of name -> number, got {type(metrics).__name__}")
+            self.fail(f"{where}: log_metrics() takes a dict of name -> number, got {type(metrics).__name__}")
             return
         rows = []
         now = time.time()
@@ -249,41 +236,41 @@ class Probe:
             try:
                 check_text(name, "metric name", where)
             except ProbeError as e:
-                self._fail(f"{e} (metric names must be non-empty strings)")
+                self.fail(f"{e} (metric names must be non-empty strings)")
                 return
             try:
                 number = as_number(value)
             except ProbeError as e:
-                self._fail(f"{where}, metric {name!r}: {e}")
+                self.fail(f"{where}, metric {name!r}: {e}")
                 return
             if number is None:
-                self._fail(f"{where}, metric {name!r}: expected a number (int, float, 0-d tensor or array), "
+                self.fail(f"{where}, metric {name!r}: expected a number (int, float, 0-d tensor or array), "
                            f"got {type(value).__name__}")
                 return
             rows.append({"step": at, "name": name, "value": number, "wall_time": now})
-        sink = self._writer.sink
-        self._writer.defer(lambda: [sink.add_row("scalar", r) for r in rows], 0, at)
+        sink = self.writer.sink
+        self.writer.defer(lambda: [sink.add_row("scalar", r) for r in rows], 0, at)
         if at == self.current_step:
             self._step_has_data = True
-        self._raise_background_errors()
+        self.raise_background_errors()
 
     def save_config(self, config: dict[str, Any]) -> None:
         """Store the training configuration (configurations.json; other ranks: configurations.rank<R>.json)."""
         where = f"rank {self.rank}"
-        if not self._usable(where):
+        if not self.usable(where):
             return
         if not isinstance(config, dict):
-            self._fail(f"{where}: save_config() takes a dict, got {type(config).__name__}")
+            self.fail(f"{where}: save_config() takes a dict, got {type(config).__name__}")
             return
         try:
             text = json.dumps(config, default=jsonable, indent=2)
         except (TypeError, ValueError) as e:
-            self._fail(f"{where}: save_config(): configuration is not JSON-serialisable: {e}")
+            self.fail(f"{where}: save_config(): configuration is not JSON-serialisable: {e}")
             return
         try:
             atomic_write_json(self.layout.config_file(self.rank), json.loads(text))
         except OSError as e:
-            self._fail(f"{where}: could not write {self.layout.config_file(self.rank)}: {e}")
+            self.fail(f"{where}: could not write {self.layout.config_file(self.rank)}: {e}")
 
     def stage(self, name: str, model: Any = None, *, steps: Any = None, backward: bool | None = None,
               tensors: bool = False, weights: bool = True) -> Any:
@@ -301,7 +288,7 @@ class Probe:
         steps `model`'s parameters; returns a removable handle (see docs/grads.md)."""
         from rlprobe.capture.grads import GradMonitor
 
-        self._usable(f"rank {self.rank}: monitor_grads(name={name!r})")
+        self.usable(f"rank {self.rank}: monitor_grads(name={name!r})")
         monitor = GradMonitor(self, model, optimizer, name=name, level=level, bounds=bounds, params=params,
                               steps=steps, ranks=ranks)
         self.__dict__.setdefault("_grad_monitors", []).append(monitor)
@@ -314,30 +301,30 @@ class Probe:
         (docs/dump-format.md, "param")."""
         from rlprobe.capture.params import ParamMonitor
 
-        self._usable(f"rank {self.rank}: monitor_params(name={name!r})")
+        self.usable(f"rank {self.rank}: monitor_params(name={name!r})")
         monitor = ParamMonitor(self, model, optimizer, name=name, params=params, steps=steps, ranks=ranks)
         self.__dict__.setdefault("_grad_monitors", []).append(monitor)
         return monitor
 
     def step(self) -> None:
         """End the current step: its rows are committed as one part per kind."""
-        if not self._usable(f"rank {self.rank} step {self.current_step}"):
+        if not self.usable(f"rank {self.rank} step {self.current_step}"):
             return
         self._commit(self.current_step)
         self.current_step += 1
         self._micro.clear()
         self._calls = 0
         self._step_has_data = False
-        self._raise_background_errors()
+        self.raise_background_errors()
 
     def flush(self) -> None:
         """Write everything saved so far and wait until it is on disk."""
-        if not self._usable(f"rank {self.rank} step {self.current_step}"):
+        if not self.usable(f"rank {self.rank} step {self.current_step}"):
             return
-        sink = self._writer.sink
-        self._writer.submit(lambda: self._writer.report(sink.flush(None)))
-        self._writer.wait_idle()
-        self._raise_background_errors()
+        sink = self.writer.sink
+        self.writer.submit(lambda: self.writer.report(sink.flush(None)))
+        self.writer.wait_idle()
+        self.raise_background_errors()
 
     def close(self) -> None:
         """Write everything, merge stats parts, mark this rank complete. Safe to call twice."""
@@ -347,7 +334,7 @@ class Probe:
         atexit.unregister(self._atexit)
         for monitor in self.__dict__.pop("_grad_monitors", []):
             monitor.remove()
-        writer = self._writer
+        writer = self.writer
         try:
             if self._step_has_data:
                 self._commit(self.current_step)
@@ -358,7 +345,7 @@ class Probe:
         finally:
             if not writer.alive:
                 self._lock.release()
-        self._raise_background_errors()
+        self.raise_background_errors()
 
     @property
     def closed(self) -> bool:
@@ -377,23 +364,31 @@ class Probe:
     # -- internals -----------------------------------------------------------------------
     def _commit(self, step: int) -> None:
         """End `step`; the writer commits it within flush_interval seconds (flush()/close(): at once)."""
-        self._writer.defer(partial(self._writer.sink.end_step, step))
-        self._writer.step_ended()  # work due before the next step ends starts now, at the step boundary
+        self.writer.defer(partial(self.writer.sink.end_step, step))
+        self.writer.step_ended()  # work due before the next step ends starts now, at the step boundary
 
-    def _usable(self, where: str) -> bool:
+    # -- what monitors (capture/grads.py, params.py, stages.py, stage_weights.py) use ----------
+    def wrote_rows(self) -> None:
+        """A monitor handed the writer rows of the current step: step() commits the step."""
+        self._step_has_data = True
+
+    def usable(self, where: str) -> bool:
+        """False (after failing as on_error says) when the probe is closed; `where` names the call."""
         if self._closed:
-            self._fail(f"{where}: the probe on {self.path} is closed")
+            self.fail(f"{where}: the probe on {self.path} is closed")
             return False
         return True
 
-    def _raise_background_errors(self) -> None:
-        errors = self._writer.take_errors()
+    def raise_background_errors(self) -> None:
+        """Fail (as on_error says) with the first error the writer met since the last call."""
+        errors = self.writer.take_errors()
         if errors:
             manifest = self.layout.rank_manifest(self.rank)
             more = f" (and {len(errors) - 1} more; see {manifest})" if len(errors) > 1 else ""
-            self._fail(errors[0] + more)
+            self.fail(errors[0] + more)
 
-    def _fail(self, message: str) -> None:
+    def fail(self, message: str) -> None:
+        """Raise ProbeError(message), or warn with it under on_error="warn"."""
         if self.on_error == "warn":
             warnings.warn(f"rlprobe: {message}", RuntimeWarning, stacklevel=3)
         else:

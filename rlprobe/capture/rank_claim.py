@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from rlprobe.errors import ProbeError
+from rlprobe._version import __version__
+from rlprobe.lake.atomic import atomic_write_json
 from rlprobe.lake.layout import FORMAT_VERSION, DumpLayout
 from rlprobe.lake.regular_files import JSON_FILE, read_text
 
@@ -117,3 +121,19 @@ def _ranks_in(root: Path) -> set[int]:
         except ValueError:
             continue
     return ranks
+
+
+def write_run_manifest(layout: DumpLayout, run_id: str, framework: str | None, world_size: int, stats_only: bool,
+                       tags: dict[str, Any], summed_keys: Any, replay_record: dict[str, Any] | None) -> None:
+    """Rank 0's run manifest (docs/dump-format.md): the run's identity, its tags and the keys whose step value
+    is their micro-batches' sum."""
+    atomic_write_json(layout.run_manifest, {
+        "format_version": FORMAT_VERSION,
+        "run_id": run_id,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "framework": framework or "auto",
+        "rlprobe_version": __version__, "world_size": world_size,
+        "host": socket.gethostname(), "stats_only": stats_only,
+        "tags": tags, "summed_keys": summed_keys,
+        **({"replay_from": replay_record} if replay_record else {}),
+    })

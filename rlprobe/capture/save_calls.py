@@ -11,10 +11,10 @@ so commits and parts hold what they held when each call was a job of its own.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
+from rlprobe.capture.calls import LeafJob, SaveCall, WriterState
 from rlprobe.capture.key_data_rows import key_data_tables, null_lost_files
 from rlprobe.lake.tensor_pack import TensorPack
 from rlprobe.lake.layout import DumpLayout, key_data_pack
@@ -23,22 +23,10 @@ from rlprobe.lake.samples import CallIdentity, sample_tables_of_calls
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from rlprobe.capture.writer import BackgroundWriter, LeafJob
 
 
-@dataclass
-class SaveCall:
-    """One save() call as the writer takes it: the step's `call`-th, its staged leaves and identity."""
 
-    layout: DumpLayout
-    step: int
-    jobs: list[LeafJob]
-    save_tensors: bool
-    identity: CallIdentity | None
-    call: int
-
-
-def prepare_here(writer: BackgroundWriter, calls: list[SaveCall]) -> list[Callable[[], None]]:
+def prepare_here(writer: WriterState, calls: list[SaveCall]) -> list[Callable[[], None]]:
     """Work out `calls` together on this thread (or in the writer process, whose `writer` is its own
     session); returns, per call, what publishes its rows (to run in call order)."""
     for c in calls:
@@ -61,19 +49,19 @@ def prepare_here(writer: BackgroundWriter, calls: list[SaveCall]) -> list[Callab
     return [partial(_publish, writer, samples.get(id(c)), *planned) for c, planned in zip(calls, key_data)]
 
 
-def write_save_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> None:
+def write_save_calls(writer: WriterState, calls: list[SaveCall]) -> None:
     """Writer-thread job for save calls: worked out together, published in order."""
     for publish in prepare_here(writer, calls):
         publish()
 
 
-def write_samples_and_key_data(writer: BackgroundWriter, layout: DumpLayout | None, step: int, jobs: list[LeafJob],
+def write_samples_and_key_data(writer: WriterState, layout: DumpLayout | None, step: int, jobs: list[LeafJob],
                                save_tensors: bool, identity: CallIdentity, call: int = 0) -> None:
     """One save call's `sample` rows (lake/samples.py), then its key data (write_key_data)."""
     write_save_calls(writer, [SaveCall(layout, step, jobs, save_tensors, identity, call)])  # type: ignore[arg-type]
 
 
-def write_key_data(writer: BackgroundWriter, layout: DumpLayout | None, step: int, jobs: list[LeafJob],
+def write_key_data(writer: WriterState, layout: DumpLayout | None, step: int, jobs: list[LeafJob],
                    save_tensors: bool, call: int = 0) -> None:
     """Writer-thread job for one save call (the step's `call`-th). A None value becomes a row marked
     absent: its key, step, micro_step and index, and nothing else. The call's tensors go into one
@@ -81,7 +69,7 @@ def write_key_data(writer: BackgroundWriter, layout: DumpLayout | None, step: in
     write_save_calls(writer, [SaveCall(layout, step, jobs, save_tensors, None, call)])  # type: ignore[arg-type]
 
 
-def _key_data_of_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> list[
+def _key_data_of_calls(writer: WriterState, calls: list[SaveCall]) -> list[
         tuple[TensorPack | None, str | None, bool, pa.Table]]:
     """Per call: its packed file (records written into it) and path, whether the call renames it into place,
     and its rows (capture/key_data_rows.py). The calls taken together share one packed file, named after
@@ -99,7 +87,7 @@ def _key_data_of_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> list[
             for c, table in zip(calls, tables)]
 
 
-def _publish(writer: BackgroundWriter, samples: pa.Table | None, pack: TensorPack | None, pack_path: str | None,
+def _publish(writer: WriterState, samples: pa.Table | None, pack: TensorPack | None, pack_path: str | None,
              owner: bool, rows: pa.Table) -> None:
     """One call's rows into the rank's buffers (sample rows, then key data). The first call of its packed
     file (`owner`) renames it into place first, holding the records of the batch's later calls too (all

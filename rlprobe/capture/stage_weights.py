@@ -18,12 +18,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from rlprobe.capture.params import submit_rows
+from rlprobe.capture.calls import MonitoredProbe
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks.base import Adapter
 from rlprobe.lake.param_stats import ParamBatch, WeightSpec, module_weight_rows
 
 
-def fingerprint_weights(probe: Any, stage: str, block: int, hooked: list[tuple[str, Any, Adapter]],
+def fingerprint_weights(probe: MonitoredProbe, stage: str, block: int, hooked: list[tuple[str, Any, Adapter]],
                         calls: dict[tuple[str, str, str], int]) -> None:
     """Queue the fingerprints of the own parameters of every hooked (path, module, adapter) for the
     stage's `block`-th block of this step; `calls`: the step's forward-call counters, so a row names
@@ -45,7 +46,7 @@ def fingerprint_weights(probe: Any, stage: str, block: int, hooked: list[tuple[s
                     for adapter, specs, params in groups.values()]
     except (ProbeError, RuntimeError, TypeError, ValueError) as e:  # a dtype or tensor kind it cannot read
         where = f"rank {probe.rank} step {probe.current_step}, stage {stage!r}"
-        probe._fail(f"{where}: cannot fingerprint the weights{reading}: {e}; "
+        probe.fail(f"{where}: cannot fingerprint the weights{reading}: {e}; "
                     "stage(..., weights=False) (config: stage_weights: false) dumps the modules without them")
         return
     for adapter, specs, (finish, nbytes) in launched:
@@ -55,8 +56,8 @@ def fingerprint_weights(probe: Any, stage: str, block: int, hooked: list[tuple[s
 def _submit(probe: Any, stage: str, framework: str, specs: list[WeightSpec], finish: Callable[[], ParamBatch],
             nbytes: int) -> None:
     step = probe.current_step
-    submit_rows(probe._writer,
+    submit_rows(probe.writer,
                 "module_param", f"stage {stage!r} step {step}: fingerprints of the weights failed", finish,
                 lambda batch: module_weight_rows(batch, specs, stage=stage, step=step, framework=framework),
                 nbytes, {"stage": stage, "step": step})
-    probe._step_has_data = True
+    probe.wrote_rows()

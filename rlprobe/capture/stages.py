@@ -14,11 +14,13 @@ differs in seq order is then the innermost module whose output first changed.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Iterator, Mapping
 
 from rlprobe.capture.writer import TensorRow, write_tensor_rows
+from rlprobe.capture.calls import MonitoredProbe
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks import adapter_for_module, module_kinds
 from rlprobe.frameworks.base import Adapter, StagedLeaf
@@ -45,14 +47,14 @@ def steps_of(spec: Any) -> frozenset[int] | None:
         raise ProbeError(f"stage steps={spec!r}: {e}") from None
 
 
-def stage_context(probe: Any, name: str, model: Any, steps: Any, backward: bool | None, tensors: bool,
+def stage_context(probe: MonitoredProbe, name: str, model: Any, steps: Any, backward: bool | None, tensors: bool,
                   weights: bool = True):
     """What `Probe.stage` returns: NULL_STAGE outside `steps`, else a StageCapture."""
     wanted = steps_of(steps)
     if wanted is not None and probe.current_step not in wanted:
         return NULL_STAGE
     where = f"rank {probe.rank} step {probe.current_step}"
-    if not probe._usable(where):
+    if not probe.usable(where):
         return NULL_STAGE
     check_name(name, "stage name", where)
     if model is None:
@@ -93,11 +95,13 @@ class _StepCounters:
     blocks: dict[str, int] = field(default_factory=dict)  # stage -> its blocks entered in this step
 
 
-def _counters(probe: Any) -> _StepCounters:
-    c = getattr(probe, "_module_counters", None)
+_COUNTERS: "weakref.WeakKeyDictionary[MonitoredProbe, _StepCounters]" = weakref.WeakKeyDictionary()  # per probe, its step's
+
+
+def _counters(probe: MonitoredProbe) -> _StepCounters:
+    c = _COUNTERS.get(probe)
     if c is None or c.step != probe.current_step:
-        c = _StepCounters(probe.current_step)
-        probe._module_counters = c
+        c = _COUNTERS[probe] = _StepCounters(probe.current_step)
     return c
 
 
@@ -116,7 +120,7 @@ class ModuleLeaf:
 class StageCapture:
     """Hooks on every submodule of the stage's model(s) while the `with` block runs."""
 
-    def __init__(self, probe: Any, stage: str, roots: list[tuple[str, Any]], backward: bool, tensors: bool,
+    def __init__(self, probe: MonitoredProbe, stage: str, roots: list[tuple[str, Any]], backward: bool, tensors: bool,
                  weights: bool = True):
         self.probe, self.stage, self.roots, self.backward, self.tensors = probe, stage, roots, backward, tensors
         self.weights = weights
@@ -158,7 +162,7 @@ class StageCapture:
         self.active = False
         self._remove()
         if exc[0] is None:
-            self.probe._raise_background_errors()
+            self.probe.raise_background_errors()
 
     def _remove(self) -> None:
         for h in self.handles:
@@ -210,7 +214,7 @@ class StageCapture:
         try:
             return adapter.stage(values, keep_raw=self.tensors)
         except ProbeError as e:
-            self.probe._fail(f"rank {self.probe.rank} step {self.probe.current_step}, stage {self.stage!r}: {e}")
+            self.probe.fail(f"rank {self.probe.rank} step {self.probe.current_step}, stage {self.stage!r}: {e}")
             return []
 
     def _submit(self, path: str, direction: str, names: list[tuple[str, str]], staged: list[StagedLeaf],
@@ -227,11 +231,11 @@ class StageCapture:
         if not staged:
             return
         jobs = [ModuleLeaf(path, call, direction, io, index, seq, leaf) for (io, index), leaf in zip(names, staged)]
-        writer, layout, stage, step = probe._writer, probe.layout, self.stage, probe.current_step
+        writer, layout, stage, step = probe.writer, probe.layout, self.stage, probe.current_step
         fw, save_tensors = probe.framework or framework, self.tensors
         writer.submit(lambda: write_module_rows(writer, layout, stage, step, fw, jobs, save_tensors),
                       sum(j.leaf.nbytes for j in jobs))
-        probe._step_has_data = True
+        probe.wrote_rows()
 
 
 def _tensor_leaves(value: Any, prefix: str, adapter: Adapter, depth: int = 0) -> Iterator[tuple[str, Any]]:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from rlprobe.capture.calls import LeafJob, SaveCall
 from rlprobe.capture.switch_interval import short_switch_interval
 from rlprobe.frameworks.base import StagedLeaf
 from rlprobe.lake.encoding import narrow_integers, widen
@@ -42,8 +43,7 @@ from rlprobe.lake.statistics import (STACK_BYTES, STATISTICS, bitwise_hash, cons
                                      host_statistics_many)
 
 if TYPE_CHECKING:
-    from rlprobe.capture.save_calls import SaveCall
-    from rlprobe.capture.writer_process import WriterProcess
+    from rlprobe.capture.calls import WriterProcessHandle
 
 RETRY_S = 1.0  # the least wait before retrying a failed commit
 # save calls go to the writer together: at a step's end (or any other job), or once this many bytes or
@@ -53,18 +53,9 @@ CALL_BATCH_BYTES = 1 << 20
 CALL_BATCH_COUNT = 64
 
 
-@dataclass
-class LeafJob:
-    key: str
-    index: str
-    micro_step: int
-    framework: str | None
-    leaf: StagedLeaf | None  # None: the value was None (absent)
-
-
 class BackgroundWriter:
     def __init__(self, sink: RankWriter, max_inflight_bytes: int, flush_interval: float = 0.0,
-                 process: WriterProcess | None = None, prepare_calls: Callable[..., list] | None = None):
+                 process: WriterProcessHandle | None = None, prepare_calls: Callable[..., list] | None = None):
         # part merges need pyarrow.compute, whose import holds the GIL for ~100 ms: imported on the thread
         # setting the probe up, not on the writer thread, where it stalled the first saves (~100 ms
         # instead of ~7, benchmarks/save_overhead.py --cold)

@@ -35,8 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from rlprobe.capture.save_calls import SaveCall
-    from rlprobe.capture.writer import BackgroundWriter, LeafJob
+    from rlprobe.capture.calls import LeafJob, SaveCall, WriterState
     from rlprobe.lake.layout import DumpLayout
     from rlprobe.lake.samples import CallIdentity
 
@@ -133,7 +132,7 @@ class WriterProcess:
         self._close_pipes()
 
 
-def prepare_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> list[Callable[[], None]]:
+def prepare_calls(writer: WriterState, calls: list[SaveCall]) -> list[Callable[[], None]]:
     """The writer thread's preparation of deferred save calls (capture/writer.py, _run_deferred):
     worked out together on the thread (capture/save_calls.py), or, with a writer process, each
     sent there when it is published, as before. Returns, per call, what publishes its rows."""
@@ -145,7 +144,7 @@ def prepare_calls(writer: BackgroundWriter, calls: list[SaveCall]) -> list[Calla
             for c in calls]
 
 
-def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: list[LeafJob], save_tensors: bool,
+def write_call(writer: WriterState, layout: DumpLayout, step: int, jobs: list[LeafJob], save_tensors: bool,
                identity: CallIdentity | None, call: int = 0) -> None:
     """Writer-thread job for the step's `call`-th save call: its sample rows (with an identity) and key
     data, worked out by the writer process when every snapshot lies in the host staging ring, else here."""
@@ -179,7 +178,7 @@ def write_call(writer: BackgroundWriter, layout: DumpLayout, step: int, jobs: li
         write_key_data(writer, layout, step, jobs, save_tensors, call)
 
 
-def end_session(writer: BackgroundWriter) -> Any:
+def end_session(writer: WriterState) -> Any:
     """Forget one probe's state in the writer process; returns its occurrence counts (None when
     it holds none or is gone). After the probe's last call, and before a call done on the thread."""
     process, remote, writer.samples_remote = writer.process, writer.samples_remote, False
@@ -216,7 +215,7 @@ def _ring_jobs(ring: Any, jobs: list[LeafJob]) -> list[tuple[Any, ...]] | None:
     return out
 
 
-def _write_in_process(writer: BackgroundWriter, process: WriterProcess, step: int, jobs: list[LeafJob],
+def _write_in_process(writer: WriterState, process: WriterProcess, step: int, jobs: list[LeafJob],
                       described: list[tuple[Any, ...]], save_tensors: bool, identity: CallIdentity | None,
                       call: int) -> None:
     sink = writer.sink

@@ -73,8 +73,8 @@ def compare(
             # gradient-only dumps, nor a few small tensors, which numpy compares)
             start_warm_up()  # compare_dumps runs no kernel before it is done
         rendered = None
-        if reports and workers > 1:  # key_data's files rendered by a thread once it is known (key_data_files.py)
-            from rlprobe.report.key_data_files import KeyDataFiles
+        if reports and workers > 1:  # key_data's files rendered by a thread once it is known (report/comparison_files.py: KeyDataFiles)
+            from rlprobe.report.comparison_files import KeyDataFiles
 
             rendered = KeyDataFiles(lang)
         tables, summary = compare_dumps(dump_a, dump_b, options, progress=progress,

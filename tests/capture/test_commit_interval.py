@@ -40,7 +40,7 @@ def test_steps_wait_for_the_interval_then_commit_together(tmp_path):
     path = tmp_path / "dump"
     probe = rlprobe.Probe(path, rank=0, world_size=1, flush_interval=3600)
     _save_steps(probe, range(5))
-    probe._writer.wait_idle()
+    probe.writer.wait_idle()
     assert _manifest(path)["committed_steps"] == []  # ended, not yet due
     assert _parts(path) == []
     probe.flush()
@@ -83,14 +83,14 @@ def test_deferred_calls_reach_the_writer_when_many_wait_and_give_the_rows_of_one
                            sample_ids=[2 * micro, 2 * micro + 1])
             probe.step()
         if interval:
-            assert len(probe._writer._deferred) == 3 * 2 + 3  # six calls, three ends of steps
+            assert len(probe.writer._deferred) == 3 * 2 + 3  # six calls, three ends of steps
             for _ in range(CALL_BATCH_COUNT - 6):
                 probe.save({"x": np.zeros(2)})
             # CALL_BATCH_COUNT calls: once a step has ended, they wait for the next end (step_ended) ...
-            assert len(probe._writer._deferred) == CALL_BATCH_COUNT + 3
+            assert len(probe.writer._deferred) == CALL_BATCH_COUNT + 3
             for _ in range(CALL_BATCH_COUNT):
                 probe.save({"x": np.zeros(2)})
-            assert probe._writer._deferred == []  # ... up to twice as many: handed over without waiting
+            assert probe.writer._deferred == []  # ... up to twice as many: handed over without waiting
         probe.close()
         dump = rlprobe.open(path)
         assert dump.rank_manifests[0]["committed_steps"] == [0, 1, 2, *([3] if interval else [])]
@@ -115,7 +115,7 @@ def test_zero_interval_commits_every_step(tmp_path):
     probe = rlprobe.Probe(path, rank=0, world_size=1, flush_interval=0)
     for s in range(3):
         _save_steps(probe, range(s, s + 1))
-        probe._writer.wait_idle()
+        probe.writer.wait_idle()
         assert _manifest(path)["committed_steps"] == list(range(s + 1))
     probe.close()
 
@@ -139,7 +139,7 @@ CHILD = textwrap.dedent("""
         probe.step()
         if s == 2:
             probe.flush()
-    probe._writer.wait_idle()  # steps 3 and 4 are ended and their tensors written, not committed
+    probe.writer.wait_idle()  # steps 3 and 4 are ended and their tensors written, not committed
     os._exit(1)
 """)
 
@@ -168,7 +168,7 @@ def test_a_failing_commit_is_retried_without_spinning(tmp_path, monkeypatch):
     not in a loop that burns a core and piles up error messages."""
     path = tmp_path / "dump"
     probe = rlprobe.Probe(path, rank=0, world_size=1, flush_interval=0, on_error="warn")
-    sink = probe._writer.sink
+    sink = probe.writer.sink
     calls = []
 
     def failing_flush(committed_step=None):
@@ -181,7 +181,7 @@ def test_a_failing_commit_is_retried_without_spinning(tmp_path, monkeypatch):
     time.sleep(1.5)
     assert 1 <= len(calls) <= 3, len(calls)
     monkeypatch.undo()  # the disk is back: the next commit writes the step
-    probe._writer.wait_idle()
+    probe.writer.wait_idle()
     with pytest.warns(RuntimeWarning, match="No space left on device"):
         probe.flush()
     probe.close()
@@ -200,7 +200,7 @@ def test_a_failed_merge_still_commits_the_steps_whose_parts_were_written(tmp_pat
     path = tmp_path / "dump"
     probe = rlprobe.Probe(path, rank=0, world_size=1, flush_interval=0, on_error="warn")
     _save_steps(probe, range(2))
-    probe._writer.wait_idle()
+    probe.writer.wait_idle()
     assert _manifest(path)["committed_steps"] == [0, 1]  # the rows are on disk, merged or not
     with pytest.warns(RuntimeWarning, match="merging key_data parts"):
         probe.flush()
@@ -219,7 +219,7 @@ def test_work_due_before_the_next_step_ends_starts_at_the_step_boundary(tmp_path
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     path = tmp_path / "dump"
     probe = rlprobe.Probe(path, rank=0, world_size=1, flush_interval=1.0)
-    writer = probe._writer
+    writer = probe.writer
 
     def step_at(t: float) -> None:
         clock[0] = t

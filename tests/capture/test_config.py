@@ -154,14 +154,14 @@ def test_summed_keys_from_the_config_go_to_the_run_manifest(tmp_path):
 def test_flush_interval_from_the_config(tmp_path):
     cfg = {"rlprobe_config": {"dump_path": str(tmp_path / "d"), "key_data_dump": True, "flush_interval": 0}}
     probe = rlprobe.from_config(cfg)
-    assert probe.probe._writer.flush_interval == 0.0
+    assert probe.probe.writer.flush_interval == 0.0
     probe.save({"x": torch.ones(3)})
     probe.step()
-    probe.probe._writer.wait_idle()  # interval 0: committed as the step ends, before any flush
+    probe.probe.writer.wait_idle()  # interval 0: committed as the step ends, before any flush
     assert rlprobe.open(tmp_path / "d").rank_manifests[0]["committed_steps"] == [0]
     probe.close()
     default = rlprobe.from_config({"rlprobe_config": {"dump_path": str(tmp_path / "e"), "key_data_dump": True}})
-    assert default.probe._writer.flush_interval == 1.0  # the Probe's default
+    assert default.probe.writer.flush_interval == 1.0  # the Probe's default
     default.close()
     with pytest.raises(rlprobe.ProbeError, match=r"rlprobe_config.flush_interval: expected float, got str"):
         parse_config({"rlprobe_config": {"flush_interval": "1s"}})

@@ -12,8 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from rlprobe.capture.key_data_rows import key_data_tables
-from rlprobe.capture.save_calls import SaveCall
-from rlprobe.capture.writer import LeafJob
+from rlprobe.capture.calls import LeafJob, SaveCall
 from rlprobe.frameworks.base import StagedLeaf
 from rlprobe.lake.layout import DumpLayout
 from rlprobe.lake.rank_writer import RankWriter

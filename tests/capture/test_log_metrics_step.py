@@ -36,7 +36,7 @@ def test_a_callback_after_step_records_at_the_step_that_ended(tmp_path, flush_in
             probe.save({"x": np.full(2, float(s), np.float32)})
             probe.step()
             if flush_interval == 0:
-                probe._writer.wait_idle()  # step s is committed before its metrics arrive
+                probe.writer.wait_idle()  # step s is committed before its metrics arrive
                 assert s in json.loads((path / "rank0.json").read_text())["committed_steps"]
             probe.log_metrics({"loss": 10.0 + s, "reward": float(s)}, step=s)  # the callback: the step that ended
             if s == 1:

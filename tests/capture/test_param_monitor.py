@@ -167,7 +167,7 @@ def test_a_fingerprint_batch_that_fails_is_an_error_naming_it_and_loses_nothing_
         warnings.simplefilter("always")
         with rlprobe.Probe(tmp_path / "d", on_error="warn") as probe:
             probe.save({"loss": 1.0})
-            submit_rows(probe._writer, "module_param", "stage 'actor_update' step 0: fingerprints of the weights failed",
+            submit_rows(probe.writer, "module_param", "stage 'actor_update' step 0: fingerprints of the weights failed",
                         lost, lambda batch: [], 0, {"stage": "actor_update", "step": 0})
             probe.step()
     message = "stage 'actor_update' step 0: fingerprints of the weights failed: RuntimeError: device lost"

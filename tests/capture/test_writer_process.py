@@ -34,7 +34,7 @@ def _no_env(monkeypatch):
 def test_the_writer_process_is_off_by_default(monkeypatch, tmp_path):
     monkeypatch.delenv(writer_process.ENV)
     with rlprobe.Probe(tmp_path / "dump", rank=0, world_size=1) as probe:
-        assert probe._writer.process is None
+        assert probe.writer.process is None
 
 
 def _workload(probe: rlprobe.Probe) -> None:
@@ -82,7 +82,7 @@ def test_the_writer_process_writes_what_the_writer_thread_writes(tmp_path, monke
                            flush_interval=3600) as probe:
             _workload(probe)
             probe.flush()
-            in_process = probe._writer.process is not None and probe._writer.samples_remote
+            in_process = probe.writer.process is not None and probe.writer.samples_remote
             assert in_process == (mode == "1")  # the work really went where the switch says
     thread, process = _dump(paths["0"]), _dump(paths["1"])
     assert process[0] == thread[0]  # key_data rows: statistics, hashes
@@ -100,7 +100,7 @@ def test_the_writer_process_writes_what_the_writer_thread_writes(tmp_path, monke
 def test_a_tensor_the_writer_process_cannot_write_raises_naming_the_file(tmp_path, monkeypatch):
     path = tmp_path / "dump"
     probe = rlprobe.Probe(path, rank=0, world_size=1)
-    assert probe._writer.process is not None
+    assert probe.writer.process is not None
     probe.save({"x": torch.ones(3)})  # call 0: written
     blocked = path / "tensors" / "key_data" / "rank=0" / "steps=0-0.call=1.npys"
     blocked.mkdir(parents=True)
@@ -131,7 +131,7 @@ def test_a_killed_writer_process_is_reported_and_the_writer_thread_takes_over(tm
     probe.save({"x": torch.zeros(4)}, sample_ids=torch.arange(4))
     probe.step()
     probe.flush()
-    helper = probe._writer.process.process
+    helper = probe.writer.process.process
     os.kill(helper.pid, signal.SIGKILL)
     helper.wait(timeout=30)
     probe.save({"x": torch.ones(4)}, sample_ids=torch.arange(4))
@@ -154,7 +154,7 @@ def test_a_killed_writer_process_is_reported_and_the_writer_thread_takes_over(tm
     assert step1["step"] == 1 and step1["max"] == 1.0 and step1["hash"] is not None  # written in full
     np.testing.assert_array_equal(everything.tensor("x", 1), np.ones(4, np.float32))
     with rlprobe.Probe(tmp_path / "next", rank=0, world_size=1) as fresh:  # a new probe gets a new process
-        assert fresh._writer.process is not None and fresh._writer.process.process.pid != helper.pid
+        assert fresh.writer.process is not None and fresh.writer.process.process.pid != helper.pid
 
 
 def test_calls_outside_the_ring_keep_the_occurrence_counts(tmp_path, monkeypatch):
@@ -185,11 +185,11 @@ def test_a_writer_process_that_cannot_start_leaves_the_work_to_the_thread_silent
     monkeypatch.setattr(sys, "executable", "/bin/false")
     path = tmp_path / "dump"
     with rlprobe.Probe(path, rank=0, world_size=1) as probe:
-        assert probe._writer.process is not None  # started, and about to fail
+        assert probe.writer.process is not None  # started, and about to fail
         probe.save({"x": torch.arange(4.0)}, sample_ids=torch.arange(4))
         probe.step()
         probe.flush()
-        assert probe._writer.process is None
+        assert probe.writer.process is None
     manifest = json.loads((path / "rank0.json").read_text())
     assert manifest["errors"] == [] and manifest["committed_steps"] == [0]
     np.testing.assert_array_equal(rlprobe.open(path).tensor("x", 0), np.arange(4.0, dtype=np.float32))

@@ -1,4 +1,4 @@
-"""rlprobe/report/key_data_files.py: key_data.parquet and key_data.csv rendered before the output
+"""rlprobe/report/comparison_files.py (KeyDataFiles): key_data.parquet and key_data.csv rendered before the output
 folder exists are the files the writers write, and a rendering error reaches the writer."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from rlprobe.errors import ProbeError
 from rlprobe.report.comparison_files import public_key_data, write_key_data_parquet
 from rlprobe.report.csv_report import write_key_data_csv
-from rlprobe.report.key_data_files import KeyDataFiles
+from rlprobe.report.comparison_files import KeyDataFiles
 
 
 def _key_data() -> pa.Table:

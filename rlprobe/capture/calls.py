@@ -1,0 +1,77 @@
+"""What the training thread hands the background writer, and what the writer's helpers read of it.
+
+LeafJob (one leaf's snapshot) and SaveCall (one save() call) are made by Probe and taken by
+writer.BackgroundWriter; key_data_rows, save_calls and writer_process work on them with the writer's
+state. The types live here, below all of those modules, so none of them imports another for its
+annotations (tests/test_structure.py counts those imports too)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rlprobe.frameworks.base import StagedLeaf
+from rlprobe.lake.layout import DumpLayout
+from rlprobe.lake.samples import CallIdentity
+
+
+@dataclass
+class LeafJob:
+    key: str
+    index: str
+    micro_step: int
+    framework: str | None
+    leaf: StagedLeaf | None  # None: the value was None (absent)
+
+
+@dataclass
+class SaveCall:
+    """One save() call as the writer takes it: the step's `call`-th, its staged leaves and identity."""
+
+    layout: DumpLayout
+    step: int
+    jobs: list[LeafJob]
+    save_tensors: bool
+    identity: CallIdentity | None
+    call: int
+
+
+class WriterProcessHandle(Protocol):
+    """What the writer asks of its writer process (capture/writer_process.WriterProcess)."""
+
+    def session(self) -> int: ...
+
+
+class WriterState(Protocol):
+    """What the writer's helpers read of writer.BackgroundWriter: where rows go, the sample counts, the
+    writer process (None: this thread works the calls out), and how errors are reported."""
+
+    sink: Any  # lake.rank_writer.RankWriter
+    samples: Any  # lake.samples.OccurrenceCounter
+    samples_remote: bool
+    process: Any  # writer_process.WriterProcess | None
+    session: int
+
+    def report(self, errors: list[str]) -> None: ...
+
+
+class MonitoredProbe(Protocol):
+    """What the monitors (grads.py, params.py, stages.py, stage_weights.py) use of capture.probe.Probe: its
+    place in the run, its writer, and the few public methods that keep a step's bookkeeping."""
+
+    layout: DumpLayout
+    rank: int
+    current_step: int
+    framework: str | None
+    writer: Any  # writer.BackgroundWriter
+
+    @property
+    def closed(self) -> bool: ...
+
+    def wrote_rows(self) -> None: ...
+
+    def usable(self, where: str) -> bool: ...
+
+    def raise_background_errors(self) -> None: ...
+
+    def fail(self, message: str) -> None: ...
