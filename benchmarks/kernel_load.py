@@ -31,7 +31,8 @@ FAMILIES = {
                 "x = np.arange(64, dtype=np.float32)\npair_kernel(x.dtype)(x, x, 0, 64)\n"
                 "bk = batch_functions()\npaths = np.frombuffer(b'/nonexistent\\0', np.uint8)\n"
                 "info, sizes = np.zeros((1, 4), np.int64), np.zeros(1, np.int64)\n"
-                "buf = bk.read_files(paths, np.zeros(1, np.int64), 1 << 20, info, sizes)\n"
+                "buf = bk.read_files(paths, np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, -1, np.int64), 1 << 20, "
+                "info, sizes)\n"
                 "bk.compare_batch(buf, info, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 6), np.int64),"
                 " np.zeros((0, 5)))\n"),
     # `rlprobe check`'s token kernel (and compare's single-run rules'), as token_tables calls it
