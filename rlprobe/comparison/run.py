@@ -49,7 +49,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
     `key_data_ready(key_data)` is called once key_data is final, before the verdict's queries (the
     command renders its files on a thread from then on: rlprobe.report.comparison_files.KeyDataFiles). `connect()`
     opens the connection when `con` is not given (default duckdb.connect; the command's is opened by a
-    thread during its imports: rlprobe.lake.connection_ahead). `stats=False`: stats_a and stats_b are not
+    thread during its imports: rlprobe.cli.startup.ConnectionAhead). `stats=False`: stats_a and stats_b are not
     returned (the command writes neither: their Arrow copies took ~0.04 s of the 25,600-pair dump's main thread)."""
     options = options or CompareOptions()
     keys, steps, ranks, workers = options.keys, options.steps, options.ranks, options.workers

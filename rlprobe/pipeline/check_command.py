@@ -1,7 +1,7 @@
 """`rlprobe check DUMP [-o OUT]` and `rlprobe.check(dump, out=...)`: check one run (rlprobe.check),
 publish its reports as the folder OUT by the one publish rule (rlprobe.report.output_folder: a work
 folder beside OUT swapped in whole; an OUT of other files is refused, exit 3), print the results.
-Registered in rlprobe/cli.py by one line."""
+Registered in rlprobe/cli/__init__.py by one line."""
 
 from __future__ import annotations
 

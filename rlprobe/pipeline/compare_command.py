@@ -29,7 +29,7 @@ def compare(
     plots: bool = False, plot_every_param: bool = False, progress: Progress | None = None,
     extra_files: Callable[[Path], None] | None = None,
     key_map: dict[str, str] | None = None, config_ignore: list[str] | None = None, config_ignore_defaults: bool = True,
-    control: Any = None, options: Any = None,
+    control: Any = None, options: Any = None, connect: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
     """Compare dumps `a` and `b` (rlprobe or msprobe format); publish the results as the folder
     `out`; return the summary. Raises ProbeError when a run cannot be read or `out` cannot be
@@ -44,7 +44,8 @@ def compare(
     the control's by the documented factor (docs/across-devices.md, "A control run"); ControlRunError (a ProbeError)
     for one that is missing, no dump, or without key data in common with `a`.
     `options`: a rlprobe.comparison.options.CompareOptions instead of the comparison's arguments (with `control`
-    given too, it replaces the options' control)."""
+    given too, it replaces the options' control). `connect()`: the DuckDB connection to compare in (default
+    duckdb.connect; the command's is opened ahead, by rlprobe.cli.startup.ConnectionAhead)."""
     from rlprobe.comparison.options import CompareOptions
 
     if options is None:  # as the command line and pipelines take them: "0-10,12", "log_prob,kl" or lists
@@ -55,45 +56,42 @@ def compare(
     elif control is not None:
         options = options.with_(control=control)
     workers = options.workers
-    from rlprobe.lake.connection_ahead import ConnectionAhead
+    from rlprobe.comparison.kernel_use import may_run_compiled_kernels
+    from rlprobe.comparison.run import compare_dumps, start_warm_up
+    from rlprobe.lake.reader import open_dump
+    from rlprobe.report.comparison_files import ReportOptions, write_reports, write_summary_json, write_tables
+    from rlprobe.report.output_folder import prepare_output, publish_output
 
-    with ConnectionAhead() as ahead:  # DuckDB starts its database on a thread while the modules below load
-        from rlprobe.comparison.kernel_use import may_run_compiled_kernels
-        from rlprobe.comparison.run import compare_dumps, start_warm_up
-        from rlprobe.lake.reader import open_dump
-        from rlprobe.report.comparison_files import ReportOptions, write_reports, write_summary_json, write_tables
-        from rlprobe.report.output_folder import prepare_output, publish_output
+    started = time.perf_counter()
+    out = Path(out)
+    prepare_output(out, "output directory")  # before the work: a folder of other files is refused at once
+    dump_a, dump_b = open_dump(a), open_dump(b)
+    if dump_a.may_hold_tensors and dump_b.may_hold_tensors and may_run_compiled_kernels(dump_a):
+        # load numba while the runs' statistics are read and matched (not at all for statistics-only or
+        # gradient-only dumps, nor a few small tensors, which numpy compares)
+        start_warm_up()  # compare_dumps runs no kernel before it is done
+    rendered = None
+    if reports and workers > 1:  # key_data's files rendered by a thread once it is known (comparison_files.py)
+        from rlprobe.report.comparison_files import KeyDataFiles
 
-        started = time.perf_counter()
-        out = Path(out)
-        prepare_output(out, "output directory")  # before the work: a folder of other files is refused at once
-        dump_a, dump_b = open_dump(a), open_dump(b)
-        if dump_a.may_hold_tensors and dump_b.may_hold_tensors and may_run_compiled_kernels(dump_a):
-            # load numba while the runs' statistics are read and matched (not at all for statistics-only or
-            # gradient-only dumps, nor a few small tensors, which numpy compares)
-            start_warm_up()  # compare_dumps runs no kernel before it is done
-        rendered = None
-        if reports and workers > 1:  # key_data's files rendered by a thread once it is known (report/comparison_files.py: KeyDataFiles)
-            from rlprobe.report.comparison_files import KeyDataFiles
+        rendered = KeyDataFiles(lang)
+    tables, summary = compare_dumps(dump_a, dump_b, options, progress=progress,
+                                    key_data_ready=rendered and rendered.start, connect=connect,
+                                    stats=False)  # written nowhere
+    summary["elapsed_s"] = round(time.perf_counter() - started, 3)
+    options = ReportOptions(lang=lang, per_key_dir=per_key_dir if per_key_files else None, plots=plots,
+                            plot_every_param=plot_every_param, workers=workers)
 
-            rendered = KeyDataFiles(lang)
-        tables, summary = compare_dumps(dump_a, dump_b, options, progress=progress,
-                                        key_data_ready=rendered and rendered.start, connect=ahead.take,
-                                        stats=False)  # written nowhere
-        summary["elapsed_s"] = round(time.perf_counter() - started, 3)
-        options = ReportOptions(lang=lang, per_key_dir=per_key_dir if per_key_files else None, plots=plots,
-                                plot_every_param=plot_every_param, workers=workers)
+    def write(folder: Path) -> None:
+        xlsx_extras = write_tables(folder, tables, key_data=not reports)  # else beside the workbook
+        write_summary_json(folder, summary)
+        if reports:
+            write_reports(folder, tables, summary, xlsx_extras, options, key_data_parquet=True, rendered=rendered)
+        if extra_files is not None:
+            extra_files(folder)
 
-        def write(folder: Path) -> None:
-            xlsx_extras = write_tables(folder, tables, key_data=not reports)  # else beside the workbook
-            write_summary_json(folder, summary)
-            if reports:
-                write_reports(folder, tables, summary, xlsx_extras, options, key_data_parquet=True, rendered=rendered)
-            if extra_files is not None:
-                extra_files(folder)
-
-        publish_output(out, write, label="output directory")
-        return summary
+    publish_output(out, write, label="output directory")
+    return summary
 
 
 def run_compare(run_a: str, run_b: str, out: str, *, fail_on_diff: bool, quiet: bool, plots: bool,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import rlprobe
-from rlprobe.unused_imports import UNUSED, refused
+from rlprobe.cli.startup import UNUSED, refused
 
 # loaded by nothing the default `rlprobe compare` of tensor dumps does (numba: not for tensors of fewer
 # than 8 elements, which numpy compares: rlprobe.comparison.numpy_kernels)
@@ -74,10 +74,10 @@ def test_sql_and_info_load_no_pandas(tmp_path):
 
 REFUSED_CHECK = """
 import importlib.util, sys
-from rlprobe.unused_imports import UNUSED, refused
+from rlprobe.cli.startup import UNUSED, refused
 
 missing = [n for n in UNUSED if n not in sys.modules]
-assert missing, "rlprobe.unused_imports itself imported every package it refuses"
+assert missing, "rlprobe.cli.startup itself imported every package it refuses"
 with refused():
     for name in missing:
         try:

@@ -1,4 +1,4 @@
-"""rlprobe.process_exit: a command that closed its outputs ends the process without interpreter
+"""rlprobe.cli.startup: a command that closed its outputs ends the process without interpreter
 teardown, with its exit code, flushed output and exit handlers; otherwise the usual way."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = """
 import atexit, sys, threading, time
 import click
-from rlprobe.process_exit import outputs_closed, run
+from rlprobe.cli.startup import outputs_closed, run
 
 class Noisy:  # a finalizer that only interpreter teardown runs
     def __del__(self):

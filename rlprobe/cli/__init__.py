@@ -43,7 +43,7 @@ def main(ctx: click.Context) -> None:
     Every command takes rlprobe dumps and msprobe dumps alike.
     """
     if ctx.invoked_subcommand != "demo":  # the demo trains a model: its imports are its own
-        from rlprobe.unused_imports import refused
+        from rlprobe.cli.startup import refused
 
         ctx.with_resource(refused())  # pandas, scipy, cffi: start-up no command needs (issue 18)
 
@@ -211,29 +211,32 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, rtol, atol, stats_rt
     Exit codes: 0 compared, 1 diverged (with --fail-on-diff), 2 usage, 3 a run cannot be read
     or OUT cannot be written.
     """
-    from rlprobe.selection import parse_int_set, parse_key_list
+    from rlprobe.cli.startup import ConnectionAhead
 
-    try:
-        step_list = parse_int_set(steps, "--steps")
-        rank_list = parse_int_set(ranks, "--ranks")
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
-    key_list = parse_key_list(keys, "--keys")
-    from rlprobe.comparison.key_aliases import parse_key_map
+    with ConnectionAhead() as ahead:  # DuckDB starts its database on a thread while the comparison's modules load
+        from rlprobe.selection import parse_int_set, parse_key_list
 
-    try:
-        key_mapping = parse_key_map(key_map)
-    except ProbeError as e:
-        raise click.BadParameter(str(e), param_hint="--key-map") from None
-    from rlprobe.pipeline.compare_command import run_compare
+        try:
+            step_list = parse_int_set(steps, "--steps")
+            rank_list = parse_int_set(ranks, "--ranks")
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+        key_list = parse_key_list(keys, "--keys")
+        from rlprobe.comparison.key_aliases import parse_key_map
 
-    code = run_compare(run_a, run_b, out, keys=key_list, steps=step_list, ranks=rank_list, workers=workers,
-                       rtol=rtol, atol=atol, stats_rtol=stats_rtol, control=control, lang=lang,
-                       per_key_files=per_key_files, plots=plots,
-                       plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet,
-                       key_map=key_mapping, config_ignore=list(config_ignore),
-                       config_ignore_defaults=not no_default_config_ignore)
-    from rlprobe.process_exit import outputs_closed
+        try:
+            key_mapping = parse_key_map(key_map)
+        except ProbeError as e:
+            raise click.BadParameter(str(e), param_hint="--key-map") from None
+        from rlprobe.pipeline.compare_command import run_compare
+
+        code = run_compare(run_a, run_b, out, keys=key_list, steps=step_list, ranks=rank_list, workers=workers,
+                           rtol=rtol, atol=atol, stats_rtol=stats_rtol, control=control, lang=lang,
+                           per_key_files=per_key_files, plots=plots,
+                           plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet,
+                           key_map=key_mapping, config_ignore=list(config_ignore),
+                           config_ignore_defaults=not no_default_config_ignore, connect=ahead.take)
+    from rlprobe.cli.startup import outputs_closed
 
     outputs_closed()  # OUT is published (or kept as it was): the process may end without teardown
     raise click.exceptions.Exit(code)
@@ -369,15 +372,10 @@ def history(file: str, plots_dir: str | None, no_plots: bool, last: int) -> None
 
 
 def console() -> None:
-    """The `rlprobe` console script: main(), ended by rlprobe.process_exit; the native libraries'
-    settings (rlprobe.native_settings) made before any of them loads."""
-    from rlprobe.native_settings import apply_for_command_line
-    from rlprobe.process_exit import run
+    """The `rlprobe` console script: main(), ended by rlprobe.cli.startup.run; the native libraries'
+    settings (rlprobe.cli.startup.apply_for_command_line) made before any of them loads."""
+    from rlprobe.cli.startup import apply_for_command_line, run
 
     apply_for_command_line()
 
     run(main)
-
-
-if __name__ == "__main__":
-    console()

@@ -1,5 +1,5 @@
 """The DuckDB connection `rlprobe compare` opens on a thread during its imports
-(rlprobe/lake/connection_ahead.py): it is a working connection, taken once, and a comparison that fails
+(rlprobe/cli/startup.py): it is a working connection, taken once, and a comparison that fails
 before taking it leaves no thread behind."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlprobe.errors import ProbeError
-from rlprobe.lake.connection_ahead import ConnectionAhead
+from rlprobe.cli.startup import ConnectionAhead
 from rlprobe.pipeline.compare_command import compare
 
 

@@ -1,4 +1,4 @@
-"""rlprobe.native_settings: the `rlprobe` command sets the native libraries' environment before they
+"""rlprobe.cli.startup: the `rlprobe` command sets the native libraries' environment before they
 load (mimalloc's transparent huge pages off, numpy's OpenBLAS on one thread), never over a value the
 user set and never for a library already loaded; and the libraries do read what it sets."""
 
@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 import rlprobe
-from rlprobe.native_settings import SETTINGS, command_line_settings
+from rlprobe.cli.startup import SETTINGS, command_line_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def test_the_command_turns_pyarrow_s_huge_pages_off_unless_the_user_chose(tmp_pa
 def test_numpy_starts_no_blas_threads_under_the_command_s_settings():
     """OpenBLAS reads OPENBLAS_NUM_THREADS when numpy loads: after apply_for_command_line the process
     has only its main thread once numpy is imported (without it, one thread a core)."""
-    program = ("from rlprobe.native_settings import apply_for_command_line; apply_for_command_line(); "
+    program = ("from rlprobe.cli.startup import apply_for_command_line; apply_for_command_line(); "
                "import numpy, os; print(len(os.listdir('/proc/self/task')))")
     done = subprocess.run([sys.executable, "-c", program], env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
