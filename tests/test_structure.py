@@ -16,12 +16,13 @@ MAX_LINES = 400
 # X must not import Y (the layer is the package under rlprobe: rlprobe.comparison.run -> comparison).
 # checks (one run's checks) is a library below comparison: comparison may import it, it never imports comparison.
 FORBIDDEN = {
-    "comparison": {"report", "pipeline", "capture"},
-    "checks": {"comparison", "report", "pipeline", "capture"},
-    "report": {"comparison", "checks", "pipeline", "capture"},
-    "frameworks": {"capture", "comparison", "checks", "report", "pipeline"},
-    "lake": {"capture", "comparison", "checks", "report", "pipeline", "frameworks"},
-    "capture": {"comparison", "checks", "report", "pipeline"},
+    "comparison": {"report", "pipeline", "capture", "cli"},
+    "checks": {"comparison", "report", "pipeline", "capture", "cli"},
+    "report": {"comparison", "checks", "pipeline", "capture", "cli"},
+    "frameworks": {"capture", "comparison", "checks", "report", "pipeline", "cli"},
+    "lake": {"capture", "comparison", "checks", "report", "pipeline", "frameworks", "cli"},
+    "capture": {"comparison", "checks", "report", "pipeline", "cli"},
+    "pipeline": {"cli"},  # the command's own start-up (cli/startup.py) is the command's alone
 }
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -188,3 +189,11 @@ def test_an_import_cycle_of_annotations_only_is_a_cycle(tmp_path):
     pkg = _package(tmp_path, {"capture/probe.py": guarded.format("grads", "GradMonitor") + "class Probe: ...\n",
                               "capture/grads.py": guarded.format("probe", "Probe") + "class GradMonitor: ...\n"})
     assert check_package(pkg) == [("cycle", "pkg.capture.grads -> pkg.capture.probe")]
+
+
+def test_nothing_below_the_command_imports_its_package(tmp_path):
+    """rlprobe/cli/ (the commands and their start-up work) is the top: a pipeline or a layer that imports it fails."""
+    pkg = _package(tmp_path, {"cli/startup.py": "", "pipeline/compare_command.py": "from pkg.cli import startup\n",
+                              "lake/reader.py": "def f():\n    from pkg.cli.startup import refused\n"})
+    assert check_package(pkg) == [("pkg.lake.reader", "pkg.cli.startup"),
+                                  ("pkg.pipeline.compare_command", "pkg.cli.startup")]
