@@ -1,4 +1,4 @@
-"""The one exception type users catch."""
+"""The exceptions users catch, and the exit codes of the rlprobe commands (README, "Exit codes"), defined once."""
 
 
 class ProbeError(Exception):
@@ -22,3 +22,12 @@ class UnreadEntriesWarning(UserWarning):
 class ControlRunError(ProbeError):
     """A control run (`--control`, `runs: {control: ...}`) that cannot serve as one: missing, not a dump, or
     without key data in common with run A (docs/across-devices.md, "A control run")."""
+
+
+# exit codes of the commands
+EXIT_OK = 0
+EXIT_DIVERGED = 1  # rlprobe compare --fail-on-diff: the runs differ
+EXIT_GATE_FAILED = 1  # rlprobe pipeline run: a gate returned rows
+EXIT_USAGE = 2  # a bad option or value
+EXIT_SPEC = 2  # a bad pipeline spec or a failing user query
+EXIT_UNREADABLE = 3  # a run that cannot be read, an output that cannot be written

@@ -7,8 +7,7 @@ from pathlib import Path
 import click
 
 from rlprobe._version import __version__
-from rlprobe.errors import DumpReadError, ProbeError
-from rlprobe.exit_codes import EXIT_UNREADABLE, EXIT_USAGE
+from rlprobe.errors import DumpReadError, EXIT_UNREADABLE, EXIT_USAGE, ProbeError
 
 
 def _open(path: str, include_uncommitted: bool = False):

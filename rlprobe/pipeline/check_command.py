@@ -11,8 +11,7 @@ from typing import Any
 
 import click
 
-from rlprobe.errors import DumpReadError, ProbeError
-from rlprobe.exit_codes import EXIT_UNREADABLE, EXIT_USAGE
+from rlprobe.errors import DumpReadError, EXIT_UNREADABLE, EXIT_USAGE, ProbeError
 
 
 def check(dump: Any, out: str | Path | None = None, params: dict[str, Any] | None = None, *, plots: bool = True,
@@ -24,13 +23,12 @@ def check(dump: Any, out: str | Path | None = None, params: dict[str, Any] | Non
     from rlprobe.checks import check_dump
 
     if out is not None:
-        from rlprobe.report.output_folder import prepare_output
+        from rlprobe.report.output_folder import prepare_output, publish_output
 
         prepare_output(Path(out), "output directory")  # before the work: a folder of other files is refused
     result = check_dump(dump, {**(params or {}), **more_params}, key_map=key_map)
     if out is not None:
         from rlprobe.report.check_report import write_check_outputs
-        from rlprobe.report.output_folder import publish_output
 
         publish_output(Path(out), lambda folder: write_check_outputs(result, folder, plots=plots),
                        label="output directory")

@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlprobe.errors import DumpReadError, ProbeError
-from rlprobe.exit_codes import EXIT_GATE_FAILED, EXIT_SPEC, EXIT_UNREADABLE
+from rlprobe.errors import DumpReadError, EXIT_GATE_FAILED, EXIT_SPEC, EXIT_UNREADABLE, ProbeError
 
 
 class CheckStageError(ProbeError):

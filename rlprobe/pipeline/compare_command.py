@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from rlprobe.console import make_console, whole
-from rlprobe.errors import DumpReadError, ProbeError, SelectionError
-from rlprobe.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
+from rlprobe.errors import (DumpReadError, EXIT_DIVERGED, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE, ProbeError,
+    SelectionError)
 
 Progress = Callable[[int, int], None]
 

@@ -56,7 +56,7 @@ def write_table(table: Any, fmt: str, output: str | None, max_rows: int) -> None
     if output is None:
         _render(table, fmt, None, max_rows)
         return
-    from rlprobe.report.output_file import write_report_file
+    from rlprobe.report.output_folder import write_report_file
 
     write_report_file(output, lambda f: _render(table, fmt, f, max_rows))
 

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlprobe.comparison.config_diff import DIFF_SCHEMA
-from rlprobe.errors import ControlRunError, DumpReadError, ProbeError, SelectionError
-from rlprobe.exit_codes import EXIT_GATE_FAILED, EXIT_OK, EXIT_SPEC, EXIT_UNREADABLE
+from rlprobe.errors import (ControlRunError, DumpReadError, EXIT_GATE_FAILED, EXIT_OK, EXIT_SPEC, EXIT_UNREADABLE,
+    ProbeError, SelectionError)
 from rlprobe.lake.schema import SCALAR, with_rank
 from rlprobe.lake.sql_runner import create_table, create_table_as, query, set_variables, to_arrow
 from rlprobe.pipeline.check_stage import (CheckStageError, check_runs, check_summaries, checks_failed,

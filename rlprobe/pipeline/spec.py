@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from rlprobe.exit_codes import EXIT_UNREADABLE
+from rlprobe.errors import EXIT_UNREADABLE
 from rlprobe.pipeline.spec_models import (BUILTIN_TABLES, IDENTIFIER, InlineQuery, NamedSql, Pipeline, PipelineSpec,
                                           SpecError)
 

@@ -10,8 +10,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from rlprobe.errors import ProbeError
-from rlprobe.exit_codes import EXIT_SPEC
+from rlprobe.errors import EXIT_SPEC, ProbeError
 from rlprobe.selection import parse_int_set, parse_key_list
 
 

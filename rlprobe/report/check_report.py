@@ -70,7 +70,7 @@ def summary_md(result: Any) -> str:
 
 
 def write_check_xlsx(path: Path, result: Any) -> None:
-    from rlprobe.report.output_file import write_report_file
+    from rlprobe.report.output_folder import write_report_file
     from rlprobe.report.workbook import CellFormat, SheetNames, Workbook
 
     def write(fileobj) -> None:

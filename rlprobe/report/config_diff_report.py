@@ -1,13 +1,13 @@
 """The config diff and the warnings of a comparison as the console, summary.md and the xlsx
 Summary show them (the summary's config_diff, config_cause, config_ignored and warnings; they
-are computed by rlprobe.comparison.config_diff)."""
+are computed by rlprobe.comparison.config_diff), and the parameter-update finding as one line
+(param_line: the summary's param_first_difference, by rlprobe.comparison.params)."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from rlprobe.lake.configs import value_text
-from rlprobe.report.param_report import param_line
 
 MAX_LINES = 30  # the console and summary.md; summary.json and the xlsx have every path
 COLUMNS = ("path", "value_a", "value_b", "family")
@@ -62,3 +62,21 @@ def xlsx_records(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{"path": r["path"], "value_a": value_text(r.get("value_a"), 1000),
              "value_b": value_text(r.get("value_b"), 1000), "family": r.get("family")}
             for r in summary.get("config_diff") or []]
+
+
+# -- the parameter-update finding (rlprobe.comparison.params), one line for the console, summary.md, xlsx 
+def param_line(summary: Mapping[str, Any]) -> str | None:
+    """'parameter updates: ...'; None when neither run recorded fingerprints."""
+    if "params_compared" not in summary:
+        return None
+    found = summary.get("param_first_difference")
+    if found is None:
+        return f"parameter updates: all {summary['params_compared']} fingerprint pairs agree"
+    line = (f"parameter updates: the update of step {found['probe_step']} differs first for model "
+            f"{found['monitor']!r} (first parameter {found['param']!r}, rank {found['rank']}, "
+            f"norm A={found['norm_a']!r}, B={found['norm_b']!r})")
+    noise = summary.get("update_noise")
+    if noise is not None:  # comparison/params.py: no changed update, the optimizer's amplification of rounding
+        line += (f"; rounding noise amplified by the optimizer: only the {noise['params']} of {noise['compared']} "
+                 "parameters whose gradients were rounding (near zero or flipped signs) differ")
+    return line

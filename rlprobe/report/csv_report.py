@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from rlprobe.report.arrow_text import NOTHING, join, literal, write_all
 from rlprobe.report.headers import check_lang, header
-from rlprobe.report.output_file import write_report_file
+from rlprobe.report.output_folder import write_report_file
 from rlprobe.report.safe_cells import FORMULA_TRIGGERS, csv_cell, csv_text
 from rlprobe.report.comparison_words import list_text, list_texts
 

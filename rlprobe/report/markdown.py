@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 
 from rlprobe.report.config_diff_report import markdown_lines
 from rlprobe.report.headers import header
-from rlprobe.report.output_file import write_report_file
+from rlprobe.report.output_folder import write_report_file
 from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, differs, format_number, list_text,
                                          ordered_counts, rollup_columns, verdict, yaml_lines)
 

@@ -11,7 +11,8 @@ OUT must be rlprobe's: missing, empty, or a folder rlprobe wrote. rlprobe recogn
 folder by MANIFEST, a list of every file and folder it wrote there; a folder without one is
 rlprobe's when it holds summary.json (written by rlprobe before the manifest existed). A folder
 holding anything else is refused (OutputError, exit 3) and left untouched, so a swap never
-deletes a user's files.
+deletes a user's files. A single report file is written atomically too (write_report_file), and a failure
+names the file.
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 from rlprobe._version import __version__
 from rlprobe.errors import ProbeError
-from rlprobe.lake.atomic import TMP_MARK, is_temporary
-from rlprobe.report.output_file import output_os_error
+from rlprobe.lake.atomic import TMP_MARK, atomic_write, is_temporary
 from rlprobe.report.work_dir import WorkDir, remove_dead_work_dirs
 
 MANIFEST = ".rlprobe-output.json"
@@ -151,3 +151,25 @@ def _which_file(error: OSError, work: Path) -> str:
     if is_temporary(relative):  # an atomic write's temporary: name the file it was to become
         relative = relative.with_name(relative.name[1:relative.name.index(TMP_MARK)])
     return f" (writing {relative})"
+
+
+# -- one report file, written atomically beside its final path; a failure names the file -----------
+def write_report_file(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
+    """Write `path` through `write(fileobj)` via a temporary file and a rename; return the path."""
+    path = Path(path)
+    if path.is_dir():
+        raise ProbeError(f"cannot write report {path}: it is a directory; give a file path")
+    try:
+        atomic_write(path, write)
+    except OSError as e:
+        raise ProbeError(f"cannot write report {path}: {e.strerror or e}; choose a writable output path") from e
+    return path
+
+
+def output_os_error(error: BaseException) -> OSError | None:
+    """The file-system error behind a failed write of an output: `error` itself, or the OSError a
+    report writer's ProbeError wraps; None for any other failure."""
+    if isinstance(error, OSError):
+        return error
+    cause = error.__cause__
+    return cause if isinstance(error, ProbeError) and isinstance(cause, OSError) else None

@@ -21,7 +21,7 @@ from rlprobe.errors import ProbeError
 from rlprobe.lake.layout import safe_component
 from rlprobe.report.config_diff_report import COLUMNS, xlsx_records
 from rlprobe.report.headers import MSPROBE_LAYOUT, check_lang, header, label, msprobe_headers
-from rlprobe.report.output_file import write_report_file
+from rlprobe.report.output_folder import write_report_file
 from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, differs, ordered_counts, rollup_columns,
                                          verdict, yaml_lines)
 from rlprobe.report.column_widths import MAX_WIDTH, MIN_WIDTH, column_width, display_width, shown_text
