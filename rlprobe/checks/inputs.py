@@ -12,11 +12,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rlprobe.checks.keys import CLIP_CONFIG, GROUP_SIZE_CONFIG, REF_FROM_ACTOR_CONFIG
 from rlprobe.key_names import canonical_names
 from rlprobe.lake.configs import config_leaves
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.regular_files import SIGNS, load_npy
+
+# config leaves (the last path component) that the checks read; docs/check.md lists them
+CLIP_CONFIG = ("clip_ratio", "cliprange", "clip_range", "clip_eps", "epsilon", "clip")
+GROUP_SIZE_CONFIG = ("num_generations", "group_size", "n_samples_per_prompt")
+REF_FROM_ACTOR_CONFIG = ("ref_starts_as_actor",)
 
 STATS_COLUMNS = ("key", "step", "rank", "micro_step", "index", "dtype", "shape", "numel", "min", "max", "mean",
                  "norm", "nan_count", "inf_count", "hash", "tensor_file", "tensor_offset", "tensor_length", "absent")
