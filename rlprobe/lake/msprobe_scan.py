@@ -1,18 +1,21 @@
 """The folders and statistics files of an msprobe SingleSave dump, read with the standard library
-only: rlprobe.lake.msprobe_format builds the key_data table from what `scan_key_data` returns where
-the compiled reader (rlprobe.lake.msprobe_kernels: the same columns, no GIL) is not built, and reads
-with `read_statistics` each statistics file the compiled reader leaves to Python.
+only: rlprobe.lake.msprobe_format builds the key_data table from what `scan_key_data` returns.
 
 The reading is two steps, `list_tensors` (a folder listing per micro-step) and `read_statistics`
 (a JSON file per tensor); a Dump can list first (Dump.msprobe_tensor_files) and read from that listing.
+`ChildRead` runs both in a second interpreter (this module and the standard library only), so that a
+comparison reads run B's statistics there while it reads run A's here (one GIL each).
 """
 
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import re
-from typing import Any, NamedTuple
+import subprocess
+import sys
+from typing import Any, NamedTuple, Tuple
 
 from rlprobe.lake.regular_files import MSPROBE_STATS, NotRegularFileError, open_fd
 
@@ -24,6 +27,10 @@ _READ_SIZE = 1 << 16
 _decode = json.JSONDecoder().decode
 # the columns scan_key_data returns, in this order
 COLUMNS = ("key", "step", "rank", "micro_step", "index", "tensor_file", "npy", "shape", "min", "max", "mean", "norm")
+
+
+#: what a reading returns: scan_key_data's columns and TensorListing.unread
+Columns = Tuple[dict[str, list[Any]], tuple[str, ...]]
 
 
 class StatsFileError(ValueError):
@@ -235,3 +242,49 @@ def as_float(value: Any) -> float | None:
         return None if value is None else float(value)
     except (TypeError, ValueError):
         return None
+
+
+class ChildRead:
+    """The columns of the dump under `root` (scan_key_data's and its listing's unread entries), read by a
+    second interpreter started now (`python -S`: this module and the standard library only, no thread of this
+    process copied: started by exec) and handed back marshalled through a pipe."""
+
+    _CODE = ("import sys; sys.path.insert(0, sys.argv[1]); "
+             "from rlprobe.lake.msprobe_scan import write_columns; write_columns(sys.argv[2])")
+
+    def __init__(self, root: str) -> None:
+        package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self._process = subprocess.Popen([sys.executable, "-S", "-c", self._CODE, package_parent, root],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL)
+
+    def result(self) -> Columns | None:
+        """The columns; None where the reading failed (this process reads the dump again and names the problem)."""
+        try:
+            out, _ = self._process.communicate()
+        except OSError:
+            return None
+        if self._process.returncode != 0:
+            return None
+        try:
+            values, unread = marshal.loads(out)
+        except (ValueError, EOFError, TypeError):
+            return None
+        return values, tuple(unread)
+
+    def close(self) -> None:
+        """Stop the reading (its result no longer wanted)."""
+        if self._process.poll() is None:
+            self._process.kill()
+        self._process.communicate()
+
+
+def write_columns(root: str) -> None:
+    """ChildRead's second process: the columns of the dump under `root`, marshalled to stdout (exit status 1
+    where a folder or a statistics file cannot be read)."""
+    try:
+        listing = list_tensors(root)
+        values = read_statistics(listing)
+    except (OSError, StatsFileError):
+        sys.exit(1)
+    sys.stdout.buffer.write(marshal.dumps((values, listing.unread)))

@@ -67,6 +67,7 @@ class Dump:
         self.include_uncommitted = include_uncommitted
         self.layout = DumpLayout(root)
         self._listing: "msprobe_scan.TensorListing | None" = None  # msprobe_tensor_files
+        self._ahead: "msprobe_scan.ChildRead | None" = None  # read_ahead
 
     def __repr__(self) -> str:
         extra = ", include_uncommitted=True" if self.include_uncommitted else ""
@@ -228,11 +229,28 @@ class Dump:
         self._listing = self._listing or msprobe_scan.list_tensors(str(self.path))
         return self._listing.columns["tensor_file"]
 
+    def read_ahead(self) -> None:
+        """Start reading an msprobe dump's statistics in a second process (msprobe_scan.ChildRead), which
+        arrow("key_data") then takes; nothing for another format, or where that process cannot start."""
+        if self.format == "msprobe" and self._ahead is None and "_msprobe_table" not in self.__dict__:
+            try:
+                self._ahead = msprobe_scan.ChildRead(str(self.path))
+            except OSError:
+                pass
+
+    def stop_reading_ahead(self) -> None:
+        """Stop what read_ahead started, where its result is no longer wanted."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.close()
+
     @property
-    def _msprobe_key_data(self) -> pa.Table:  # read once, without cached_property's lock (one for every Dump
-        if "_msprobe_table" not in self.__dict__:  # before Python 3.12: two runs could not be read at once)
+    def _msprobe_key_data(self) -> pa.Table:  # read once
+        if "_msprobe_table" not in self.__dict__:
             listing, self._listing = self._listing, None
-            self.__dict__["_msprobe_table"] = msprobe_format.key_data_table(self.path, listing)
+            ahead, self._ahead = self._ahead, None
+            read = ahead.result() if ahead is not None else None  # None: failed, read here to name the problem
+            self.__dict__["_msprobe_table"] = msprobe_format.key_data_table(self.path, listing, read)
         return self.__dict__["_msprobe_table"]
 
     @cached_property
