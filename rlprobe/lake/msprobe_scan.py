@@ -279,6 +279,40 @@ class ChildRead:
         self._process.communicate()
 
 
+def start_reading(root: Any) -> ChildRead | None:
+    """A ChildRead of the dump at `root` where it looks like an msprobe SingleSave dump (a data/ folder, no
+    rlprobe.json); None for another, or where the process cannot start."""
+    try:
+        root = os.fspath(root)
+        if not os.path.isdir(os.path.join(root, "data")) or os.path.exists(os.path.join(root, "rlprobe.json")):
+            return None
+        return ChildRead(root)
+    except (TypeError, OSError):
+        return None
+
+
+class ReadingsAhead:
+    """ChildReads of the dumps at `roots` (start_reading's: None for one that is no msprobe dump), started on
+    entering; `take(i)` hands one on (to Dump.read_ahead), and leaving stops those not taken."""
+
+    def __init__(self, roots: Any) -> None:
+        self._roots = list(roots)
+        self._readings: list[ChildRead | None] = []
+
+    def __enter__(self) -> ReadingsAhead:
+        self._readings = [start_reading(root) for root in self._roots]
+        return self
+
+    def take(self, i: int) -> ChildRead | None:
+        reading, self._readings[i] = self._readings[i], None
+        return reading
+
+    def __exit__(self, *exc: object) -> None:
+        for reading in self._readings:
+            if reading is not None:
+                reading.close()
+
+
 def write_columns(root: str) -> None:
     """ChildRead's second process: the columns of the dump under `root`, marshalled to stdout (exit status 1
     where a folder or a statistics file cannot be read)."""

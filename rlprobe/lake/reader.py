@@ -229,14 +229,15 @@ class Dump:
         self._listing = self._listing or msprobe_scan.list_tensors(str(self.path))
         return self._listing.columns["tensor_file"]
 
-    def read_ahead(self) -> None:
-        """Start reading an msprobe dump's statistics in a second process (msprobe_scan.ChildRead), which
-        arrow("key_data") then takes; nothing for another format, or where that process cannot start."""
-        if self.format == "msprobe" and self._ahead is None and "_msprobe_table" not in self.__dict__:
-            try:
-                self._ahead = msprobe_scan.ChildRead(str(self.path))
-            except OSError:
-                pass
+    def read_ahead(self, reading: "msprobe_scan.ChildRead | None" = None) -> None:
+        """An msprobe dump's statistics read in a second process (`reading`, msprobe_scan.ChildRead of this
+        dump, or one started now), which arrow("key_data") then takes; nothing for another format, or where
+        the dump is read or being read already (`reading` is then stopped)."""
+        if self.format != "msprobe" or self._ahead is not None or "_msprobe_table" in self.__dict__:
+            if reading is not None:
+                reading.close()
+            return
+        self._ahead = reading or msprobe_scan.start_reading(self.path)
 
     def stop_reading_ahead(self) -> None:
         """Stop what read_ahead started, where its result is no longer wanted."""

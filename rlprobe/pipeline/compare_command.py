@@ -56,8 +56,11 @@ def compare(
         options = options.with_(control=control)
     workers = options.workers
     from rlprobe.lake.connection_ahead import ConnectionAhead
+    from rlprobe.lake.msprobe_scan import ReadingsAhead
 
-    with ConnectionAhead() as ahead:  # DuckDB starts its database on a thread while the modules below load
+    # msprobe dumps' statistics are read in second processes, and DuckDB starts its database on a thread,
+    # while the modules below load
+    with ReadingsAhead((a, b)) as readings, ConnectionAhead() as ahead:
         from rlprobe.comparison.kernel_use import may_run_compiled_kernels
         from rlprobe.comparison.run import compare_dumps, start_warm_up
         from rlprobe.lake.reader import open_dump
@@ -68,6 +71,8 @@ def compare(
         out = Path(out)
         prepare_output(out, "output directory")  # before the work: a folder of other files is refused at once
         dump_a, dump_b = open_dump(a), open_dump(b)
+        dump_a.read_ahead(readings.take(0))
+        dump_b.read_ahead(readings.take(1))
         if dump_a.may_hold_tensors and dump_b.may_hold_tensors and may_run_compiled_kernels(dump_a):
             # load numba while the runs' statistics are read and matched (not at all for statistics-only or
             # gradient-only dumps, nor a few small tensors, which numpy compares)
