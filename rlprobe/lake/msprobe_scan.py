@@ -24,6 +24,7 @@ _RANK = re.compile(r"^rank(\d+)$")
 _MICRO = re.compile(r"^micro_step(\d+)$")
 _NUMBERED = re.compile(r"^.+_(\d+)$")  # <name>_<N>.npy in rank<R>/: id N to msprobe 26.x's comparator
 _READ_SIZE = 1 << 16
+_PIPE_SIZE = 1 << 20
 _decode = json.JSONDecoder().decode
 # the columns scan_key_data returns, in this order
 COLUMNS = ("key", "step", "rank", "micro_step", "index", "tensor_file", "npy", "shape", "min", "max", "mean", "norm")
@@ -253,10 +254,17 @@ class ChildRead:
              "from rlprobe.lake.msprobe_scan import write_columns; write_columns(sys.argv[2])")
 
     def __init__(self, root: str) -> None:
+        self._root = root
         package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         self._process = subprocess.Popen([sys.executable, "-S", "-c", self._CODE, package_parent, root],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.DEVNULL)
+        try:  # room in the pipe for all of it (~0.3 MB for 3,200 tensors): the child writes it and ends
+            import fcntl
+
+            fcntl.fcntl(self._process.stdout.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_SIZE)  # type: ignore[union-attr]
+        except (ImportError, AttributeError, OSError):  # not Linux, or over the system's limit: the pipe as it is
+            pass
 
     def result(self) -> Columns | None:
         """The columns; None where the reading failed (this process reads the dump again and names the problem)."""
@@ -270,6 +278,8 @@ class ChildRead:
             values, unread = marshal.loads(out)
         except (ValueError, EOFError, TypeError):
             return None
+        base = self._root + os.sep  # `npy` is the dump's folder and `tensor_file`: not sent
+        values["npy"] = [base + f.replace("/", os.sep) for f in values["tensor_file"]]
         return values, tuple(unread)
 
     def close(self) -> None:
@@ -321,4 +331,5 @@ def write_columns(root: str) -> None:
         values = read_statistics(listing)
     except (OSError, StatsFileError):
         sys.exit(1)
+    del values["npy"]
     sys.stdout.buffer.write(marshal.dumps((values, listing.unread)))
