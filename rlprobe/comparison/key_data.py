@@ -65,11 +65,11 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     tolerance = tolerance or Tolerance()
     read_errors: list[str] = []
     if dump_a.format == "msprobe":  # run B's statistics read in a second process while run A's are read here
-        dump_b.read_ahead()
+        dump_b.reading_ahead.start()
     try:
         load_stats(con, "stats_a", dump_a, read_errors, "A")
     except BaseException:
-        dump_b.stop_reading_ahead()
+        dump_b.reading_ahead.stop()
         raise
     load_stats(con, "stats_b", dump_b, read_errors, "B")
     if keys is not None or steps is not None or ranks is not None:

@@ -301,9 +301,33 @@ def start_reading(root: Any) -> ChildRead | None:
         return None
 
 
+class ReadAhead:
+    """A dump's reading in a second process (Dump.reading_ahead): `start` it (or hand it one), `take` its columns
+    (None: none started, or it failed), `stop` it (its result not wanted)."""
+
+    def __init__(self, root: Any) -> None:
+        self._root = root
+        self._reading: ChildRead | None = None
+
+    def start(self, reading: ChildRead | None = None) -> None:
+        if self._reading is None:
+            self._reading = reading or start_reading(self._root)
+        elif reading is not None:
+            reading.close()
+
+    def take(self) -> Columns | None:
+        reading, self._reading = self._reading, None
+        return None if reading is None else reading.result()
+
+    def stop(self) -> None:
+        reading, self._reading = self._reading, None
+        if reading is not None:
+            reading.close()
+
+
 class ReadingsAhead:
     """ChildReads of the dumps at `roots` (start_reading's: None for one that is no msprobe dump), started on
-    entering; `take(i)` hands one on (to Dump.read_ahead), and leaving stops those not taken."""
+    entering; `take(i)` hands one on (to Dump.reading_ahead.start), and leaving stops those not taken."""
 
     def __init__(self, roots: Any) -> None:
         self._roots = list(roots)

@@ -67,7 +67,7 @@ class Dump:
         self.include_uncommitted = include_uncommitted
         self.layout = DumpLayout(root)
         self._listing: "msprobe_scan.TensorListing | None" = None  # msprobe_tensor_files
-        self._ahead: "msprobe_scan.ChildRead | None" = None  # read_ahead
+        self.reading_ahead = msprobe_scan.ReadAhead(self.path)  # its statistics in a second process, if started
 
     def __repr__(self) -> str:
         extra = ", include_uncommitted=True" if self.include_uncommitted else ""
@@ -224,35 +224,15 @@ class Dump:
         """An msprobe dump's tensor files, relative to it, in arrow("key_data")'s order (OSError: a folder not listed)."""
         if self.format != "msprobe":
             return []
-        if "_msprobe_table" in self.__dict__:
+        if "_msprobe_key_data" in self.__dict__:
             return self._msprobe_key_data["tensor_file"].to_pylist()
         self._listing = self._listing or msprobe_scan.list_tensors(str(self.path))
         return self._listing.columns["tensor_file"]
 
-    def read_ahead(self, reading: "msprobe_scan.ChildRead | None" = None) -> None:
-        """An msprobe dump's statistics read in a second process (`reading`, msprobe_scan.ChildRead of this
-        dump, or one started now), which arrow("key_data") then takes; nothing for another format, or where
-        the dump is read or being read already (`reading` is then stopped)."""
-        if self.format != "msprobe" or self._ahead is not None or "_msprobe_table" in self.__dict__:
-            if reading is not None:
-                reading.close()
-            return
-        self._ahead = reading or msprobe_scan.start_reading(self.path)
-
-    def stop_reading_ahead(self) -> None:
-        """Stop what read_ahead started, where its result is no longer wanted."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            ahead.close()
-
-    @property
-    def _msprobe_key_data(self) -> pa.Table:  # read once
-        if "_msprobe_table" not in self.__dict__:
-            listing, self._listing = self._listing, None
-            ahead, self._ahead = self._ahead, None
-            read = ahead.result() if ahead is not None else None  # None: failed, read here to name the problem
-            self.__dict__["_msprobe_table"] = msprobe_format.key_data_table(self.path, listing, read)
-        return self.__dict__["_msprobe_table"]
+    @cached_property
+    def _msprobe_key_data(self) -> pa.Table:  # read once; reading_ahead's columns, where it read them, else read here
+        listing, self._listing = self._listing, None
+        return msprobe_format.key_data_table(self.path, listing, self.reading_ahead.take())
 
     @cached_property
     def _msprobe_grad(self) -> pa.Table:  # read once: a summary CSV per rank and step

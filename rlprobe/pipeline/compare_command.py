@@ -71,8 +71,8 @@ def compare(
         out = Path(out)
         prepare_output(out, "output directory")  # before the work: a folder of other files is refused at once
         dump_a, dump_b = open_dump(a), open_dump(b)
-        dump_a.read_ahead(readings.take(0))
-        dump_b.read_ahead(readings.take(1))
+        dump_a.reading_ahead.start(readings.take(0))
+        dump_b.reading_ahead.start(readings.take(1))
         if dump_a.may_hold_tensors and dump_b.may_hold_tensors and may_run_compiled_kernels(dump_a):
             # load numba while the runs' statistics are read and matched (not at all for statistics-only or
             # gradient-only dumps, nor a few small tensors, which numpy compares)

@@ -149,7 +149,7 @@ def test_a_bad_statistics_file_read_in_a_second_process_is_named_by_this_one(tmp
     run = _odd_dump(tmp_path / "run", unread=False)
     bad = _item(run, "log_prob", 3, 0, "log_prob", np.zeros(2, np.float32), "{not json")
     dump = rlprobe_open(run)
-    dump.read_ahead()
+    dump.reading_ahead.start()
     with pytest.raises(DumpReadError) as info:
         dump.arrow("key_data")
     assert str(bad) in str(info.value) and "not valid JSON" in str(info.value)
