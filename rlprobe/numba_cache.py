@@ -17,8 +17,7 @@ from typing import Any
 #: file changed; the cache folder is named after the contents of all of them instead (and of
 #: lake/regular_files.py, whose READ_FLAGS the compiled readers open files with)
 KERNEL_MODULES = ("comparison/pair_kernels.py", "comparison/batch_kernels.py", "comparison/batch_codes.py",
-                  "comparison/mapped_kernels.py", "lake/msprobe_kernels.py", "lake/msprobe_codes.py",
-                  "lake/msprobe_json_kernel.py", "lake/folder_kernel.py", "lake/regular_files.py",
+                  "comparison/mapped_kernels.py", "lake/regular_files.py",
                   "checks/token_kernel.py", "checks/token_figures.py", "checks/token_batch_kernel.py",
                   "checks/npy_reads.py", "checks/npy_layout.py",
                   "frameworks/cpu_grad_kernel.py", "frameworks/cpu_param_kernel.py")
@@ -179,7 +178,6 @@ AOT_FAMILIES: dict[str, tuple[tuple[str, str, str, str], ...]] = {
         ("compare_batch", "rlprobe.comparison.batch_kernels", "compare_batch",
          f"({_array('uint8')}, {_array('int64', 2)}, {_array('int64')}, {_array('int64')}, {_array('int64', 2)}, "
          f"{_array('float64', 2)})"),
-        ("scan_msprobe", "rlprobe.lake.msprobe_kernels", "scan_dump", f"({_array('uint8', readonly=True)},)"),
         ("compare_mapped", "rlprobe.comparison.mapped_kernels", "compare_mapped",
          f"({_array('uint8', readonly=True)}, {_array('int64')}, {_array('int64')}, {_array('int64')}, int64, "
          f"int64, {_array('int64', 2)}, "

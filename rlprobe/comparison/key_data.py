@@ -4,7 +4,6 @@ compared element-wise by the pair executor, each row's status, and the first div
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -16,7 +15,6 @@ from rlprobe.comparison.pairs_ahead import AHEAD_MIN_PAIRS
 from rlprobe.comparison.sample_alignment import layout, sample_key_data
 from rlprobe.comparison.tolerance import Tolerance
 from rlprobe.errors import SelectionError
-from rlprobe.lake.msprobe_format import compiled_scanner
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.schema import KEY_DATA, with_rank
 from rlprobe.lake.sql_runner import create_table, execute, records, run, store
@@ -66,12 +64,13 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
 
     tolerance = tolerance or Tolerance()
     read_errors: list[str] = []
-    reading_b = _read_beside(dump_b) if dump_a.format == "msprobe" else None  # whatever `workers`: not a worker
+    if dump_a.format == "msprobe":  # run B's statistics read in a second process while run A's are read here
+        dump_b.reading_ahead.start()
     try:
         load_stats(con, "stats_a", dump_a, read_errors, "A")
-    finally:
-        if reading_b is not None:
-            reading_b.join()
+    except BaseException:
+        dump_b.reading_ahead.stop()
+        raise
     load_stats(con, "stats_b", dump_b, read_errors, "B")
     if keys is not None or steps is not None or ranks is not None:
         check_selection(con, keys, steps, ranks)
@@ -160,24 +159,6 @@ def _listed(values: list[Any], most: int = 12) -> str:
     """`values` comma-separated, at most `most` of them (then how many more)."""
     shown = ", ".join(str(v) for v in values[:most])
     return shown + (f" and {len(values) - most} more" if len(values) > most else "") if values else "(none)"
-
-
-def _read_beside(dump: Dump) -> threading.Thread | None:
-    """A thread reading msprobe dump `dump`'s statistics into its table (Dump.arrow), which load_stats then
-    takes, while this thread reads the other run's: the compiled reader holds no GIL (lake/msprobe_kernels.py).
-    Its error is left to load_stats, which reads the dump again and raises it, after run A's."""
-    if dump.format != "msprobe" or compiled_scanner() is None:  # Python's reading beside Python's: slower (GIL)
-        return None
-
-    def read() -> None:
-        try:
-            dump.arrow("key_data")
-        except Exception:  # noqa: BLE001, S110 - load_stats reads it again and reports the problem
-            pass
-
-    thread = threading.Thread(target=read, name="rlprobe-stats-b", daemon=True)
-    thread.start()
-    return thread
 
 
 def _start_ahead(ahead: Callable[[list[Any]], None], dump_a: Dump, dump_b: Dump) -> None:

@@ -1,18 +1,21 @@
 """The folders and statistics files of an msprobe SingleSave dump, read with the standard library
-only: rlprobe.lake.msprobe_format builds the key_data table from what `scan_key_data` returns where
-the compiled reader (rlprobe.lake.msprobe_kernels: the same columns, no GIL) is not built, and reads
-with `read_statistics` each statistics file the compiled reader leaves to Python.
+only: rlprobe.lake.msprobe_format builds the key_data table from what `scan_key_data` returns.
 
 The reading is two steps, `list_tensors` (a folder listing per micro-step) and `read_statistics`
 (a JSON file per tensor); a Dump can list first (Dump.msprobe_tensor_files) and read from that listing.
+`ChildRead` runs both in a second interpreter (this module and the standard library only), so that a
+comparison reads run B's statistics there while it reads run A's here (one GIL each).
 """
 
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import re
-from typing import Any, NamedTuple
+import subprocess
+import sys
+from typing import Any, NamedTuple, Tuple
 
 from rlprobe.lake.regular_files import MSPROBE_STATS, NotRegularFileError, open_fd
 
@@ -21,9 +24,14 @@ _RANK = re.compile(r"^rank(\d+)$")
 _MICRO = re.compile(r"^micro_step(\d+)$")
 _NUMBERED = re.compile(r"^.+_(\d+)$")  # <name>_<N>.npy in rank<R>/: id N to msprobe 26.x's comparator
 _READ_SIZE = 1 << 16
+_PIPE_SIZE = 1 << 20
 _decode = json.JSONDecoder().decode
 # the columns scan_key_data returns, in this order
 COLUMNS = ("key", "step", "rank", "micro_step", "index", "tensor_file", "npy", "shape", "min", "max", "mean", "norm")
+
+
+#: what a reading returns: scan_key_data's columns and TensorListing.unread
+Columns = Tuple[dict[str, list[Any]], tuple[str, ...]]
 
 
 class StatsFileError(ValueError):
@@ -235,3 +243,117 @@ def as_float(value: Any) -> float | None:
         return None if value is None else float(value)
     except (TypeError, ValueError):
         return None
+
+
+class ChildRead:
+    """The columns of the dump under `root` (scan_key_data's and its listing's unread entries), read by a
+    second interpreter started now (`python -S`: this module and the standard library only, no thread of this
+    process copied: started by exec) and handed back marshalled through a pipe."""
+
+    _CODE = ("import sys; sys.path.insert(0, sys.argv[1]); "
+             "from rlprobe.lake.msprobe_scan import write_columns; write_columns(sys.argv[2])")
+
+    def __init__(self, root: str) -> None:
+        self._root = root
+        package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self._process = subprocess.Popen([sys.executable, "-S", "-c", self._CODE, package_parent, root],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL)
+        try:  # room in the pipe for all of it (~0.3 MB for 3,200 tensors): the child writes it and ends
+            import fcntl
+
+            fcntl.fcntl(self._process.stdout.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_SIZE)  # type: ignore[union-attr]
+        except (ImportError, AttributeError, OSError):  # not Linux, or over the system's limit: the pipe as it is
+            pass
+
+    def result(self) -> Columns | None:
+        """The columns; None where the reading failed (this process reads the dump again and names the problem)."""
+        try:
+            out, _ = self._process.communicate()
+        except OSError:
+            return None
+        if self._process.returncode != 0:
+            return None
+        try:
+            values, unread = marshal.loads(out)
+        except (ValueError, EOFError, TypeError):
+            return None
+        base = self._root + os.sep  # `npy` is the dump's folder and `tensor_file`: not sent
+        values["npy"] = [base + f.replace("/", os.sep) for f in values["tensor_file"]]
+        return values, tuple(unread)
+
+    def close(self) -> None:
+        """Stop the reading (its result no longer wanted)."""
+        if self._process.poll() is None:
+            self._process.kill()
+        self._process.communicate()
+
+
+def start_reading(root: Any) -> ChildRead | None:
+    """A ChildRead of the dump at `root` where it looks like an msprobe SingleSave dump (a data/ folder, no
+    rlprobe.json); None for another, or where the process cannot start."""
+    try:
+        root = os.fspath(root)
+        if not os.path.isdir(os.path.join(root, "data")) or os.path.exists(os.path.join(root, "rlprobe.json")):
+            return None
+        return ChildRead(root)
+    except (TypeError, OSError):
+        return None
+
+
+class ReadAhead:
+    """A dump's reading in a second process (Dump.reading_ahead): `start` it (or hand it one), `take` its columns
+    (None: none started, or it failed), `stop` it (its result not wanted)."""
+
+    def __init__(self, root: Any) -> None:
+        self._root = root
+        self._reading: ChildRead | None = None
+
+    def start(self, reading: ChildRead | None = None) -> None:
+        if self._reading is None:
+            self._reading = reading or start_reading(self._root)
+        elif reading is not None:
+            reading.close()
+
+    def take(self) -> Columns | None:
+        reading, self._reading = self._reading, None
+        return None if reading is None else reading.result()
+
+    def stop(self) -> None:
+        reading, self._reading = self._reading, None
+        if reading is not None:
+            reading.close()
+
+
+class ReadingsAhead:
+    """ChildReads of the dumps at `roots` (start_reading's: None for one that is no msprobe dump), started on
+    entering; `take(i)` hands one on (to Dump.reading_ahead.start), and leaving stops those not taken."""
+
+    def __init__(self, roots: Any) -> None:
+        self._roots = list(roots)
+        self._readings: list[ChildRead | None] = []
+
+    def __enter__(self) -> ReadingsAhead:
+        self._readings = [start_reading(root) for root in self._roots]
+        return self
+
+    def take(self, i: int) -> ChildRead | None:
+        reading, self._readings[i] = self._readings[i], None
+        return reading
+
+    def __exit__(self, *exc: object) -> None:
+        for reading in self._readings:
+            if reading is not None:
+                reading.close()
+
+
+def write_columns(root: str) -> None:
+    """ChildRead's second process: the columns of the dump under `root`, marshalled to stdout (exit status 1
+    where a folder or a statistics file cannot be read)."""
+    try:
+        listing = list_tensors(root)
+        values = read_statistics(listing)
+    except (OSError, StatsFileError):
+        sys.exit(1)
+    del values["npy"]
+    sys.stdout.buffer.write(marshal.dumps((values, listing.unread)))

@@ -67,6 +67,7 @@ class Dump:
         self.include_uncommitted = include_uncommitted
         self.layout = DumpLayout(root)
         self._listing: "msprobe_scan.TensorListing | None" = None  # msprobe_tensor_files
+        self.reading_ahead = msprobe_scan.ReadAhead(self.path)  # its statistics in a second process, if started
 
     def __repr__(self) -> str:
         extra = ", include_uncommitted=True" if self.include_uncommitted else ""
@@ -223,17 +224,15 @@ class Dump:
         """An msprobe dump's tensor files, relative to it, in arrow("key_data")'s order (OSError: a folder not listed)."""
         if self.format != "msprobe":
             return []
-        if "_msprobe_table" in self.__dict__:
+        if "_msprobe_key_data" in self.__dict__:
             return self._msprobe_key_data["tensor_file"].to_pylist()
         self._listing = self._listing or msprobe_scan.list_tensors(str(self.path))
         return self._listing.columns["tensor_file"]
 
-    @property
-    def _msprobe_key_data(self) -> pa.Table:  # read once, without cached_property's lock (one for every Dump
-        if "_msprobe_table" not in self.__dict__:  # before Python 3.12: two runs could not be read at once)
-            listing, self._listing = self._listing, None
-            self.__dict__["_msprobe_table"] = msprobe_format.key_data_table(self.path, listing)
-        return self.__dict__["_msprobe_table"]
+    @cached_property
+    def _msprobe_key_data(self) -> pa.Table:  # read once; reading_ahead's columns, where it read them, else read here
+        listing, self._listing = self._listing, None
+        return msprobe_format.key_data_table(self.path, listing, self.reading_ahead.take())
 
     @cached_property
     def _msprobe_grad(self) -> pa.Table:  # read once: a summary CSV per rank and step

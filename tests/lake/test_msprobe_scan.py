@@ -127,3 +127,29 @@ def test_run_a_failing_first_is_the_error_with_two_workers(tmp_path: Path):
     with pytest.raises(DumpReadError) as info:
         compare(run_a, run_b, tmp_path / "out", workers=2)
     assert str(bad) in str(info.value)
+
+
+def test_a_second_process_reads_the_table_this_one_reads(tmp_path: Path):
+    """msprobe_scan.ChildRead (what a comparison reads its msprobe dumps with while its modules load): the same
+    rows, NaN and infinities, the same entries named as not read."""
+    run = _odd_dump(tmp_path / "run")
+    reading = msprobe_scan.start_reading(run)
+    assert reading is not None
+    read = reading.result()
+    assert read is not None and read[1] == msprobe_scan.list_tensors(os.fspath(run)).unread != ()
+    with pytest.warns(UserWarning, match="not-a-step"):
+        there = key_data_table(run, read=read)
+    with pytest.warns(UserWarning, match="not-a-step"):
+        here = key_data_table(run)
+    assert repr(there.to_pylist()) == repr(here.to_pylist())
+    assert msprobe_scan.start_reading(tmp_path / "nothing-here") is None
+
+
+def test_a_bad_statistics_file_read_in_a_second_process_is_named_by_this_one(tmp_path: Path):
+    run = _odd_dump(tmp_path / "run", unread=False)
+    bad = _item(run, "log_prob", 3, 0, "log_prob", np.zeros(2, np.float32), "{not json")
+    dump = rlprobe_open(run)
+    dump.reading_ahead.start()
+    with pytest.raises(DumpReadError) as info:
+        dump.arrow("key_data")
+    assert str(bad) in str(info.value) and "not valid JSON" in str(info.value)
