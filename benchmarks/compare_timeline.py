@@ -36,7 +36,7 @@ SPANS = (
     ("rlprobe.lake.reader", "open_dump"),
     ("rlprobe.comparison.run", "compare_dumps"),
     ("rlprobe.comparison.run", "warm_up_kernels"),
-    ("rlprobe.comparison.run", "_import_later_modules"),
+    ("rlprobe.cli.startup", "import_report_modules"),
     ("rlprobe.comparison.key_data", "compare_key_data"),
     ("rlprobe.comparison.key_data", "load_stats"),
     ("rlprobe.lake.msprobe_format", "key_data_table"),

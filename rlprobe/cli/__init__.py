@@ -227,6 +227,8 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, rtol, atol, stats_rt
             key_mapping = parse_key_map(key_map)
         except ProbeError as e:
             raise click.BadParameter(str(e), param_hint="--key-map") from None
+        from rlprobe.cli.startup import import_report_modules
+        from rlprobe.comparison.options import Runtime
         from rlprobe.pipeline.compare_command import run_compare
 
         code = run_compare(run_a, run_b, out, keys=key_list, steps=step_list, ranks=rank_list, workers=workers,
@@ -234,7 +236,8 @@ def compare(run_a, run_b, out, keys, steps, ranks, workers, rtol, atol, stats_rt
                            per_key_files=per_key_files, plots=plots,
                            plot_every_param=plot_every_param, fail_on_diff=fail_on_diff, quiet=quiet,
                            key_map=key_mapping, config_ignore=list(config_ignore),
-                           config_ignore_defaults=not no_default_config_ignore, connect=ahead.take)
+                           config_ignore_defaults=not no_default_config_ignore,
+                           runtime=Runtime(connect=ahead.take, beside_pairs=import_report_modules))
     from rlprobe.cli.startup import outputs_closed
 
     outputs_closed()  # OUT is published (or kept as it was): the process may end without teardown

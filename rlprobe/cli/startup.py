@@ -174,3 +174,23 @@ class ConnectionAhead:
         con, self._con = self._con, None
         if con is not None:
             con.close()
+
+
+# -- imports beside the pairs -----------------------------------------------------------------
+# what `rlprobe compare` and its reports import once the pairs are compared (most of it pyarrow.compute's):
+# imported by a thread while the compiled kernels compare the pairs and the command's thread only waits
+# (rlprobe.comparison.options.Runtime.beside_pairs). Not the single-run rules (checks.run), nor the module,
+# gradient and parameter comparisons: each is imported only by a comparison whose dumps need it.
+REPORT_MODULES = ("pyarrow.compute", "rlprobe.comparison.config_diff", "rlprobe.comparison.verdict_modules",
+                  "rlprobe.report.csv_report", "rlprobe.report.xlsx", "rlprobe.report.markdown")
+
+
+def import_report_modules() -> None:
+    """Import REPORT_MODULES; one that fails is left for the import where it is used, which reports it."""
+    import importlib
+
+    for name in REPORT_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001, S112
+            continue

@@ -1,7 +1,8 @@
-"""A comparison's options as one object, which `rlprobe compare`, `rlprobe.compare()` and pipelines
-build and compare_dumps takes: the selection, workers, the tolerance (rlprobe/comparison/tolerance.py),
-the key map, the config diff's ignore list, the gradient and module comparisons' settings, and a control
-run (comparison/control_run.py).
+"""A comparison's options as two objects, which `rlprobe compare`, `rlprobe.compare()` and pipelines
+build and compare_dumps takes: CompareOptions, what is compared (the selection, workers, the tolerance:
+rlprobe/comparison/tolerance.py, the key map, the config diff's ignore list, the gradient and module
+comparisons' settings, and a control run: comparison/control_run.py), and Runtime, how the caller takes
+part in it (progress, the executor of the pairs, the DuckDB connection, what runs beside the pairs).
 
 Only the standard library (and tolerance.py) at import: the command builds its options first."""
 
@@ -9,10 +10,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from rlprobe.comparison.tolerance import Tolerance
 from rlprobe.errors import ProbeError, SelectionError
+
+if TYPE_CHECKING:
+    import duckdb
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -70,3 +75,28 @@ class CompareOptions:
     def with_(self, **changes: Any) -> "CompareOptions":
         """A copy with `changes` (dataclasses.replace)."""
         return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How the caller takes part in a comparison, beside what it compares (all optional).
+
+    `progress(done, total)`: bytes of the pairs compared so far. `executor`: runs the pair kernels, called like
+    rlprobe.comparison.executor.run_pairs(tasks, workers=, progress=) (default: that one). `con`: the DuckDB
+    connection to compare in; both runs' statistics are left in it as the tables stats_a and stats_b (and
+    key_data, key_rollup, step_rollup are registered there) instead of being returned as Arrow tables.
+    `connect()`: opens the connection when `con` is None (default duckdb.connect; the command's is opened by a
+    thread during its imports: rlprobe.cli.startup.ConnectionAhead). `key_data_ready(key_data)`: called once
+    key_data is final, before the verdict's queries (the command renders its files on a thread from then on:
+    rlprobe.report.comparison_files.KeyDataFiles). `beside_pairs()`: run on a thread while the compiled kernels
+    compare the pairs and the calling thread only waits (the command imports its report modules there:
+    rlprobe.cli.startup.import_report_modules). `stats=False`: stats_a and stats_b are not returned (the command
+    writes neither)."""
+
+    progress: Callable[[int, int], None] | None = None
+    executor: Callable[..., Any] | None = None
+    con: "duckdb.DuckDBPyConnection | None" = None
+    connect: "Callable[[], duckdb.DuckDBPyConnection] | None" = None
+    key_data_ready: "Callable[[pa.Table], None] | None" = None
+    beside_pairs: Callable[[], None] | None = None
+    stats: bool = True

@@ -16,7 +16,7 @@ from rlprobe._version import __version__
 from rlprobe.comparison.amplification import KeyErrors
 from rlprobe.comparison.key_data import compare_key_data, saved_keys
 from rlprobe.comparison.optional_tables import has_grads, has_module_stats, has_params
-from rlprobe.comparison.options import CompareOptions
+from rlprobe.comparison.options import CompareOptions, Runtime
 from rlprobe.comparison.pairs_ahead import PairsAhead
 from rlprobe.comparison.sample_alignment import modules_not_compared
 from rlprobe.comparison.single_run import single_run_findings
@@ -33,38 +33,29 @@ FIRST_FIELDS = ("kind", "key", "step", "rank", "micro_step", "index", "status", 
                 "norm_rel_err", "rtol", "atol", "tolerance_source", "envelope", "message")
 
 
-def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = None, *,
-                  progress: Progress | None = None, executor: Callable[..., dict] | None = None,
-                  con: "duckdb.DuckDBPyConnection | None" = None,
-                  key_data_ready: Callable[[pa.Table], None] | None = None,
-                  connect: "Callable[[], duckdb.DuckDBPyConnection] | None" = None,
-                  stats: bool = True) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = None,
+                  runtime: Runtime | None = None) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     """The comparison itself, in memory: (tables by name, summary). `options`: what to compare and how
     (comparison/options.py: selection, workers, tolerance, key map, config ignore list, gradient and module
-    settings; default CompareOptions()). `executor` runs the pair kernels, called like
-    rlprobe.comparison.executor.run_pairs(tasks, workers=, progress=) (default).
-
-    With `con`, both runs' statistics are left in it as the tables stats_a and stats_b (and key_data,
-    key_rollup, step_rollup are registered there) instead of being returned as Arrow tables.
-    `key_data_ready(key_data)` is called once key_data is final, before the verdict's queries (the
-    command renders its files on a thread from then on: rlprobe.report.comparison_files.KeyDataFiles). `connect()`
-    opens the connection when `con` is not given (default duckdb.connect; the command's is opened by a
-    thread during its imports: rlprobe.cli.startup.ConnectionAhead). `stats=False`: stats_a and stats_b are not
-    returned (the command writes neither: their Arrow copies took ~0.04 s of the 25,600-pair dump's main thread)."""
+    settings; default CompareOptions()); `runtime`: how the caller takes part (the same module: progress, the
+    executor of the pairs, the DuckDB connection, what runs beside the pairs; default Runtime())."""
     options = options or CompareOptions()
+    runtime = runtime or Runtime()
     keys, steps, ranks, workers = options.keys, options.steps, options.ranks, options.workers
     key_map = dict(options.key_map) if options.key_map is not None else None
     order = options.order
+    progress, executor, con = runtime.progress, runtime.executor, runtime.con
     import duckdb
 
     own_connection = con is None
-    con = con or (connect or duckdb.connect)()
+    con = con or (runtime.connect or duckdb.connect)()
     envelope = None
     if options.control is not None:  # run A against the control run first: its noise, per key and step
         from rlprobe.comparison.control_run import noise_envelope
 
         envelope = noise_envelope(dump_a, options.control, options, _after_warm_up(executor))
-    beside = _SingleRunBeside(con, dump_a, dump_b, executor, start=workers > 1, key_map=key_map)
+    beside = _SingleRunBeside(con, dump_a, dump_b, executor, start=workers > 1, key_map=key_map,
+                              beside_pairs=runtime.beside_pairs)
     try:
         # with more than one worker (and the local executor), pairs known from the runs' folders are compared
         # while their statistics are read (pairs_ahead.py)
@@ -79,8 +70,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
         raise
     beside.drop_ahead()  # pairs compared ahead that the comparison did not ask for (none, as a rule)
     first, read_errors = compared.first, compared.read_errors
-    if key_data_ready is not None:
-        key_data_ready(compared.table)
+    if runtime.key_data_ready is not None:
+        runtime.key_data_ready(compared.table)
     with _numba_loading:  # what follows may compile kernels too (the single-run rules, gradients)
         pass
 
@@ -136,7 +127,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
     }
     tables = {"key_data": compared.table, "key_rollup": key_rollup, "step_rollup": step_rollup}
     if own_connection:
-        if stats:
+        if runtime.stats:
             tables["stats_a"], tables["stats_b"] = to_arrow(con.table("stats_a")), to_arrow(con.table("stats_b"))
     else:
         con.register("key_rollup", key_rollup)
@@ -209,8 +200,10 @@ class _SingleRunBeside:
     most of both is numba, numpy and DuckDB, which release the GIL."""
 
     def __init__(self, con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump,
-                 executor: Callable[..., Any] | None, start: bool, key_map: dict[str, str] | None = None):
+                 executor: Callable[..., Any] | None, start: bool, key_map: dict[str, str] | None = None,
+                 beside_pairs: Callable[[], None] | None = None):
         self._con = con
+        self._beside_pairs = beside_pairs
         self._key_map = key_map  # the single-run rules read the keys as the comparison does
         self._dumps = {"A": dump_a, "B": dump_b}
         self._executor = executor
@@ -227,21 +220,27 @@ class _SingleRunBeside:
         self._ahead = PairsAhead(tasks, workers, _kernels_ready, run_pairs)
 
     def stats_read(self) -> None:
-        """Both runs' statistics are loaded: with pairs compared ahead, start the later imports now, beside the
-        SQL up to the pairs (DuckDB's, which imports nothing and leaves the GIL while a query runs). Not
-        earlier: a thread importing (all Python) beside this thread's reading of statistics files (a system
-        call a file, each a switch of the GIL) took that reading from 0.1 to 0.3 s of wall."""
+        """Both runs' statistics are loaded: with pairs compared ahead, start the caller's work beside the pairs
+        (Runtime.beside_pairs: the command's later imports) now, beside the SQL up to the pairs (DuckDB's, which
+        imports nothing and leaves the GIL while a query runs). Not earlier: a thread importing (all Python)
+        beside this thread's reading of statistics files (a system call a file, each a switch of the GIL) took
+        that reading from 0.1 to 0.3 s of wall."""
         if self._ahead is not None:
             self._importing = self._start_imports()
 
-    @staticmethod
-    def _start_imports() -> threading.Thread | None:
-        """The later modules imported by a thread (run_pairs joins it), only while compiled kernels compare
-        the pairs (start_warm_up ran): a few tiny tensors are compared by numpy at once, and the thread would
-        import what such a comparison may never use (start-up)."""
-        if not _warm_up_started.is_set():
+    def _start_imports(self) -> threading.Thread | None:
+        """Runtime.beside_pairs on a thread (run_pairs joins it), only while compiled kernels compare the pairs
+        (start_warm_up ran): a few tiny tensors are compared by numpy at once, and the thread would import what
+        such a comparison may never use (start-up)."""
+        if self._beside_pairs is None or not _warm_up_started.is_set():
             return None
-        importing = threading.Thread(target=_import_later_modules, name="rlprobe-imports", daemon=True)
+        work = self._beside_pairs
+
+        def beside() -> None:
+            _kernels_ready()  # not beside numba's own import (start_warm_up)
+            work()
+
+        importing = threading.Thread(target=beside, name="rlprobe-beside-pairs", daemon=True)
         importing.start()
         return importing
 
@@ -300,25 +299,6 @@ class _SingleRunBeside:
         if error is not None and not quiet:
             raise error
         return result
-
-
-# what every comparison and its reports import once the pairs are compared (most of it pyarrow.compute's):
-# imported by a thread while the pairs are compared, when the kernels hold no GIL and the calling thread
-# only waits. None defines a numba kernel. Not the single-run rules (check.run), nor the module, gradient
-# and parameter comparisons: each is imported only by a comparison whose dumps need it.
-_LATER_MODULES = ("pyarrow.compute", "rlprobe.comparison.config_diff", "rlprobe.comparison.verdict_modules",
-                  "rlprobe.report.csv_report", "rlprobe.report.xlsx", "rlprobe.report.markdown")
-
-
-def _import_later_modules() -> None:
-    import importlib
-
-    _kernels_ready()  # not beside numba's own import (start_warm_up)
-    for name in _LATER_MODULES:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001, S112 - the import where the module is used reports it
-            continue
 
 
 def _kernels_ready() -> None:

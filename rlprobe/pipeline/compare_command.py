@@ -29,7 +29,7 @@ def compare(
     plots: bool = False, plot_every_param: bool = False, progress: Progress | None = None,
     extra_files: Callable[[Path], None] | None = None,
     key_map: dict[str, str] | None = None, config_ignore: list[str] | None = None, config_ignore_defaults: bool = True,
-    control: Any = None, options: Any = None, connect: Callable[[], Any] | None = None,
+    control: Any = None, options: Any = None, runtime: Any = None,
 ) -> dict[str, Any]:
     """Compare dumps `a` and `b` (rlprobe or msprobe format); publish the results as the folder
     `out`; return the summary. Raises ProbeError when a run cannot be read or `out` cannot be
@@ -44,9 +44,12 @@ def compare(
     the control's by the documented factor (docs/across-devices.md, "A control run"); ControlRunError (a ProbeError)
     for one that is missing, no dump, or without key data in common with `a`.
     `options`: a rlprobe.comparison.options.CompareOptions instead of the comparison's arguments (with `control`
-    given too, it replaces the options' control). `connect()`: the DuckDB connection to compare in (default
-    duckdb.connect; the command's is opened ahead, by rlprobe.cli.startup.ConnectionAhead)."""
-    from rlprobe.comparison.options import CompareOptions
+    given too, it replaces the options' control). `runtime`: a rlprobe.comparison.options.Runtime, how the caller
+    takes part (the command's: the DuckDB connection opened ahead by rlprobe.cli.startup.ConnectionAhead, its
+    report modules imported beside the pairs); `progress` over its own."""
+    from dataclasses import replace
+
+    from rlprobe.comparison.options import CompareOptions, Runtime
 
     if options is None:  # as the command line and pipelines take them: "0-10,12", "log_prob,kl" or lists
         options = CompareOptions.build(keys=keys, steps=steps, ranks=ranks, tolerance=tolerance, rtol=rtol, atol=atol,
@@ -81,9 +84,10 @@ def compare(
         from rlprobe.report.comparison_files import KeyDataFiles
 
         rendered = KeyDataFiles(lang)
-    tables, summary = compare_dumps(dump_a, dump_b, options, progress=progress,
-                                    key_data_ready=rendered and rendered.start, connect=connect,
-                                    stats=False)  # written nowhere
+    runtime = runtime or Runtime()
+    tables, summary = compare_dumps(dump_a, dump_b, options, replace(
+        runtime, progress=progress or runtime.progress, key_data_ready=rendered and rendered.start,
+        stats=False))  # stats_a and stats_b: written nowhere
     summary["elapsed_s"] = round(time.perf_counter() - started, 3)
     options = ReportOptions(lang=lang, per_key_dir=per_key_dir if per_key_files else None, plots=plots,
                             plot_every_param=plot_every_param, workers=workers)

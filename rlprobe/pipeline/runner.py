@@ -63,6 +63,7 @@ class PipelineResult:
 
 def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | None = None) -> PipelineResult:
     """Run a loaded pipeline; raises PipelineError for exit codes 2 and 3."""
+    from rlprobe.comparison.options import Runtime
     from rlprobe.comparison.run import compare_dumps
     from rlprobe.lake.reader import open_dump
 
@@ -92,8 +93,8 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
     t = time.perf_counter()
     con = duckdb.connect()  # the comparison leaves stats_a, stats_b, key_data, ... in it for the queries
     try:
-        tables, summary = compare_dumps(dump_a, dump_b, _compare_options(spec, pipeline.control), progress=progress,
-                                        executor=_executor(spec.executor), con=con)
+        tables, summary = compare_dumps(dump_a, dump_b, _compare_options(spec, pipeline.control),
+                                        Runtime(progress=progress, executor=_executor(spec.executor), con=con))
     except ControlRunError as e:
         raise PipelineError(f"{pipeline.path}: runs.control: {e}", EXIT_UNREADABLE) from None
     except DumpReadError as e:

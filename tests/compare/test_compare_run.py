@@ -15,7 +15,7 @@ import rlprobe
 from rlprobe.pipeline.compare_command import compare
 
 from tests.lake.layouts import unpack
-from rlprobe.comparison.options import CompareOptions
+from rlprobe.comparison.options import CompareOptions, Runtime
 
 
 def _dump(path: Path, steps: dict[int, dict], **probe_kw) -> Path:
@@ -279,7 +279,7 @@ def test_no_kernel_runs_while_the_warm_up_still_loads_numba(tmp_path, monkeypatc
         loaded.clear()
         thread = compare_run.start_warm_up()
         tables, summary = compare_run.compare_dumps(open_dump(tmp_path / "a"), open_dump(tmp_path / "b"),
-                                                    CompareOptions(workers=workers), executor=executor)
+                                                    CompareOptions(workers=workers), Runtime(executor=executor))
         thread.join()
         assert summary["counts"] == {"mismatch": 1}
     assert seen == [True, True]
@@ -294,6 +294,6 @@ def test_both_runs_statistics_are_returned_unless_asked_not_to(tmp_path):
     tables, summary = compare_dumps(a, b, CompareOptions(workers=1))
     assert tables["stats_a"].num_rows == tables["stats_b"].num_rows == 2
     assert sorted(tables["stats_a"]["step"].to_pylist()) == [0, 1]
-    without, summary_without = compare_dumps(a, b, CompareOptions(workers=1), stats=False)
+    without, summary_without = compare_dumps(a, b, CompareOptions(workers=1), Runtime(stats=False))
     assert "stats_a" not in without and "stats_b" not in without
     assert without["key_data"].equals(tables["key_data"]) and summary_without["counts"] == summary["counts"]

@@ -19,7 +19,7 @@ from rlprobe.lake.reader import open_dump
 from rlprobe.pipeline.compare_command import compare
 
 # the threads a comparison starts (other tests of this process may leave threads of their own)
-COMPARISON_THREADS = ("rlprobe-pairs-ahead", "rlprobe-compare", "rlprobe-imports", "rlprobe-single-run")
+COMPARISON_THREADS = ("rlprobe-pairs-ahead", "rlprobe-compare", "rlprobe-beside-pairs", "rlprobe-single-run")
 
 
 def _save(run: Path, key: str, step: int, micro: int, array: np.ndarray, stem: str | None = None) -> None:
