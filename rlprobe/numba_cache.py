@@ -15,9 +15,10 @@ from typing import Any
 #: checks a cached function against its own file only, so a kernel compiled into another one
 #: (pair_kernels' element kernel into batch_kernels' batch) was loaded stale after only the first
 #: file changed; the cache folder is named after the contents of all of them instead (and of
-#: lake/regular_files.py, whose READ_FLAGS the compiled readers open files with)
+#: lake/regular_files.py, whose READ_FLAGS the compiled readers open files with, and of comparison/partials.py,
+#: whose layout of the partials the batch kernels write)
 KERNEL_MODULES = ("comparison/pair_kernels.py", "comparison/batch_kernels.py", "comparison/batch_codes.py",
-                  "comparison/mapped_kernels.py", "lake/regular_files.py",
+                  "comparison/mapped_kernels.py", "comparison/partials.py", "lake/regular_files.py",
                   "checks/token_kernel.py", "checks/token_figures.py", "checks/token_batch_kernel.py",
                   "checks/npy_reads.py", "checks/npy_layout.py",
                   "frameworks/cpu_grad_kernel.py", "frameworks/cpu_param_kernel.py")
@@ -176,12 +177,11 @@ AOT_FAMILIES: dict[str, tuple[tuple[str, str, str, str], ...]] = {
          f"({_array('uint8', readonly=True)}, {_array('int64')}, {_array('int64')}, {_array('int64')}, int64, "
          f"{_array('int64', 2)}, {_array('int64')})"),
         ("compare_batch", "rlprobe.comparison.batch_kernels", "compare_batch",
-         f"({_array('uint8')}, {_array('int64', 2)}, {_array('int64')}, {_array('int64')}, {_array('int64', 2)}, "
-         f"{_array('float64', 2)})"),
+         f"({_array('uint8')}, {_array('int64', 2)}, {_array('int64')}, {_array('int64')}, {_array('float64', 2)})"),
         ("compare_mapped", "rlprobe.comparison.mapped_kernels", "compare_mapped",
          f"({_array('uint8', readonly=True)}, {_array('int64')}, {_array('int64')}, {_array('int64')}, int64, "
          f"int64, {_array('int64', 2)}, "
-         f"{_array('int64')}, {_array('int64', 2)}, {_array('float64', 2)})"),
+         f"{_array('int64')}, {_array('float64', 2)})"),
     ),
     # a family per package: compare's commands do not wait for check's build, nor the other way round
     "check": tuple(

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rlprobe.comparison.partials import WIDTH
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -119,9 +121,9 @@ def test_the_ahead_of_time_batch_gives_the_jit_batchs_bits(aot_compare, tmp_path
         whole = np.zeros(2 * n, np.int64), np.full(2 * n, -1, np.int64)  # offsets 0, lengths -1: whole files
         buf = functions.read_files(names, starts, *whole, 1 << 20, info, sizes)
         picked = np.flatnonzero((info[:n, 0] == 0) & (info[:n, 1] == info[n:, 1]))
-        ints, floats = np.empty((picked.size, 6), np.int64), np.empty((picked.size, 5), np.float64)
-        functions.compare_batch(buf, info, picked, picked + n, ints, floats)
-        out.append((info.tobytes(), sizes.tobytes(), ints.tobytes(), floats.tobytes()))  # buf: padding not set
+        rows = np.empty((picked.size, WIDTH), np.float64)
+        functions.compare_batch(buf, info, picked, picked + n, rows)
+        out.append((info.tobytes(), sizes.tobytes(), rows.tobytes()))  # buf: padding not set
     assert out[0] == out[1]
     assert picked.size == n - 1  # all but the unreadable pair
 
@@ -136,10 +138,10 @@ def test_the_ahead_of_time_mapped_pairs_give_the_jit_kernels_bits(aot_compare, t
     out = []
     for function in (aot_compare.compare_mapped, mapped_kernels.compare_mapped):
         info = np.zeros((n, 4), np.int64)
-        ints, floats = np.zeros((30 * n, 6), np.int64), np.zeros((30 * n, 5), np.float64)
+        rows = np.zeros((30 * n, WIDTH), np.float64)
         function(names, starts, np.zeros(2 * n, np.int64), np.full(2 * n, -1, np.int64), 1 << 40, 3000, info, first_row,
-                 ints, floats)
-        out.append((info.tobytes(), ints.tobytes(), floats.tobytes()))
+                 rows)
+        out.append((info.tobytes(), rows.tobytes()))
     assert out[0] == out[1]
     assert (info[:-1, 0] == 0).all() and info[-1, 0] == 1 and info[:, 3].max() == 24  # 70,001 elements: 24 chunks
 

@@ -189,8 +189,9 @@ def read_files(paths, path_starts, offsets, lengths, limit, info, sizes):  # pra
 
 
 @numba.njit(nogil=True, cache=True)
-def compare_batch(buf, info, ia, ib, ints, floats):  # pragma: no cover - runs compiled
-    """Kernel of every pair (info rows ia[p], ib[p]: same dtype code F4, F8 or _I8 and numel)."""
+def compare_batch(buf, info, ia, ib, rows):  # pragma: no cover - runs compiled
+    """Kernel of every pair (info rows ia[p], ib[p]: same dtype code F4, F8 or I8 and numel), its partials in
+    rows[p] (partials.FIELDS' order)."""
     f4 = buf.view(np.float32)
     f8 = buf.view(np.float64)
     i8 = buf.view(np.int64)
@@ -205,16 +206,5 @@ def compare_batch(buf, info, ia, ib, ints, floats):  # pragma: no cover - runs c
             t = compiled_float_kernel(f8[oa // 8:oa // 8 + n], f8[ob // 8:ob // 8 + n], 0, n)
         else:
             t = compiled_int_kernel(i8[oa // 8:oa // 8 + n], i8[ob // 8:ob // 8 + n], 0, n)
-        ints[p, 0] = t[0]
-        ints[p, 1] = t[1]
-        ints[p, 2] = t[2]
-        ints[p, 3] = t[5]
-        ints[p, 4] = t[6]
-        ints[p, 5] = t[10]
-        floats[p, 0] = t[3]
-        floats[p, 1] = t[4]
-        floats[p, 2] = t[7]
-        floats[p, 3] = t[8]
-        floats[p, 4] = t[9]
-
-
+        for k in range(len(t)):
+            rows[p, k] = t[k]

@@ -18,6 +18,7 @@ import numpy as np
 from rlprobe.comparison.batch_codes import BIG, F4, F8, I8, OK, SLOW
 from rlprobe.comparison.batch_kernels import parse_header
 from rlprobe.comparison.pair_kernels import compiled_float_kernel, compiled_int_kernel
+from rlprobe.comparison.partials import FIRST
 from rlprobe.lake.regular_files import READ_FLAGS
 
 import numba  # noqa: E402,I001  (pair_kernels set numba's cache dir before this import)
@@ -91,10 +92,11 @@ def _drop_pages(view, start, stop):  # pragma: no cover - runs compiled
 
 
 @numba.njit(nogil=True, cache=True)
-def _compare_pair(xa, xb, code, n, chunk, whole, ints, floats, row):  # pragma: no cover - runs compiled
+def _compare_pair(xa, xb, code, n, chunk, whole, rows, row):  # pragma: no cover - runs compiled
     """The partials of one mapped pair (its data bytes `xa`, `xb`), a row a chunk from `row` on (chunks aligned
-    to multiples of `chunk`, as the per-pair path cuts them, each compared as that path compares it); the
-    pages of each chunk dropped once compared unless the pair is one chunk (`whole`: munmap drops them)."""
+    to multiples of `chunk`, as the per-pair path cuts them, each compared as that path compares it, its first
+    mismatch in the pair's flat index); the pages of each chunk dropped once compared unless the pair is one
+    chunk (`whole`: munmap drops them)."""
     k = 0
     item = 4 if code == F4 else 8
     for s in range(0, n, chunk):
@@ -106,17 +108,10 @@ def _compare_pair(xa, xb, code, n, chunk, whole, ints, floats, row):  # pragma: 
         else:
             t = compiled_int_kernel(xa.view(np.int64)[s:e], xb.view(np.int64)[s:e], 0, e - s)
         r = row + k
-        ints[r, 0] = t[0]
-        ints[r, 1] = t[1]
-        ints[r, 2] = t[2] + s if t[2] >= 0 else -1
-        ints[r, 3] = t[5]
-        ints[r, 4] = t[6]
-        ints[r, 5] = t[10]
-        floats[r, 0] = t[3]
-        floats[r, 1] = t[4]
-        floats[r, 2] = t[7]
-        floats[r, 3] = t[8]
-        floats[r, 4] = t[9]
+        for f in range(len(t)):
+            rows[r, f] = t[f]
+        if rows[r, FIRST] >= 0:
+            rows[r, FIRST] += s
         k += 1
         if not whole:
             _drop_pages(xa, s * item, e * item)
@@ -125,11 +120,10 @@ def _compare_pair(xa, xb, code, n, chunk, whole, ints, floats, row):  # pragma: 
 
 
 @numba.njit(nogil=True, cache=True)
-def compare_mapped(paths, path_starts, offsets, lengths, limit, chunk, info, first_row, ints, floats):  # pragma: no cover
+def compare_mapped(paths, path_starts, offsets, lengths, limit, chunk, info, first_row, rows):  # pragma: no cover
     """Pair p: files path_starts[p] (a) and path_starts[n + p] (b) (records of `lengths` bytes at `offsets`
-    where lengths >= 0, else whole files), its partials in rows first_row[p] ..
-    first_row[p + 1] - 1 of ints (n, equal, first mismatch, within 1e-3, within 1e-2, NaN mismatches) and
-    floats (max abs, max rel, dot, sum of squares a, b); info[p] = (status, dtype code, numel, chunks)."""
+    where lengths >= 0, else whole files), its partials in rows first_row[p] .. first_row[p + 1] - 1 of `rows`
+    (partials.FIELDS' order); info[p] = (status, dtype code, numel, chunks)."""
     n = first_row.size - 1
     head = np.empty(_HEAD, np.uint8)
     side = np.zeros(4, np.int64)
@@ -156,8 +150,7 @@ def compare_mapped(paths, path_starts, offsets, lengths, limit, chunk, info, fir
                 if ma != -1 and mb != -1:
                     va = numba.carray(_pointer(ma), size_a)[data_a:data_a + numel * item]
                     vb = numba.carray(_pointer(mb), size_b)[data_b:data_b + numel * item]
-                    info[p, 3] = _compare_pair(va, vb, code, numel, chunk, chunks == 1, ints, floats,
-                                               first_row[p])
+                    info[p, 3] = _compare_pair(va, vb, code, numel, chunk, chunks == 1, rows, first_row[p])
                 else:
                     info[p, 0] = SLOW
                 if ma != -1:

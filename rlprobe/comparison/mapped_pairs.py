@@ -21,8 +21,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from rlprobe.comparison.partials import Partial, combine
-from rlprobe.comparison.small_pairs import Batch, metric_columns, path_bytes, record_arrays
+from rlprobe.comparison.partials import WIDTH, combine, metric_columns
+from rlprobe.comparison.small_pairs import Batch, path_bytes, record_arrays
 
 __all__ = ["MAPPED_JOB_BYTES", "compare_mapped_pairs", "job_groups", "run_mapped"]
 
@@ -57,28 +57,20 @@ def compare_mapped_pairs(tasks: Sequence[Any], nbytes: Sequence[int], chunk: int
     room = np.array([-(-max(1, b // 2) // (4 * chunk)) + 1 for b in nbytes], np.int64)
     first_row = np.zeros(n + 1, np.int64)
     np.cumsum(room, out=first_row[1:])
-    ints = np.zeros((int(first_row[-1]), 6), np.int64)
-    floats = np.zeros((int(first_row[-1]), 5), np.float64)
+    rows = np.zeros((int(first_row[-1]), WIDTH), np.float64)
     info = np.zeros((n, 4), np.int64)
     mapped = mapped_function()
     offsets, lengths = record_arrays(tasks)
-    mapped.compare_mapped(paths, path_starts, offsets, lengths, limit, chunk, info, first_row, ints, floats)
+    mapped.compare_mapped(paths, path_starts, offsets, lengths, limit, chunk, info, first_row, rows)
     done = info[:, 0] == mapped.OK
     whole = np.flatnonzero(done & (info[:, 3] == 1))  # one chunk: combine() of one partial, as columns
-    columns = metric_columns(ints[first_row[whole]], floats[first_row[whole]]) if whole.size else {}
-    other = [(i, combine(_partial(ints[r].tolist(), floats[r].tolist())
-                         for r in range(first_row[i], first_row[i] + info[i, 3])))
+    columns = metric_columns(rows[first_row[whole]]) if whole.size else {}
+    other = [(i, combine(rows[first_row[i]:first_row[i] + info[i, 3]].tolist()))
              for i in np.flatnonzero(done & (info[:, 3] > 1)).tolist()]
     sizes = np.asarray(nbytes, np.int64)
     return Batch(whole, columns, other, int(sizes[done].sum()),
                  [(i, int(sizes[i])) for i in np.flatnonzero(info[:, 0] == mapped.BIG).tolist()],
                  np.flatnonzero(~done & (info[:, 0] != mapped.BIG)).tolist())
-
-
-def _partial(i: list[int], f: list[float]) -> Partial:
-    """A row of the compiled call's partials (ints: n, equal, first, within 1e-3, within 1e-2, NaN mismatches;
-    floats: max abs, max rel, dot, sums of squares) as the Partial the per-pair path makes of a chunk."""
-    return Partial(i[0], i[1], i[2], f[0], f[1], i[3], i[4], f[2], f[3], f[4], i[5])
 
 
 def run_mapped(tasks: Sequence[Any], nbytes: Sequence[int], chunk: int, limit: int,

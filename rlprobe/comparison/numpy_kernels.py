@@ -3,7 +3,7 @@ chunks: a comparison of a few small tensors then never imports numba (~0.3 s of 
 cache load at start-up, issue 18).
 
 Same inputs and outputs as the compiled kernels: two 1-D arrays of one kernel dtype (float32,
-float64 or int64) and the partial aggregates of rlprobe.comparison.partials as a tuple. Every metric
+float64 or int64) and the partial aggregates of rlprobe.comparison.partials as a tuple of float64. Every metric
 is the same float64 operation on the same element (errors, maxima, counts, the first mismatch),
 and the dot and square sums are added one element at a time in index order (``np.add.accumulate``,
 never numpy's pairwise ``sum``), starting from 0.0 as the kernels do. The compiled float kernel
@@ -72,8 +72,8 @@ def float_partial(a: np.ndarray, b: np.ndarray) -> tuple:
         dot = _ordered_sum(xs * ys)
         sa = _ordered_sum(xs * xs)
         sb = _ordered_sum(ys * ys)
-    return (n, eq, _first(~equal), max_abs, max_rel, eq + w3, eq + w2, dot, sa, sb,
-            int(np.count_nonzero(nan_mismatch)))
+    return _floats(n, eq, _first(~equal), max_abs, max_rel, eq + w3, eq + w2, dot, sa, sb,
+                   int(np.count_nonzero(nan_mismatch)))
 
 
 def int_partial(a: np.ndarray, b: np.ndarray) -> tuple:
@@ -95,8 +95,13 @@ def int_partial(a: np.ndarray, b: np.ndarray) -> tuple:
         dot = _ordered_sum(x * y)
         sa = _ordered_sum(x * x)
         sb = _ordered_sum(y * y)
-    return (n, eq, _first(differ), float(d.max(initial=0.0)), float(rel.max(initial=0.0)), eq + w3, eq + w2,
-            dot, sa, sb, 0)
+    return _floats(n, eq, _first(differ), float(d.max(initial=0.0)), float(rel.max(initial=0.0)), eq + w3,
+                   eq + w2, dot, sa, sb, 0)
+
+
+def _floats(*fields: float) -> tuple:
+    """The partials as the compiled kernels return them: float64, in partials.FIELDS' order."""
+    return tuple(map(float, fields))
 
 
 def partial_of(a: np.ndarray, b: np.ndarray) -> tuple:

@@ -1,9 +1,11 @@
 """The compiled loops of the element-wise comparison (numba): partial aggregates of two flat
-arrays over a range of indices, for (float32, float32), (float64, float64) and (int64, int64).
+arrays over a range of indices, for (float32, float32), (float64, float64) and (int64, int64), returned as
+a tuple of float64 in the order of rlprobe.comparison.partials.FIELDS (counts exact: a range holds at most
+a chunk of elements).
 
 The element semantics are in rlprobe.comparison.pair_metrics, the public face of these kernels.
 numba's on-disk cache is pointed at a writable folder (rlprobe.numba_cache) before numba loads.
-A new metric is one more partial aggregate here and in rlprobe.comparison.partials.
+A new metric is one more partial aggregate here and its declaration in rlprobe.comparison.partials.
 """
 
 from __future__ import annotations
@@ -230,7 +232,8 @@ def _float_kernel(a, b, start, stop):  # pragma: no cover - runs compiled
         sa += t[8]
         sb += t[9]
         nanmis += t[10]
-    return (stop - start, eq, first, max_abs, max_rel, w3, w2, dot, sa, sb, nanmis)
+    return (np.float64(stop - start), np.float64(eq), np.float64(first), max_abs, max_rel, np.float64(w3),
+            np.float64(w2), dot, sa, sb, np.float64(nanmis))
 
 
 def _int_kernel(a, b, start, stop):  # pragma: no cover - runs compiled
@@ -274,7 +277,8 @@ def _int_kernel(a, b, start, stop):  # pragma: no cover - runs compiled
             w3 += 1
         if d <= 1e-2 * m:
             w2 += 1
-    return (stop - start, eq, first, max_abs, max_rel, eq + w3, eq + w2, dot, sa, sb, 0)
+    return (np.float64(stop - start), np.float64(eq), np.float64(first), max_abs, max_rel, np.float64(eq + w3),
+            np.float64(eq + w2), dot, sa, sb, 0.0)
 
 
 #: the kernels as numba functions that other compiled code calls (rlprobe.comparison.small_pairs)

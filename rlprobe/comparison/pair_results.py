@@ -12,10 +12,10 @@ from typing import Any, Hashable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from rlprobe.comparison.partials import METRICS
+from rlprobe.comparison.partials import METRICS, metric_row
 
 # what a metric without a value holds in its column: no first mismatch, no cosine (numel 0, or
-# sums that overflowed); a real cosine is never NaN (partials._cosine gives None instead)
+# sums that overflowed); a real cosine is never NaN
 _NO_FIRST = -1
 _NO_COSINE = np.nan
 
@@ -53,12 +53,7 @@ class PairResults(Mapping):
         """Row `i` as the metrics dict (Python ints and floats, None for no value) or {"error": ...}."""
         if i in self.errors:
             return {"error": self.errors[i]}
-        out = {name: column[i].item() for name, column in self.columns.items()}
-        if out["first_mismatch_index"] < 0:
-            out["first_mismatch_index"] = None
-        if out["cosine"] != out["cosine"]:
-            out["cosine"] = None
-        return out
+        return metric_row(self.columns, i)
 
     def __getitem__(self, task_id: Hashable) -> dict[str, Any]:
         if self._rows is None:

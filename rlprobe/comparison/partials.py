@@ -1,78 +1,82 @@
-"""Partial aggregates of the element-wise comparison and how they combine into the final
-metrics of a pair (pure Python, no numba: the executor and the SQL side import it cheaply)."""
+"""The element-wise comparison's results, declared once: the partial aggregates a kernel returns for a
+range of flat indices (FIELDS: their order, and how the partials of one pair's ranges merge) and the
+metrics of a pair (METRICS: each a column of the results table, made from the merged partials of many
+pairs at once). Pure Python and numpy (no numba): the executor and the SQL side import it cheaply.
+
+A kernel (pair_kernels, numpy_kernels) returns its partials as a tuple of float64 in FIELDS' order (a
+count is exact in float64: a range holds at most a chunk of elements), the batch kernels store that
+tuple as a row of a float64 matrix, and everything downstream reads them by name from here. A new
+metric is the kernel's loop, one Field (or one Metric over fields there are), and its header
+(report/headers.py)."""
 
 from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
-__all__ = ["METRICS", "METRIC_KEYS", "NORMAL_MIN", "Partial", "combine", "partial_from"]
+import numpy as np
 
-#: the metrics of a pair, as :func:`combine` returns them, with their Arrow type names (the columns
-#: of the kernel's results table that key_data.sql and modules.sql read through pair_macros.sql)
-METRICS: dict[str, str] = {
-    "numel": "int64",
-    "equal_count": "int64",
-    "first_mismatch_index": "int64",
-    "max_abs_err": "float64",
-    "max_rel_err": "float64",
-    "within_1e3_count": "int64",
-    "within_1e2_count": "int64",
-    "cosine": "float64",
-    "nan_mismatch_count": "int64",
-}
-
-#: keys of the dict returned by :func:`rlprobe.comparison.pair_metrics.pair_metrics` and :func:`combine`
-METRIC_KEYS = tuple(METRICS)
+__all__ = ["FIELDS", "FIRST", "METRICS", "METRIC_KEYS", "NORMAL_MIN", "WIDTH", "Partial", "combine", "merge",
+           "metric_columns", "metric_row", "partial_from"]
 
 
-class Partial(NamedTuple):
-    """Aggregates of one range of flat indices (what a kernel returns)."""
+class Field(NamedTuple):
+    """One partial aggregate: its name, whether it is a count (`int`, a flat index included) or a float, and how
+    the values of several ranges of one pair merge: `sum`, `max`, `first` (the smallest non-negative, -1 for
+    none) or `fsum` (math.fsum: exactly rounded, so the order of the ranges does not matter)."""
 
-    n: int
-    equal_count: int
-    first_mismatch: int  # flat index, -1 when none
-    max_abs_err: float
-    max_rel_err: float
-    within_1e3: int
-    within_1e2: int
-    dot: float  # over elements where both values are finite
-    sum_sq_a: float
-    sum_sq_b: float
-    nan_mismatch_count: int
+    name: str
+    kind: type
+    merge: str
 
 
-def partial_from(t: tuple, offset: int) -> Partial:
-    n, eq, first, mabs, mrel, w3, w2, dot, sa, sb, nanmis = t
-    return Partial(int(n), int(eq), int(first) + offset if first >= 0 else -1, float(mabs), float(mrel),
-                   int(w3), int(w2), float(dot), float(sa), float(sb), int(nanmis))
+FIELDS: tuple[Field, ...] = (
+    Field("n", int, "sum"),
+    Field("equal_count", int, "sum"),
+    Field("first_mismatch", int, "first"),  # flat index, -1 when none
+    Field("max_abs_err", float, "max"),
+    Field("max_rel_err", float, "max"),
+    Field("within_1e3", int, "sum"),
+    Field("within_1e2", int, "sum"),
+    Field("dot", float, "fsum"),  # over elements where both values are finite
+    Field("sum_sq_a", float, "fsum"),
+    Field("sum_sq_b", float, "fsum"),
+    Field("nan_mismatch_count", int, "sum"),
+)
+WIDTH = len(FIELDS)
+_AT = {f.name: i for i, f in enumerate(FIELDS)}
+FIRST = _AT["first_mismatch"]  # its column, which mapped_kernels moves by a chunk's start
+
+#: aggregates of one range of flat indices, as named tuple (what chunk_partial returns)
+Partial = NamedTuple("Partial", [(f.name, f.kind) for f in FIELDS])
+Partial.__doc__ = "Aggregates of one range of flat indices (comparison/partials.py's FIELDS)."
 
 
-NORMAL_MIN = sys.float_info.min  # the smallest normal float64: products below it are subnormal or zero
+def partial_from(t: Iterable[Any], offset: int) -> Partial:
+    """A kernel's tuple (FIELDS' order) as a Partial, its first mismatch moved by `offset`."""
+    values = [f.kind(v) for f, v in zip(FIELDS, t)]
+    first = _AT["first_mismatch"]
+    if values[first] >= 0:
+        values[first] += offset
+    return Partial(*values)
 
 
-def _cosine(n: int, dot: float, sa: float, sb: float) -> float | None:
-    if n == 0:
-        return None
-    if sa == 0.0 and sb == 0.0:
-        return 1.0
-    if sa == 0.0 or sb == 0.0:
-        return 0.0
-    if not (math.isfinite(sa) and math.isfinite(sb) and math.isfinite(dot)):
-        return None  # the float64 sums overflowed (|values| beyond ~1e154)
-    prod = sa * sb
-    # sqrt(s*s) == s exactly, so identical arrays give exactly 1.0; fall back when the product
-    # overflows or underflows, gradual underflow included (a subnormal product has lost digits:
-    # values of ~1e-80 gave a cosine of 0.99998 for identical arrays), keeping s where sa == sb
-    if NORMAL_MIN <= prod < math.inf:
-        denom = math.sqrt(prod)
-    else:
-        denom = sa if sa == sb else math.sqrt(sa) * math.sqrt(sb)
-    cos = dot / denom
-    if not math.isfinite(cos):
-        return None
-    return max(-1.0, min(1.0, cos))
+def merge(partials: Iterable[Any]) -> Partial:
+    """The partials of disjoint ranges of one pair (in any order) merged into one, by each field's rule."""
+    rows = [p if isinstance(p, Partial) else Partial(*(f.kind(v) for f, v in zip(FIELDS, p))) for p in partials]
+    out = []
+    for i, f in enumerate(FIELDS):
+        values = [r[i] for r in rows]
+        if f.merge == "sum":
+            out.append(sum(values))
+        elif f.merge == "max":
+            out.append(max(values, default=0.0))
+        elif f.merge == "first":
+            out.append(min((v for v in values if v >= 0), default=-1))
+        else:
+            out.append(_fsum(values))
+    return Partial(*out)
 
 
 def _fsum(xs: list[float]) -> float:
@@ -85,50 +89,86 @@ def _fsum(xs: list[float]) -> float:
         return math.fsum(x * 2.0**-64 for x in xs) * 2.0**64
 
 
-def combine(partials: Iterable[Partial | tuple]) -> dict[str, Any]:
-    """Merge partial aggregates of disjoint ranges (in any order) into the final metrics.
-
-    Returns a dict with the keys of :data:`METRIC_KEYS`: ``numel``, ``equal_count``,
-    ``first_mismatch_index`` (int, None when none), ``max_abs_err``, ``max_rel_err``,
-    ``within_1e3_count``, ``within_1e2_count``, ``cosine`` (None for numel 0) and
-    ``nan_mismatch_count``. Sums are added with ``math.fsum``, so the result does not
-    depend on the order of ``partials``.
-    """
-    n = eq = w3 = w2 = nanmis = 0
-    first = -1
-    mabs = mrel = 0.0
-    dots: list[float] = []
-    sas: list[float] = []
-    sbs: list[float] = []
-    for p in partials:
-        p = p if isinstance(p, Partial) else Partial(*p)
-        n += p.n
-        eq += p.equal_count
-        if p.first_mismatch >= 0 and (first < 0 or p.first_mismatch < first):
-            first = p.first_mismatch
-        if p.max_abs_err > mabs:
-            mabs = p.max_abs_err
-        if p.max_rel_err > mrel:
-            mrel = p.max_rel_err
-        w3 += p.within_1e3
-        w2 += p.within_1e2
-        dots.append(p.dot)
-        sas.append(p.sum_sq_a)
-        sbs.append(p.sum_sq_b)
-        nanmis += p.nan_mismatch_count
-    dot, sa, sb = _fsum(dots), _fsum(sas), _fsum(sbs)
-    return {
-        "numel": n,
-        "equal_count": eq,
-        "first_mismatch_index": first if first >= 0 else None,
-        "max_abs_err": mabs,
-        "max_rel_err": mrel,
-        "within_1e3_count": w3,
-        "within_1e2_count": w2,
-        "cosine": _cosine(n, dot, sa, sb),
-        "nan_mismatch_count": nanmis,
-    }
+NORMAL_MIN = sys.float_info.min  # the smallest normal float64: products below it are subnormal or zero
 
 
-# --------------------------------------------------------------------------------------
-# dtypes and chunks
+def _cosine(n: np.ndarray, dot: np.ndarray, sa: np.ndarray, sb: np.ndarray) -> np.ndarray:
+    """dot / (|a| |b|) over the elements where both values are finite, a pair a row: 1.0 when both norms
+    are 0, 0.0 when exactly one is, NaN (no value) for an empty pair and where the float64 sums overflowed.
+    sqrt(s*s) == s exactly, so identical arrays give exactly 1.0; where the product overflows or underflows
+    (gradual underflow included: a subnormal product has lost digits, values of ~1e-80 gave a cosine of
+    0.99998 for identical arrays) the norms are taken apart, keeping s where sa == sb."""
+    with np.errstate(all="ignore"):
+        prod = sa * sb
+        fallback = np.where(sa == sb, sa, np.sqrt(sa) * np.sqrt(sb))
+        denom = np.where((prod >= NORMAL_MIN) & (prod < np.inf), np.sqrt(prod), fallback)
+        raw = dot / denom
+    cos = np.clip(raw, -1.0, 1.0)
+    cos[~(np.isfinite(sa) & np.isfinite(sb) & np.isfinite(dot) & np.isfinite(raw))] = np.nan
+    cos[(sa == 0.0) | (sb == 0.0)] = 0.0
+    cos[(sa == 0.0) & (sb == 0.0)] = 1.0
+    cos[n == 0] = np.nan
+    return cos
+
+
+class Metric(NamedTuple):
+    """A metric of a pair: its column in the results table, its Arrow type, and how its column is made from
+    the merged partials (a float64 matrix, a pair a row, FIELDS' columns): `field`, that field's column as
+    it is, or `of`, a function of the named fields' columns (+ 0.0 first: an exactly rounded sum of one
+    value x is x + 0.0). A metric without a value holds -1 (a flat index) or NaN (a float)."""
+
+    name: str
+    arrow: str
+    field: str | None = None
+    of: Callable[..., np.ndarray] | None = None
+    inputs: tuple[str, ...] = ()
+
+
+_METRICS = (
+    Metric("numel", "int64", "n"),
+    Metric("equal_count", "int64", "equal_count"),
+    Metric("first_mismatch_index", "int64", "first_mismatch"),
+    Metric("max_abs_err", "float64", "max_abs_err"),
+    Metric("max_rel_err", "float64", "max_rel_err"),
+    Metric("within_1e3_count", "int64", "within_1e3"),
+    Metric("within_1e2_count", "int64", "within_1e2"),
+    Metric("cosine", "float64", of=_cosine, inputs=("n", "dot", "sum_sq_a", "sum_sq_b")),
+    Metric("nan_mismatch_count", "int64", "nan_mismatch_count"),
+)
+
+#: the metrics of a pair with their Arrow type names (the columns of the kernel's results table that
+#: key_data.sql and modules.sql read through pair_macros.sql)
+METRICS: dict[str, str] = {m.name: m.arrow for m in _METRICS}
+#: keys of the dict returned by rlprobe.comparison.pair_metrics.pair_metrics and combine()
+METRIC_KEYS = tuple(METRICS)
+
+
+def metric_columns(rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Every metric of many pairs, a column each, from their merged partials (`rows`: a pair a row, FIELDS'
+    columns, float64); -1 (a flat index) and NaN (a float) where a metric has no value."""
+    out = {}
+    for m in _METRICS:
+        if m.field is not None:
+            column = rows[:, _AT[m.field]]
+        else:
+            column = m.of(*(rows[:, _AT[name]] + 0.0 for name in m.inputs))
+        out[m.name] = column.astype(np.int64) if m.arrow == "int64" else column
+    return out
+
+
+def metric_row(columns: dict[str, np.ndarray], i: int) -> dict[str, Any]:
+    """Row `i` of metric_columns' columns as a dict of Python values, None where a metric has no value."""
+    out = {}
+    for name, kind in METRICS.items():
+        value = columns[name][i].item()
+        out[name] = None if (value < 0 if kind == "int64" else value != value) else value
+    return out
+
+
+def combine(partials: Iterable[Any]) -> dict[str, Any]:
+    """Merge partial aggregates of disjoint ranges of one pair (in any order) into its metrics: a dict with
+    the keys of METRIC_KEYS (numel, equal_count, first_mismatch_index: None when none, max_abs_err,
+    max_rel_err, within_1e3_count, within_1e2_count, cosine: None for numel 0, nan_mismatch_count). Sums are
+    added with math.fsum, so the result does not depend on the order of `partials`."""
+    row = np.array([merge(partials)], np.float64)
+    return metric_row(metric_columns(row), 0)

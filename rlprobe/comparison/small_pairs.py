@@ -24,7 +24,7 @@ from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import numpy as np
 
-from rlprobe.comparison.partials import NORMAL_MIN
+from rlprobe.comparison.partials import WIDTH, metric_columns
 
 
 __all__ = ["SMALL_FILE_BYTES", "Batch", "compare_small_pairs", "plan_jobs", "run_batch", "warm_up"]
@@ -89,32 +89,6 @@ def record_arrays(tasks: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     return offsets, lengths
 
 
-def _cosines(n: np.ndarray, dot: np.ndarray, sa: np.ndarray, sb: np.ndarray) -> np.ndarray:
-    """partials._cosine of each pair, vectorized (the same float64 operations, so the same bits);
-    NaN where _cosine gives None."""
-    with np.errstate(all="ignore"):
-        prod = sa * sb
-        fallback = np.where(sa == sb, sa, np.sqrt(sa) * np.sqrt(sb))  # partials._cosine's, row by row
-        denom = np.where((prod >= NORMAL_MIN) & (prod < np.inf), np.sqrt(prod), fallback)
-        raw = dot / denom
-    cos = np.clip(raw, -1.0, 1.0)
-    cos[~(np.isfinite(sa) & np.isfinite(sb) & np.isfinite(dot) & np.isfinite(raw))] = np.nan
-    cos[(sa == 0.0) | (sb == 0.0)] = 0.0
-    cos[(sa == 0.0) & (sb == 0.0)] = 1.0
-    cos[n == 0] = np.nan
-    return cos
-
-
-def metric_columns(ints: np.ndarray, floats: np.ndarray) -> dict[str, np.ndarray]:
-    """combine() of each pair's one partial, a column per metric (combine's exactly rounded sum of
-    one value x is x + 0.0); first_mismatch_index -1 and cosine NaN where there is none."""
-    return {"numel": ints[:, 0], "equal_count": ints[:, 1], "first_mismatch_index": ints[:, 2],
-            "max_abs_err": floats[:, 0], "max_rel_err": floats[:, 1], "within_1e3_count": ints[:, 3],
-            "within_1e2_count": ints[:, 4],
-            "cosine": _cosines(ints[:, 0], floats[:, 2] + 0.0, floats[:, 3] + 0.0, floats[:, 4] + 0.0),
-            "nan_mismatch_count": ints[:, 5]}
-
-
 class Batch(NamedTuple):
     """What compare_small_pairs did with a batch (positions are indices into its task list):
     `rows` and `columns`, the pairs the compiled kernel compared (a column per metric, see
@@ -164,10 +138,9 @@ def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> 
     picked = np.flatnonzero(fast)
     columns: dict[str, np.ndarray] = {}
     if picked.size:
-        ints = np.empty((picked.size, 6), np.int64)
-        floats = np.empty((picked.size, 5), np.float64)
-        bk.compare_batch(buf, info, picked, picked + n, ints, floats)
-        columns = metric_columns(ints, floats)
+        rows = np.empty((picked.size, WIDTH), np.float64)
+        bk.compare_batch(buf, info, picked, picked + n, rows)
+        columns = metric_columns(rows)
     other = []
     slow = np.flatnonzero(ok & ~fast)
     for i in slow.tolist():  # other dtypes: converted by chunk_partial, from the buffer

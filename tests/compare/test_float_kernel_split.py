@@ -19,8 +19,9 @@ LENGTHS = [8, 9, 15, 16, 17, 31, 33, 100, 2047, 2048, 2049, 4095, 4096, 4100, 61
 
 
 def _bits(result: tuple) -> list:
-    """Each field exactly: floats by their hex form (so -0.0, NaN and the last bit count)."""
-    return [v.hex() if isinstance(v, float) else int(v) for v in result]
+    """Each field exactly, by its hex form as a float (so -0.0, NaN and the last bit count; the kernel before
+    returned its counts as int, which are exact in float64)."""
+    return [float(v).hex() for v in result]
 
 
 def _same(a: np.ndarray, b: np.ndarray, start: int = 0, stop: int | None = None) -> None:
