@@ -91,7 +91,7 @@ def record_arrays(tasks: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
 
 class Batch(NamedTuple):
     """What compare_small_pairs did with a batch (positions are indices into its task list):
-    `rows` and `columns`, the pairs the compiled kernel compared (a column per metric, see
+    `rows` and `columns`, the pairs compared in the batch (a column per metric, see
     PairResults.put_rows); `other`, (position, metrics dict) of pairs compared otherwise;
     `nbytes`, the bytes of both files of all those; and the positions left to the per-pair path,
     `large` (a file over the limit: streamed, maybe split; with both files' bytes) and `rest`
@@ -113,7 +113,7 @@ def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> 
     """Compare the pairs (PairTask) whose files have at most ``limit`` bytes (at most the chunk size,
     so that a pair is one chunk and its result is the per-pair path's, bit for bit) in one batch."""
     from rlprobe.comparison.compiled import batch_functions
-    from rlprobe.comparison.pair_metrics import chunk_partial, combine
+    from rlprobe.comparison.pair_metrics import chunk_partial
 
     bk = batch_functions()  # ahead-of-time compiled or numba's JIT kernels: the same bits
     from rlprobe.comparison.pair_columns import PairColumns
@@ -136,17 +136,17 @@ def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> 
     fast = ok & (a[:, 1] == b[:, 1]) & np.isin(a[:, 1], (bk.F4, bk.F8, bk.I8))
     large = ((a[:, 0] == bk.BIG) | (b[:, 0] == bk.BIG)) & (sizes[:n] >= 0) & (sizes[n:] >= 0)
     picked = np.flatnonzero(fast)
-    columns: dict[str, np.ndarray] = {}
-    if picked.size:
-        rows = np.empty((picked.size, WIDTH), np.float64)
-        bk.compare_batch(buf, info, picked, picked + n, rows)
-        columns = metric_columns(rows)
-    other = []
     slow = np.flatnonzero(ok & ~fast)
-    for i in slow.tolist():  # other dtypes: converted by chunk_partial, from the buffer
+    rows = np.empty((picked.size + slow.size, WIDTH), np.float64)
+    if picked.size:
+        bk.compare_batch(buf, info, picked, picked + n, rows)
+    for k, i in enumerate(slow.tolist(), picked.size):  # other dtypes: converted by chunk_partial, from the buffer
         ca = np.frombuffer(buf, _dtype_of(int(a[i, 1])), int(a[i, 2]), int(a[i, 3]))
         cb = np.frombuffer(buf, _dtype_of(int(b[i, 1])), int(b[i, 2]), int(b[i, 3]))
-        other.append((i, combine([chunk_partial(ca, cb, 0)])))
+        rows[k] = chunk_partial(ca, cb, 0)
+    picked = np.concatenate([picked, slow])
+    columns = metric_columns(rows) if picked.size else {}
+    other: list[tuple[int, dict[str, Any]]] = []
     return Batch(picked, columns, other, int(pair_bytes[ok].sum()),
                  [(i, int(pair_bytes[i])) for i in np.flatnonzero(large).tolist()],
                  np.flatnonzero(~ok & ~large).tolist())
