@@ -1,4 +1,4 @@
-"""What the compiled .npy reads (npy_reads.py) expect of a file, without numba: whether they run here, the
+"""What the compiled .npy reads (token_batch_kernel.read_npy) expect of a file, without numba: whether they run here, the
 flags they open files with, where numpy's header names the dtype, the dtypes accepted and the header numpy writes
 for a shape (token_batch.py plans a job's reads with them)."""
 

@@ -1,7 +1,7 @@
 """A pool job of many small pairs (a [batch, seq] log-prob per micro-batch and step) in one compiled
 call: reduce_pair a pair, a PairFigures and table rows a key cost ~0.4 ms of Python and allocation
 around a kernel that takes tens of µs on such a pair, and reading each file from Python as long
-again. Each part's files are read in compiled code (npy_reads.py) into the thread's scratch rows and
+again. Each part's files are read in compiled code (token_batch_kernel.read_npy) into the thread's scratch rows and
 reduced there while their bytes are in the cache; each key's filled histogram bins are taken from the
 blocks the kernel marked. The tables are built a column at a time (token_batch_tables.py); they equal
 those token_tables.py builds key by key (tests/check/test_token_tables.py)."""

@@ -1,4 +1,4 @@
-"""The compiled call of token_batch.py (numba): a pool job of many small pairs read (npy_reads.read_npy) and
+"""The compiled call of token_batch.py (numba): a pool job of many small pairs read (read_npy) and
 reduced (token_kernel.reduce_rows) in one call, each key's filled histogram bins and quantile bins taken from
 the blocks reduce_rows marked. Callers take it through checks/compiled.py (the ahead-of-time copy where built)."""
 
@@ -8,11 +8,39 @@ import math
 
 import numpy as np
 
-from rlprobe.checks import npy_reads
+from rlprobe.checks.npy_layout import DESCR_AT
 from rlprobe.checks.token_figures import BLOCK_BITS
 from rlprobe.checks.token_kernel import reduce_rows
+from rlprobe.lake.libc import CLOSE, OPENAT, PREAD
 
 import numba  # noqa: E402  (after token_kernel has set numba's cache dir)
+
+
+@numba.njit(cache=True, nogil=True)
+def read_npy(directory, flags, paths, at, offset, header, descrs, buffer, nbytes):  # pragma: no cover - compiled
+    """The file whose NUL-terminated path (relative to the open `directory`) starts at paths[at], from byte
+    `offset` on (a record of a packed file, lake/tensor_pack.py; 0: a whole .npy), into
+    buffer[:header.size + nbytes]: openat, one pread of header and data, close, with no Python and no GIL a
+    file (reading 3,072 small files from Python took as long as the kernel on their tokens). True where it
+    holds that many bytes and starts with `header` (the one numpy writes for the shape in the tensor index:
+    npy_layout.npy_header) save for the dtype, which is one of `descrs` ([k, 3] bytes); False (or the file
+    cannot be opened): the caller has numpy read it, which reads it or says why not."""
+    fd = OPENAT(np.int32(directory), paths[at:].ctypes.data, np.int32(flags))
+    if fd < 0:
+        return False
+    want = header.size + nbytes
+    got = PREAD(fd, buffer.ctypes.data, want, offset)
+    CLOSE(fd)
+    if got != want:
+        return False
+    for i in range(header.size):
+        if buffer[i] != header[i] and not DESCR_AT <= i < DESCR_AT + 3:
+            return False
+    for d in range(descrs.shape[0]):
+        if (buffer[DESCR_AT] == descrs[d, 0]) & (buffer[DESCR_AT + 1] == descrs[d, 1]) \
+                & (buffer[DESCR_AT + 2] == descrs[d, 2]):
+            return True
+    return False
 
 
 @numba.njit(cache=True, nogil=True)
@@ -37,9 +65,9 @@ def reduce_batch(folders, flags, paths, parts, headers, header_sizes, pre_a, pre
         else:
             size = header_sizes[parts[p, 8]]
             header = headers[parts[p, 8], :size]
-            if not (npy_reads.read_npy(folders[parts[p, 10]], flags, paths, parts[p, 5], parts[p, 13], header, float32,
+            if not (read_npy(folders[parts[p, 10]], flags, paths, parts[p, 5], parts[p, 13], header, float32,
                                        buf_a, 4 * n)
-                    and npy_reads.read_npy(folders[parts[p, 11]], flags, paths, parts[p, 6], parts[p, 14], header,
+                    and read_npy(folders[parts[p, 11]], flags, paths, parts[p, 6], parts[p, 14], header,
                                            float32, buf_b, 4 * n)):
                 return p, used
             m = buf_m[:n]
@@ -47,7 +75,7 @@ def reduce_batch(folders, flags, paths, parts, headers, header_sizes, pre_a, pre
                 m[:] = 1
             else:
                 mask_size = header_sizes[parts[p, 9]]
-                if not npy_reads.read_npy(folders[parts[p, 12]], flags, paths, parts[p, 7], parts[p, 15],
+                if not read_npy(folders[parts[p, 12]], flags, paths, parts[p, 7], parts[p, 15],
                                           headers[parts[p, 9], :mask_size], mask_bytes, buf_m, n):
                     return p, used
                 m = buf_m[mask_size:mask_size + n]

@@ -16,17 +16,13 @@ import numpy as np
 
 from rlprobe.comparison.batch_codes import ALIGN, BIG, F4, F8, I8, KINDS, OK, SLOW
 from rlprobe.comparison.pair_kernels import compiled_float_kernel, compiled_int_kernel
+from rlprobe.lake.libc import CLOSE, LSEEK, OPEN, PREAD
 from rlprobe.lake.regular_files import READ_FLAGS
 
 import numba  # noqa: E402,I001  (pair_kernels set numba's cache dir before this import)
-from numba import types as _nt  # noqa: E402
 
 __all__ = ["ALIGN", "BIG", "F4", "F8", "I8", "KINDS", "OK", "SLOW", "compare_batch", "read_files"]
 
-_OPEN = _nt.ExternalFunction("open", _nt.int32(_nt.voidptr, _nt.int32))
-_PREAD = _nt.ExternalFunction("pread", _nt.int64(_nt.int32, _nt.voidptr, _nt.uint64, _nt.int64))
-_CLOSE = _nt.ExternalFunction("close", _nt.int32(_nt.int32))
-_LSEEK = _nt.ExternalFunction("lseek", _nt.int64(_nt.int32, _nt.int64, _nt.int32))
 _SEEK_END = os.SEEK_END
 _O_FLAGS = READ_FLAGS  # O_NONBLOCK among them: a FIFO never blocks, it reads short (lake/regular_files.py)
 FD_CACHE = 16  # descriptors read_files keeps open at once (a batch's packed files: a few per rank)
@@ -153,15 +149,15 @@ def read_files(paths, path_starts, offsets, lengths, limit, info, sizes):  # pra
                 fd = cached_fd[k]
                 break
         if fd < 0:
-            fd = _OPEN(paths[path_starts[i]:].ctypes.data, _O_FLAGS)
+            fd = OPEN(paths[path_starts[i]:].ctypes.data, _O_FLAGS)
             if fd < 0:
                 continue
             if cached_start[victim] >= 0:
-                _CLOSE(cached_fd[victim])
+                CLOSE(cached_fd[victim])
             cached_start[victim] = path_starts[i]
             cached_fd[victim] = fd
             victim = (victim + 1) % FD_CACHE
-        size = _LSEEK(fd, 0, _SEEK_END) if lengths[i] < 0 else lengths[i]
+        size = LSEEK(fd, 0, _SEEK_END) if lengths[i] < 0 else lengths[i]
         if size < 0:
             continue
         sizes[i] = size
@@ -175,7 +171,7 @@ def read_files(paths, path_starts, offsets, lengths, limit, info, sizes):  # pra
             buf = grown
         got = np.int64(0)
         while got < size:
-            n = _PREAD(fd, buf[pos + got:].ctypes.data, size - got, at + got)
+            n = PREAD(fd, buf[pos + got:].ctypes.data, size - got, at + got)
             if n <= 0:
                 break
             got += n
@@ -184,7 +180,7 @@ def read_files(paths, path_starts, offsets, lengths, limit, info, sizes):  # pra
         pos += (size + ALIGN - 1) // ALIGN * ALIGN
     for k in range(FD_CACHE):
         if cached_start[k] >= 0:
-            _CLOSE(cached_fd[k])
+            CLOSE(cached_fd[k])
     return buf[:pos + ALIGN]
 
 

@@ -19,23 +19,13 @@ from rlprobe.comparison.batch_codes import BIG, F4, F8, I8, OK, SLOW
 from rlprobe.comparison.batch_kernels import parse_header
 from rlprobe.comparison.pair_kernels import compiled_float_kernel, compiled_int_kernel
 from rlprobe.comparison.partials import FIRST
+from rlprobe.lake.libc import CLOSE, LSEEK, MADVISE, MMAP, MUNMAP, OPEN, PREAD, pointer
 from rlprobe.lake.regular_files import READ_FLAGS
 
 import numba  # noqa: E402,I001  (pair_kernels set numba's cache dir before this import)
-from llvmlite import ir  # noqa: E402
-from numba import types as _nt  # noqa: E402
-from numba.extending import intrinsic  # noqa: E402
 
 __all__ = ["compare_mapped"]
 
-_BYTES = _nt.CPointer(_nt.uint8)
-_OPEN = _nt.ExternalFunction("open", _nt.int32(_nt.voidptr, _nt.int32))
-_PREAD = _nt.ExternalFunction("pread", _nt.int64(_nt.int32, _nt.voidptr, _nt.uint64, _nt.int64))
-_CLOSE = _nt.ExternalFunction("close", _nt.int32(_nt.int32))
-_LSEEK = _nt.ExternalFunction("lseek", _nt.int64(_nt.int32, _nt.int64, _nt.int32))
-_MMAP = _nt.ExternalFunction("mmap", _nt.int64(_nt.voidptr, _nt.uint64, _nt.int32, _nt.int32, _nt.int32, _nt.int64))
-_MUNMAP = _nt.ExternalFunction("munmap", _nt.int32(_BYTES, _nt.uint64))
-_MADVISE = _nt.ExternalFunction("madvise", _nt.int32(_BYTES, _nt.uint64, _nt.int32))
 _SEEK_END = os.SEEK_END
 _O_FLAGS = READ_FLAGS  # O_NONBLOCK among them: a FIFO never blocks, it reads short (lake/regular_files.py)
 _PROT_READ = mmap.PROT_READ
@@ -45,14 +35,6 @@ _PAGE = mmap.PAGESIZE
 _HEAD = 4096  # bytes read for the header (numpy pads a simple array's to 64 or 128)
 
 
-@intrinsic
-def _pointer(typingctx, address):  # pragma: no cover - compiled
-    """An address (int64, as mmap returned it) as a uint8 pointer, for numba.carray."""
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-    return _BYTES(_nt.int64), codegen
-
-
 @numba.njit(nogil=True, cache=True)
 def _open_header(paths, start, at, length, head, out):  # pragma: no cover - runs compiled
     """Open the file whose NUL-terminated path starts at paths[start], parse the header of its .npy (the
@@ -60,18 +42,18 @@ def _open_header(paths, start, at, length, head, out):  # pragma: no cover - run
     (status, dtype code, numel, data offset in the record) as batch_kernels does; returns (fd, size of the
     record), fd -1 where it cannot be opened or sized or the record lies beyond the file (status SLOW)."""
     out[0] = SLOW
-    fd = _OPEN(paths[start:].ctypes.data, _O_FLAGS)
+    fd = OPEN(paths[start:].ctypes.data, _O_FLAGS)
     if fd < 0:
         return -1, 0
-    size = _LSEEK(fd, 0, _SEEK_END)
+    size = LSEEK(fd, 0, _SEEK_END)
     if length >= 0:
         if size < at + length:  # never map past the end (a truncated file: the per-pair path names it)
-            _CLOSE(fd)
+            CLOSE(fd)
             return -1, 0
         size = length
-    got = _PREAD(fd, head.ctypes.data, min(size, head.size), at) if size > 0 else 0
+    got = PREAD(fd, head.ctypes.data, min(size, head.size), at) if size > 0 else 0
     if size < 0 or got < 12:
-        _CLOSE(fd)
+        CLOSE(fd)
         return -1, 0
     # the parser reads the header's own length (bytes 8-9, or 8-11 from version 2): only within what was read
     hlen = np.int64(head[8]) | (np.int64(head[9]) << 8)
@@ -88,7 +70,7 @@ def _drop_pages(view, start, stop):  # pragma: no cover - runs compiled
     """madvise(DONTNEED) the mapped pages of view's bytes [start, stop) (from the page holding `start` on)."""
     lo = view.ctypes.data + start
     lo -= lo % _PAGE
-    _MADVISE(_pointer(lo), view.ctypes.data + stop - lo, _DONTNEED)
+    MADVISE(pointer(lo), view.ctypes.data + stop - lo, _DONTNEED)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -145,21 +127,21 @@ def compare_mapped(paths, path_starts, offsets, lengths, limit, chunk, info, fir
             elif chunks > first_row[p + 1] - first_row[p]:
                 info[p, 0] = SLOW
             else:
-                ma = _MMAP(0, size_a, _PROT_READ, _MAP_SHARED, fa, offsets[p] - skip_a)
-                mb = _MMAP(0, size_b, _PROT_READ, _MAP_SHARED, fb, offsets[n + p] - skip_b)
+                ma = MMAP(0, size_a, _PROT_READ, _MAP_SHARED, fa, offsets[p] - skip_a)
+                mb = MMAP(0, size_b, _PROT_READ, _MAP_SHARED, fb, offsets[n + p] - skip_b)
                 if ma != -1 and mb != -1:
-                    va = numba.carray(_pointer(ma), size_a)[data_a:data_a + numel * item]
-                    vb = numba.carray(_pointer(mb), size_b)[data_b:data_b + numel * item]
+                    va = numba.carray(pointer(ma), size_a)[data_a:data_a + numel * item]
+                    vb = numba.carray(pointer(mb), size_b)[data_b:data_b + numel * item]
                     info[p, 3] = _compare_pair(va, vb, code, numel, chunk, chunks == 1, rows, first_row[p])
                 else:
                     info[p, 0] = SLOW
                 if ma != -1:
-                    _MUNMAP(_pointer(ma), size_a)
+                    MUNMAP(pointer(ma), size_a)
                 if mb != -1:
-                    _MUNMAP(_pointer(mb), size_b)
+                    MUNMAP(pointer(mb), size_b)
         elif info[p, 0] == OK:
             info[p, 0] = SLOW  # another dtype, a mixed pair or a size mismatch: the per-pair path
         if fa >= 0:
-            _CLOSE(fa)
+            CLOSE(fa)
         if fb >= 0:
-            _CLOSE(fb)
+            CLOSE(fb)
