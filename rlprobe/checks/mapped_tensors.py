@@ -16,12 +16,11 @@ import numpy as np
 
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.encoding import restore
-from rlprobe.lake.npy_header import PARSE_ERRORS, plain_header
+from rlprobe.lake.npy_header import MAGIC, PARSE_ERRORS, plain_header, read_header
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.regular_files import expected_tensor_file, open_fd
 from rlprobe.lake.tensor_pack import record_of
 
-_FORMAT = np.lib.format
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux; elsewhere a plain map
 _HEAD = 256  # bytes read first: numpy pads the header of a simple array to 128
 READ_BELOW = 1 << 18  # a smaller file is read whole: one pread costs less than setting up a map
@@ -41,14 +40,12 @@ def map_tensor(dump: Dump, row: dict, rows: slice | None = None) -> np.ndarray:
             length = file_length - start if record.length is None else record.length
             head = os.pread(fd, length if length <= READ_BELOW else _HEAD, start)
             header = plain_header(head)
-            if start + length > file_length or not head.startswith(b"\x93NUMPY"):
+            if start + length > file_length or not head.startswith(MAGIC):
                 shape, fortran_order, stored, offset = (), True, None, 0  # load_record names the problem
             elif header is None:
                 with open(fd, "rb", closefd=False) as f:
                     f.seek(start)
-                    version = _FORMAT.read_magic(f)
-                    read = _FORMAT.read_array_header_1_0 if version == (1, 0) else _FORMAT.read_array_header_2_0
-                    shape, fortran_order, stored = read(f)
+                    shape, fortran_order, stored = read_header(f)
                     offset = f.tell() - start
             else:
                 (shape, stored, offset), fortran_order = header, False

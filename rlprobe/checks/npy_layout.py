@@ -1,10 +1,9 @@
 """What the compiled .npy reads (token_batch_kernel.read_npy) expect of a file, without numba: whether they run here, the
-flags they open files with, where numpy's header names the dtype, the dtypes accepted and the header numpy writes
-for a shape (token_batch.py plans a job's reads with them)."""
+flags they open files with, where numpy's header names the dtype, the dtypes accepted and the dtype whose header
+they expect (token_batch.py plans a job's reads with them)."""
 
 from __future__ import annotations
 
-import io
 import os
 import sys
 
@@ -16,11 +15,5 @@ READS = os.name == "posix" and sys.byteorder == "little"
 OPEN_FLAGS = READ_FLAGS  # O_NONBLOCK among them: a FIFO is never waited on (lake/regular_files.py)
 DESCR_AT = 21  # the dtype's 3 characters in numpy's header: b"\x93NUMPY\x01\x00" b"xx" b"{'descr': '" here
 FLOAT32 = np.frombuffer(b"<f4", np.uint8).reshape(1, 3)
+STORED = np.dtype("<f4")  # the dtype they read: its header is lake/npy_header.header_bytes(STORED, shape)
 MASK_BYTES = np.frombuffer(b"|b1|u1|i1", np.uint8).reshape(3, 3)  # a byte a token: nonzero is counted
-
-
-def npy_header(shape: tuple[int, ...]) -> bytes:
-    """The header numpy (and rlprobe's writer) puts before a C-order float32 array of `shape`."""
-    out = io.BytesIO()
-    np.lib.format.write_array_header_1_0(out, {"descr": "<f4", "fortran_order": False, "shape": tuple(shape)})
-    return out.getvalue()

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rlprobe.checks import npy_layout
+from rlprobe.lake.npy_header import header_bytes
 from rlprobe.checks.pair_part import Part, float_dtype
 from rlprobe.lake.layout import PACK_SUFFIX
 
@@ -175,7 +176,7 @@ def _layout(shapes: list, shape_id: np.ndarray) -> tuple[np.ndarray, ...]:
     dims = [tuple(s or ()) for s in shapes]
     rows = np.array([1 if len(d) < 2 else d[0] for d in dims], np.int64)
     width = np.array([1 if not d else d[0] if len(d) == 1 else int(np.prod(d[1:])) for d in dims], np.int64)
-    texts = [npy_layout.npy_header(d) for d in dims]
+    texts = [header_bytes(npy_layout.STORED, d) for d in dims]
     sizes = np.array([len(t) for t in texts], np.int64)
     table = np.zeros((len(texts), int(sizes.max())), np.uint8)
     for i, t in enumerate(texts):

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from rlprobe.checks import npy_layout
+from rlprobe.lake.npy_header import header_bytes
 from rlprobe.checks import token_rows as tt
 from rlprobe.checks.compiled import batch_kernel
 from rlprobe.checks.pair_index import PairIndex
@@ -133,7 +134,7 @@ def _plan(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> _Plan | None:
             picks.append(p.a_rows if isinstance(p.a_rows, np.ndarray) else None)
             micro_steps.append(p.a["micro_step"])
             first += rows
-    texts = [npy_layout.npy_header(shape) for shape in headers]
+    texts = [header_bytes(npy_layout.STORED, shape) for shape in headers]
     sizes = np.array([len(t) for t in texts], np.int64)
     table = np.zeros((len(texts), int(sizes.max()) if texts else 0), np.uint8)
     for i, t in enumerate(texts):

@@ -23,7 +23,7 @@ def read_npy(directory, flags, paths, at, offset, header, descrs, buffer, nbytes
     buffer[:header.size + nbytes]: openat, one pread of header and data, close, with no Python and no GIL a
     file (reading 3,072 small files from Python took as long as the kernel on their tokens). True where it
     holds that many bytes and starts with `header` (the one numpy writes for the shape in the tensor index:
-    npy_layout.npy_header) save for the dtype, which is one of `descrs` ([k, 3] bytes); False (or the file
+    lake/npy_header.header_bytes) save for the dtype, which is one of `descrs` ([k, 3] bytes); False (or the file
     cannot be opened): the caller has numpy read it, which reads it or says why not."""
     fd = OPENAT(np.int32(directory), paths[at:].ctypes.data, np.int32(flags))
     if fd < 0:

@@ -87,18 +87,14 @@ def _count(shape: tuple[int, ...]) -> int:
 
 def _few_elements(entry: os.DirEntry) -> bool:
     """Whether the .npy file holds fewer than SEQUENTIAL_BELOW elements (its header read)."""
-    import numpy as np
-
-    from rlprobe.lake.npy_header import PARSE_ERRORS
+    from rlprobe.lake.npy_header import PARSE_ERRORS, read_header
     from rlprobe.lake.regular_files import NPY, open_binary
 
     if entry.stat().st_size > _SMALL_NPY_BYTES:
         return False
     try:
         with open_binary(entry.path, NPY) as f:  # a FIFO is not waited on: the comparison names it
-            version = np.lib.format.read_magic(f)
-            shape = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
-                     else np.lib.format.read_array_header_2_0(f))[0]
+            shape = read_header(f)[0]
     except (OSError, ValueError, EOFError, *PARSE_ERRORS):
         return False
     n = 1

@@ -16,12 +16,10 @@ import threading
 import numpy as np
 
 from rlprobe.comparison.flat_sources import MappedPages, flat_slice
-from rlprobe.lake.npy_header import PARSE_ERRORS, plain_header
+from rlprobe.lake.npy_header import MAGIC, PARSE_ERRORS, plain_header, read_header
 from rlprobe.lake.regular_files import NPY, READ_FLAGS, NotRegularFileError, check_regular, expected_tensor_file, \
     open_binary, open_fd
 from rlprobe.lake.tensor_pack import Record, TensorRecordError, load_record
-
-_NPY_MAGIC = b"\x93NUMPY"
 
 
 class PairError(Exception):
@@ -31,7 +29,7 @@ class PairError(Exception):
 def _describe_bad_npy(path: str, exc: BaseException) -> str:
     try:
         with open_binary(path, NPY) as f:
-            head = f.read(len(_NPY_MAGIC))
+            head = f.read(len(MAGIC))
             size = f.seek(0, os.SEEK_END)
     except NotRegularFileError as e:
         return f"cannot read {e}"
@@ -39,7 +37,7 @@ def _describe_bad_npy(path: str, exc: BaseException) -> str:
         return f"cannot read {path}: {exc}"
     if size == 0:
         return f"cannot read {path}: empty file (0 bytes), not a .npy file"
-    if head != _NPY_MAGIC:
+    if head != MAGIC:
         return f"cannot read {path}: not a .npy file (bad magic bytes)"
     try:
         shape, _, dtype, header_len = _read_header(path)
@@ -56,11 +54,7 @@ def _describe_bad_npy(path: str, exc: BaseException) -> str:
 
 def _read_header(path: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
     with open_binary(path, NPY) as f:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        shape, fortran, dtype = read_header(f)
         return shape, fortran, dtype, f.tell()
 
 

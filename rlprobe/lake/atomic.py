@@ -9,7 +9,6 @@ go into one file (`TensorPack`), each a .npy record at an offset (lake/tensor_pa
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import os
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 import numpy as np
+
+from rlprobe.lake.npy_header import header_bytes
 
 TMP_MARK = ".tmp-"
 
@@ -129,7 +130,7 @@ def atomic_save_npy(path: Path | str, array: np.ndarray) -> int:
     """np.save's bytes (format 1.0 header), written atomically with one open, one writev and one
     rename; returns the bytes written."""
     array = np.asarray(array, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
-    header = npy_header(array)
+    header = header_bytes(array.dtype, array.shape)
     if header is None:  # a header too long for format 1.0, say: numpy picks the format
         return atomic_write(Path(path), lambda f: np.lib.format.write_array(f, array, allow_pickle=False))
     target = os.fspath(path)
@@ -184,7 +185,7 @@ class AtomicFolder:
                 os.mkdir(self._tmp)
             self._made = True
         target = f"{self._tmp}{os.sep}{name}"  # not os.path.join: ~1.5 us a file, a name is never absolute
-        header = npy_header(array)
+        header = header_bytes(array.dtype, array.shape)
         try:
             if header is None:
                 with open(target, "xb") as f:
@@ -218,29 +219,6 @@ class AtomicFolder:
         if self._made:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._made = False
-
-
-_headers: dict[tuple[np.dtype, tuple[int, ...]], bytes | None] = {}
-
-
-def npy_header(array: np.ndarray) -> bytes | None:
-    """The .npy header np.save writes for a C-ordered `array`, once per (dtype, shape)."""
-    key = (array.dtype, array.shape)
-    header = _headers.get(key, b"")
-    if header == b"":
-        if array.dtype.hasobject:
-            header = None
-        else:
-            out = io.BytesIO()
-            try:
-                np.lib.format.write_array_header_1_0(out, np.lib.format.header_data_from_array_1_0(array))
-                header = out.getvalue()
-            except ValueError:
-                header = None
-        if len(_headers) >= 4096:
-            _headers.clear()
-        _headers[key] = header
-    return header
 
 
 def write_all(fd: int, header: bytes, data: np.ndarray) -> None:

@@ -1,17 +1,25 @@
-"""The header of a .npy file as numpy writes it for a C-order array of a plain dtype, read with one
-regular expression: numpy's own reader evaluates the header as Python source, which costs more than
-the rest of opening a small file. Readers that open many tensor files (rlprobe compare's pairs,
-rlprobe check's token phase) try this first and leave anything else to numpy, which reads it or
-names what is wrong."""
+"""The header of a .npy file, read and written here only (the compiled readers of many small files,
+comparison/batch_kernels.parse_header and checks/token_batch_kernel.read_npy, take what this module says of it:
+numpy's plain layout, header_bytes).
+
+plain_header reads the header numpy writes for a C-order array of a plain dtype with one regular expression:
+numpy's own reader evaluates the header as Python source, which costs more than the rest of opening a small
+file. Readers that open many tensor files (rlprobe compare's pairs, rlprobe check's token phase) try it first
+and leave anything else to read_header (numpy's reader), which reads it or names what is wrong.
+header_bytes is the header np.save writes, for the writers of tensor files and the compiled check's reads."""
 
 from __future__ import annotations
 
+import io
 import re
 import tokenize
+from typing import BinaryIO
 
 import numpy as np
 
-__all__ = ["PARSE_ERRORS", "plain_header"]
+__all__ = ["MAGIC", "PARSE_ERRORS", "header_bytes", "plain_header", "read_header"]
+
+MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file
 
 #: what numpy's reading of a corrupt .npy header raises besides ValueError and EOFError: its parser's own
 #: errors, ast's SyntaxError and tokenize's TokenError (a header such as "{'descr': ('<f4', " on any Python,
@@ -40,3 +48,37 @@ def plain_header(head: bytes) -> tuple[tuple[int, ...], np.dtype, int] | None:
     if dtype.hasobject or dtype.names is not None:
         return None
     return tuple(int(n) for n in found[4].split(b",") if n.strip()), dtype, found.end()
+
+
+def read_header(f: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, Fortran order, stored dtype) of the .npy header at `f`'s position, by numpy's reader (any
+    version numpy reads), `f` left at the data; ValueError, EOFError or one of PARSE_ERRORS for what is not one."""
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(f)
+    return np.lib.format.read_array_header_2_0(f)
+
+
+_headers: dict[tuple[np.dtype, tuple[int, ...]], bytes | None] = {}
+
+
+def header_bytes(dtype: np.dtype, shape: tuple[int, ...]) -> bytes | None:
+    """The header np.save writes before a C-order array of `dtype` and `shape` (None for an object dtype or
+    one numpy's version 1.0 header cannot hold), made once per (dtype, shape)."""
+    key = (dtype, tuple(shape))
+    header = _headers.get(key, b"")
+    if header == b"":
+        if dtype.hasobject:
+            header = None
+        else:
+            out = io.BytesIO()
+            try:
+                np.lib.format.write_array_header_1_0(out, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                           "fortran_order": False, "shape": key[1]})
+                header = out.getvalue()
+            except ValueError:
+                header = None
+        if len(_headers) >= 4096:
+            _headers.clear()
+        _headers[key] = header
+    return header

@@ -21,9 +21,9 @@ from typing import BinaryIO, NamedTuple
 
 import numpy as np
 
-from rlprobe.lake.atomic import npy_header, open_new_fd, tmp_name, write_all
+from rlprobe.lake.atomic import open_new_fd, tmp_name, write_all
 from rlprobe.lake.layout import PACK_SUFFIX
-from rlprobe.lake.npy_header import PARSE_ERRORS, plain_header
+from rlprobe.lake.npy_header import PARSE_ERRORS, header_bytes, plain_header, read_header
 from rlprobe.lake.regular_files import check_regular, expected_tensor_file, load_npy, open_binary
 
 __all__ = ["PACK_SUFFIX", "RECORD_ALIGN", "Record", "TensorPack", "TensorRecordError", "describe_row", "load_record",
@@ -65,7 +65,7 @@ class TensorPack:
         if self._failed is not None:  # the records before it went with the file: none can be written after it
             raise OSError(f"{self.path}: an earlier record could not be written ({self._failed})")
         array = np.asarray(array, order="C")
-        header = npy_header(array)
+        header = header_bytes(array.dtype, array.shape)
         if header is None:  # an object dtype or a header too long for format 1.0: numpy's own bytes
             out = io.BytesIO()
             np.lib.format.write_array(out, array, allow_pickle=False)
@@ -215,9 +215,7 @@ def _layout_in(f: BinaryIO, path: str, record: Record, what: str, size: int | No
     else:
         f.seek(record.offset)
         try:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, fortran, dtype = read(f)
+            shape, fortran, dtype = read_header(f)
         except (ValueError, EOFError, *PARSE_ERRORS) as e:
             raise TensorRecordError(f"{where}: not a .npy record ({e})") from None
         data = f.tell() - record.offset
