@@ -17,7 +17,7 @@ from typing import Any
 #: file changed; the cache folder is named after the contents of all of them instead (and of
 #: lake/regular_files.py, whose READ_FLAGS the compiled readers open files with, and of comparison/partials.py,
 #: whose layout of the partials the batch kernels write)
-KERNEL_MODULES = ("comparison/pair_kernels.py", "comparison/batch_kernels.py", "comparison/batch_codes.py",
+KERNEL_MODULES = ("comparison/pair_kernels.py", "comparison/batch_kernels.py",
                   "comparison/mapped_kernels.py", "comparison/partials.py", "lake/regular_files.py",
                   "checks/token_kernel.py", "checks/token_figures.py", "checks/token_batch_kernel.py",
                   "checks/npy_layout.py", "lake/libc.py",

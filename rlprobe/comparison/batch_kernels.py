@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from rlprobe.comparison.batch_codes import ALIGN, BIG, F4, F8, I8, KINDS, OK, SLOW
+from rlprobe.comparison.partials import ALIGN, BIG, F4, F8, I8, KINDS, OK, SLOW
 from rlprobe.comparison.pair_kernels import compiled_float_kernel, compiled_int_kernel
 from rlprobe.lake.libc import CLOSE, LSEEK, OPEN, PREAD
 from rlprobe.lake.regular_files import READ_FLAGS

@@ -10,9 +10,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rlprobe.comparison import batch_codes
-
 __all__ = ["batch_functions", "mapped_function", "pair_kernel"]
+
 
 _PAIR_EXPORTS = {np.dtype(np.float32): "pair_f4", np.dtype(np.float64): "pair_f8", np.dtype(np.int64): "pair_i8"}
 
@@ -31,7 +30,7 @@ def pair_kernel(dtype: np.dtype) -> Callable[..., tuple]:
 
 
 def batch_functions() -> Any:
-    """batch_kernels' read_files and compare_batch with the codes of their results (batch_codes):
+    """batch_kernels' read_files and compare_batch with the codes of their results (partials.CODES):
     the ahead-of-time copies where built, else the batch_kernels module (numba's JIT kernels)."""
     from rlprobe.numba_cache import compiled_module
 
@@ -44,7 +43,7 @@ def batch_functions() -> Any:
 
 
 def mapped_function() -> Any:
-    """mapped_kernels' compare_mapped with the codes of its results (batch_codes): the ahead-of-time copy where
+    """mapped_kernels' compare_mapped with the codes of its results (partials.CODES): the ahead-of-time copy where
     built, else the mapped_kernels module (numba's JIT kernel)."""
     from rlprobe.numba_cache import compiled_module
 
@@ -57,4 +56,6 @@ def mapped_function() -> Any:
 
 
 def _codes() -> dict[str, Any]:
-    return {name: getattr(batch_codes, name) for name in batch_codes.__all__}
+    from rlprobe.comparison import partials
+
+    return {name: getattr(partials, name) for name in partials.CODES}

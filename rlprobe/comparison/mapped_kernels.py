@@ -15,10 +15,9 @@ import os
 
 import numpy as np
 
-from rlprobe.comparison.batch_codes import BIG, F4, F8, I8, OK, SLOW
 from rlprobe.comparison.batch_kernels import parse_header
 from rlprobe.comparison.pair_kernels import compiled_float_kernel, compiled_int_kernel
-from rlprobe.comparison.partials import FIRST
+from rlprobe.comparison.partials import BIG, F4, F8, FIRST, I8, OK, SLOW
 from rlprobe.lake.libc import CLOSE, LSEEK, MADVISE, MMAP, MUNMAP, OPEN, PREAD, pointer
 from rlprobe.lake.regular_files import READ_FLAGS
 

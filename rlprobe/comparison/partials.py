@@ -7,7 +7,7 @@ A kernel (pair_kernels, numpy_kernels) returns its partials as a tuple of float6
 count is exact in float64: a range holds at most a chunk of elements), the batch kernels store that
 tuple as a row of a float64 matrix, and everything downstream reads them by name from here. A new
 metric is the kernel's loop, one Field (or one Metric over fields there are), and its header
-(report/headers.py)."""
+(report/headers.py). Last, the codes of the compiled readers' per-file results (CODES)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 
-__all__ = ["FIELDS", "FIRST", "METRICS", "METRIC_KEYS", "NORMAL_MIN", "WIDTH", "Partial", "combine", "merge",
+__all__ = ["CODES", "FIELDS", "FIRST", "METRICS", "METRIC_KEYS", "NORMAL_MIN", "WIDTH", "Partial", "combine", "merge",
            "metric_columns", "metric_row", "partial_from"]
 
 
@@ -172,3 +172,13 @@ def combine(partials: Iterable[Any]) -> dict[str, Any]:
     added with math.fsum, so the result does not depend on the order of `partials`."""
     row = np.array([merge(partials)], np.float64)
     return metric_row(metric_columns(row), 0)
+
+
+#: the compiled readers' per-file results (batch_kernels.read_files: a row of 4 int64, status, dtype code, numel,
+#: data offset in the buffer; mapped_kernels.compare_mapped: status, dtype code, numel, chunks), whether they are
+#: numba's JIT kernels or their ahead-of-time copies (comparison/compiled.py)
+OK, SLOW, BIG = 0, 1, 2
+KINDS = "biuf"  # dtype code = index of the kind here * 16 + itemsize
+F4, F8, I8 = 3 * 16 + 4, 3 * 16 + 8, 1 * 16 + 8
+ALIGN = 64  # files start at multiples of this in the buffer
+CODES = ("ALIGN", "BIG", "F4", "F8", "I8", "KINDS", "OK", "SLOW")

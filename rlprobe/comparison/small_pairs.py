@@ -35,6 +35,7 @@ BATCH_MIN = 16  # fewer small pairs than this go one by one (no batch functions 
 BATCH_PAIRS = 256  # pairs per batch job
 
 
+
 def plan_jobs(tasks: list[Any], workers: int = 1) -> list[tuple[int, Any]]:
     """Jobs in task order, each with the position of its first task: lists of up to BATCH_PAIRS pairs
     for compare_small_pairs, at least one a worker (a batch is where its large files are found: the
@@ -47,7 +48,7 @@ def plan_jobs(tasks: list[Any], workers: int = 1) -> list[tuple[int, Any]]:
 
 
 def _dtype_of(code: int) -> np.dtype:
-    from rlprobe.comparison.batch_codes import KINDS
+    from rlprobe.comparison.partials import KINDS
 
     kind, item = KINDS[code // 16], code % 16
     return np.dtype(f"{'|' if item == 1 else '<'}{kind}{item}")
