@@ -133,7 +133,8 @@ def test_a_second_process_reads_the_table_this_one_reads(tmp_path: Path):
     """msprobe_scan.ChildRead (what a comparison reads its msprobe dumps with while its modules load): the same
     rows, NaN and infinities, the same entries named as not read."""
     run = _odd_dump(tmp_path / "run")
-    reading = msprobe_scan.start_reading(run)
+    assert msprobe_scan.start_reading(run) is None  # a few tensors: read here, where they are asked for
+    reading = msprobe_scan.start_reading(run, least=1)
     assert reading is not None
     read = reading.result()
     assert read is not None and read[1] == msprobe_scan.list_tensors(os.fspath(run)).unread != ()
@@ -142,14 +143,24 @@ def test_a_second_process_reads_the_table_this_one_reads(tmp_path: Path):
     with pytest.warns(UserWarning, match="not-a-step"):
         here = key_data_table(run)
     assert repr(there.to_pylist()) == repr(here.to_pylist())
-    assert msprobe_scan.start_reading(tmp_path / "nothing-here") is None
+    assert msprobe_scan.start_reading(tmp_path / "nothing-here", least=1) is None
+
+
+def test_a_dump_of_many_entries_is_read_in_a_second_process(tmp_path: Path):
+    run = tmp_path / "run"
+    for step in range(msprobe_scan.CHILD_MIN_ENTRIES // 4):
+        _item(run, "kl", step, 0, "kl", np.zeros(2, np.float32), json.dumps({"data": {"max": 0.0, "shape": [2]}}))
+    reading = msprobe_scan.start_reading(run)
+    assert reading is not None
+    values, _ = reading.result()
+    assert len(values["key"]) == msprobe_scan.CHILD_MIN_ENTRIES // 4
 
 
 def test_a_bad_statistics_file_read_in_a_second_process_is_named_by_this_one(tmp_path: Path):
     run = _odd_dump(tmp_path / "run", unread=False)
     bad = _item(run, "log_prob", 3, 0, "log_prob", np.zeros(2, np.float32), "{not json")
     dump = rlprobe_open(run)
-    dump.reading_ahead.start()
+    dump.reading_ahead.start(msprobe_scan.start_reading(run, least=1))  # a small dump: as a large one would be
     with pytest.raises(DumpReadError) as info:
         dump.arrow("key_data")
     assert str(bad) in str(info.value) and "not valid JSON" in str(info.value)
