@@ -181,50 +181,30 @@ def read_statistics(listing: TensorListing) -> dict[str, list[Any]]:
     return cols
 
 
-def _open(path: str) -> int:
-    """A descriptor of the statistics file (StatsFileError where it is not a regular file)."""
+def _read_head(path: str, whole: bool = False) -> bytes:
+    """Up to _READ_SIZE bytes of the statistics file (a few hundred: all of it), or `whole` of it, read with
+    os.open/os.read (a text file object costs more than reading one, issue 18); StatsFileError where it is
+    not a regular file."""
     try:
-        return open_fd(path, MSPROBE_STATS)[0]
+        fd = open_fd(path, MSPROBE_STATS)[0]
     except NotRegularFileError as e:
         raise StatsFileError(str(e)) from None
-
-
-def _read_head(path: str) -> bytes:
-    """Up to _READ_SIZE bytes of the file (a statistics file is a few hundred: all of it)."""
-    fd = _open(path)
     try:
-        return os.read(fd, _READ_SIZE)
+        parts = [os.read(fd, _READ_SIZE)]
+        while whole and len(parts[-1]) and (len(parts) > 1 or len(parts[0]) == _READ_SIZE):
+            parts.append(os.read(fd, _READ_SIZE))  # a regular file reads short only at its end
     finally:
         os.close(fd)
+    return b"".join(parts)
 
 
 def _read_meta(meta_file: str) -> dict[str, Any]:
-    text = _read_text(meta_file)
     try:
-        meta = _decode(text)
-    except ValueError as e:
+        meta = _decode(_read_head(meta_file, whole=True).decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError among them
         raise StatsFileError(f"{meta_file}: not valid JSON ({e}); expected msprobe's statistics file") from None
     data = meta.get("data", {}) if isinstance(meta, dict) else {}
     return data if isinstance(data, dict) else {}
-
-
-def _read_text(path: str) -> str:
-    """The file's UTF-8 text, read with os.open/os.read: a dump holds one statistics file per tensor,
-    and a text file object costs more than reading them (issue 18)."""
-    fd = _open(path)
-    try:
-        data = os.read(fd, _READ_SIZE)
-        if len(data) == _READ_SIZE:  # a regular file reads short only at its end: the rest, if any
-            parts = [data]
-            while part := os.read(fd, _READ_SIZE):
-                parts.append(part)
-            data = b"".join(parts)
-    finally:
-        os.close(fd)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise StatsFileError(f"{path}: not valid JSON ({e}); expected msprobe's statistics file") from None
 
 
 def _index_of(key: str, stem: str) -> str:
@@ -289,36 +269,33 @@ class ChildRead:
         self._process.communicate()
 
 
-#: entries under data/ (folders and files) from which a dump is read in a second interpreter: its start
-#: (~80 ms of CPU) costs more than reading a few dozen tensors' statistics here, and a one-step comparison's
-#: two children took CPU from its imports on a two-core machine (its start-up ~0.07 s slower)
-CHILD_MIN_ENTRIES = 512
+#: tensors (estimated: start_reading) from which a dump is read in a second interpreter. Its start (~80 ms of
+#: CPU) costs more than reading a few hundred tensors' statistics here (~40 µs a tensor: 10 ms for 256), and a
+#: one-step or large-tensor comparison's child took CPU from its imports on a two-core machine
+CHILD_MIN_TENSORS = 1024
 
 
-def start_reading(root: Any, least: int = CHILD_MIN_ENTRIES) -> ChildRead | None:
+def start_reading(root: Any, least: int = CHILD_MIN_TENSORS) -> ChildRead | None:
     """A ChildRead of the dump at `root` where it looks like an msprobe SingleSave dump (a data/ folder, no
-    rlprobe.json) of at least `least` entries under data/; None for another, a smaller one (read where it is
-    asked for), or where the process cannot start."""
+    rlprobe.json) of about `least` tensors or more; None for another, a smaller one (read where it is asked
+    for), or where the process cannot start. The tensors are estimated from four folders, not counted: its
+    keys x the first key's steps x that step's ranks x that rank's entries (micro-step folders, or files)."""
     try:
         root = os.fspath(root)
-        data = os.path.join(root, "data")
-        if not os.path.isdir(data) or os.path.exists(os.path.join(root, "rlprobe.json")):
+        folder = os.path.join(root, "data")
+        if not os.path.isdir(folder) or os.path.exists(os.path.join(root, "rlprobe.json")):
             return None
-        return ChildRead(root) if _holds_at_least(data, least) else None
+        estimate = 1
+        for _ in range(4):
+            with os.scandir(folder) as entries:
+                names = [(not e.is_dir(), e.name) for e in entries if not e.name.startswith(".")]
+            estimate *= max(len(names), 1)
+            if not names or min(names)[0]:  # no folder below: the count is the estimate
+                break
+            folder = os.path.join(folder, min(names)[1])
+        return ChildRead(root) if estimate >= least else None
     except (TypeError, OSError):
         return None
-
-
-def _holds_at_least(folder: str, least: int) -> bool:
-    """Whether `folder` and its subfolders hold at least `least` entries (looking at no more than that)."""
-    folders, seen = [folder], 0
-    while folders and seen < least:
-        with os.scandir(folders.pop()) as entries:
-            for entry in entries:
-                seen += 1
-                if entry.is_dir(follow_symlinks=False):
-                    folders.append(entry.path)
-    return seen >= least
 
 
 class ReadAhead:

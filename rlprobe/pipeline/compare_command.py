@@ -62,7 +62,7 @@ def compare(
     from rlprobe.lake.msprobe_scan import ReadingsAhead
 
     # msprobe dumps' statistics are read in second processes while the modules below load
-    with ReadingsAhead((a, b)) as readings:
+    with ReadingsAhead((b,)) as readings:
         from rlprobe.comparison.kernel_use import may_run_compiled_kernels
         from rlprobe.comparison.run import compare_dumps, start_warm_up
         from rlprobe.lake.reader import open_dump
@@ -73,8 +73,7 @@ def compare(
         out = Path(out)
         prepare_output(out, "output directory")  # before the work: a folder of other files is refused at once
         dump_a, dump_b = open_dump(a), open_dump(b)
-        dump_a.reading_ahead.start(readings.take(0))
-        dump_b.reading_ahead.start(readings.take(1))
+        dump_b.reading_ahead.start(readings.take(0))
     if dump_a.may_hold_tensors and dump_b.may_hold_tensors and may_run_compiled_kernels(dump_a):
         # load numba while the runs' statistics are read and matched (not at all for statistics-only or
         # gradient-only dumps, nor a few small tensors, which numpy compares)

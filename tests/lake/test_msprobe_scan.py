@@ -130,8 +130,8 @@ def test_run_a_failing_first_is_the_error_with_two_workers(tmp_path: Path):
 
 
 def test_a_second_process_reads_the_table_this_one_reads(tmp_path: Path):
-    """msprobe_scan.ChildRead (what a comparison reads its msprobe dumps with while its modules load): the same
-    rows, NaN and infinities, the same entries named as not read."""
+    """msprobe_scan.ChildRead (what a comparison reads run B with while its modules load): the same rows, NaN and
+    infinities, the same entries named as not read."""
     run = _odd_dump(tmp_path / "run")
     assert msprobe_scan.start_reading(run) is None  # a few tensors: read here, where they are asked for
     reading = msprobe_scan.start_reading(run, least=1)
@@ -146,14 +146,25 @@ def test_a_second_process_reads_the_table_this_one_reads(tmp_path: Path):
     assert msprobe_scan.start_reading(tmp_path / "nothing-here", least=1) is None
 
 
-def test_a_dump_of_many_entries_is_read_in_a_second_process(tmp_path: Path):
-    run = tmp_path / "run"
-    for step in range(msprobe_scan.CHILD_MIN_ENTRIES // 4):
-        _item(run, "kl", step, 0, "kl", np.zeros(2, np.float32), json.dumps({"data": {"max": 0.0, "shape": [2]}}))
-    reading = msprobe_scan.start_reading(run)
-    assert reading is not None
-    values, _ = reading.result()
-    assert len(values["key"]) == msprobe_scan.CHILD_MIN_ENTRIES // 4
+@pytest.mark.parametrize("ranks, micro_steps", [(1, 1), (2, 4)])
+def test_a_dump_of_many_tensors_is_read_in_a_second_process(tmp_path: Path, ranks: int, micro_steps: int):
+    """The tensors start_reading estimates (keys x steps x ranks x micro-steps) decide: from CHILD_MIN_TENSORS on,
+    a second process; below, none."""
+    run, steps = tmp_path / "run", msprobe_scan.CHILD_MIN_TENSORS // (2 * ranks * micro_steps)
+    (run / "data" / ".hidden").mkdir(parents=True)  # not counted, nor a stray file looked into
+    (run / "data" / "README").write_text("not a key")
+    for key in ("kl", "loss"):
+        for step in range(steps):
+            for rank in range(ranks):
+                for micro in range(micro_steps):
+                    d = run / "data" / key / f"step{step}" / f"rank{rank}" / f"micro_step{micro}"
+                    d.mkdir(parents=True)
+                    np.save(d / f"{key}.npy", np.zeros(2, np.float32))
+    reading = msprobe_scan.start_reading(run, least=msprobe_scan.CHILD_MIN_TENSORS + 1)
+    assert reading is not None  # 3 entries under data/ (the README counted) x steps x ranks x micro-steps
+    values, unread = reading.result()
+    assert len(values["key"]) == 2 * steps * ranks * micro_steps and unread == ("data/README",)
+    assert msprobe_scan.start_reading(run, least=3 * steps * ranks * micro_steps + 1) is None
 
 
 def test_a_bad_statistics_file_read_in_a_second_process_is_named_by_this_one(tmp_path: Path):
@@ -164,3 +175,13 @@ def test_a_bad_statistics_file_read_in_a_second_process_is_named_by_this_one(tmp
     with pytest.raises(DumpReadError) as info:
         dump.arrow("key_data")
     assert str(bad) in str(info.value) and "not valid JSON" in str(info.value)
+
+
+@pytest.mark.parametrize("pad", [(1 << 16) - 40, 1 << 16, 3 << 16])
+def test_a_statistics_file_longer_than_one_read_is_read_whole(tmp_path: Path, pad: int):
+    """A statistics file is read in 64 KiB reads: one of any length (a pad of spaces: one read's length, more)
+    gives its statistics, here and in a second process."""
+    run = tmp_path / "run"
+    _item(run, "kl", 1, 0, "kl", np.zeros(2, np.float32), '{"data": {"max": 2.5,' + " " * pad + '"shape": [2]}}')
+    for values in (msprobe_scan.scan_key_data(os.fspath(run)), msprobe_scan.start_reading(run, least=1).result()[0]):
+        assert values["max"] == [2.5] and values["shape"] == [[2]]
