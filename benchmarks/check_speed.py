@@ -164,7 +164,7 @@ def token_phase(path: Path, warm: Path | str, repeat: int | str) -> dict[str, li
 
     from rlprobe.checks import inputs
     from rlprobe.checks.run import check_dump
-    from rlprobe.checks.sample_pairs import samples_table
+    from rlprobe.checks.pair_index import samples_table
     from rlprobe.checks.token_tables import group_advantages, token_tables
     from rlprobe.lake.reader import open_dump
 
@@ -209,7 +209,7 @@ def kernel_speed(path: Path, repeat: int | str) -> dict[str, float]:
 
     try:
         from rlprobe.checks.token_figures import PairFigures
-        from rlprobe.checks.token_reduce import reduce_pair
+        from rlprobe.checks.compiled import reduce_pair
     except ImportError:  # a --baseline checkout from before the kernels' AOT split (session 5)
         from rlprobe.checks.token_kernel import PairFigures, reduce_pair
     from rlprobe.lake.reader import open_dump

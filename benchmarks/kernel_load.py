@@ -37,7 +37,7 @@ FAMILIES = {
                 " np.zeros((0, 5)))\n"),
     # `rlprobe check`'s token kernel (and compare's single-run rules'), as token_tables calls it
     "check": ("import rlprobe.checks.token_tables  # imported by the command anyway",
-              "from rlprobe.checks.token_reduce import reduce_pair\n"
+              "from rlprobe.checks.compiled import reduce_pair\n"
               "x = np.zeros((2, 8), np.float32)\nreduce_pair(x, x, 0.2)\n"),
     # the gradient probe's CPU kernel (JIT only so far)
     "grads": ("", "from rlprobe.frameworks.cpu_grad_kernel import stats_into\n"

@@ -4,20 +4,29 @@ tensor row, a Part a pair and a plan row a part in Python (~12 ms of CPU, half o
 before the pool started, the rest holding the GIL in the jobs). Here numpy and Arrow do it at once; the
 parts come out as token_tables.pairs gives them, grouped by key (pair, step, rank) in sorted order, a
 key's parts in the tensor index's order. None where the columnar rule does not apply (a tensor saved twice
-under one name and call, a null step): token_tables then pairs the rows in Python."""
+under one name and call, a null step): token_tables then pairs the rows in Python.
+
+Then rollout and trainer rows paired by sample identity (the dump's `sample` rows, written by
+`save(..., sample_ids=...)` or derived from the prompt ids: docs/dump-format.md, "Samples"), for trainers that
+save the rollout and the shuffled update micro-batches in different calls (TRL): the join is
+sql/check/sample_pairs.sql, and sample_parts makes its rows kernel parts, one per pair of save calls, with the
+row indices to gather from each tensor."""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rlprobe.checks import npy_layout
-from rlprobe.lake.npy_header import header_bytes
-from rlprobe.checks.pair_part import Part, float_dtype
+from rlprobe.checks.token_rows import Part, float_dtype, is_float
+from rlprobe.key_names import canonical_names
+from rlprobe.lake import npy_header
 from rlprobe.lake.layout import PACK_SUFFIX
+from rlprobe.lake.npy_header import header_bytes
+from rlprobe.lake.reader import Dump
+from rlprobe.lake.sql_runner import run
 
 #: pair kinds in the order of their names (token_tables sorts keys by name, step, rank)
 KINDS = ("on_policy", "rollout_vs_log_prob", "rollout_vs_old")
@@ -176,7 +185,7 @@ def _layout(shapes: list, shape_id: np.ndarray) -> tuple[np.ndarray, ...]:
     dims = [tuple(s or ()) for s in shapes]
     rows = np.array([1 if len(d) < 2 else d[0] for d in dims], np.int64)
     width = np.array([1 if not d else d[0] if len(d) == 1 else int(np.prod(d[1:])) for d in dims], np.int64)
-    texts = [header_bytes(npy_layout.STORED, d) for d in dims]
+    texts = [header_bytes(npy_header.STORED, d) for d in dims]
     sizes = np.array([len(t) for t in texts], np.int64)
     table = np.zeros((len(texts), int(sizes.max())), np.uint8)
     for i, t in enumerate(texts):
@@ -218,3 +227,50 @@ def _files(column: pa.ChunkedArray) -> tuple[Any, ...]:
     numbers = [folders.setdefault(data[s:s + n].tobytes().decode(), len(folders))
                for s, n in zip(starts.tolist(), lengths.tolist())]
     return name_at, paths, np.array(numbers, np.int64), list(folders)
+
+
+_COLUMNS = ("key", "index", "step", "rank", "micro_step", "row", "sample", "occurrence", "group_id", "row_numel")
+
+
+def samples_table(dump: Dump, names: Mapping[str, str] | None = None) -> pa.Table:
+    """The dump's sample rows with each key's canonical name (no rows: a dump without sample identity):
+    from `names` (saved key -> canonical: the `stats` table's) where given, else rlprobe/key_names.csv
+    decided by the keys of the sample rows."""
+    table = dump.arrow("sample")
+    if table.num_rows == 0 or not set(_COLUMNS) <= set(table.column_names):
+        return pa.table({})
+    table = table.select(list(_COLUMNS))
+    saved = pc.unique(table["key"])
+    keys = saved.to_pylist()
+    table_names = canonical_names(keys) if names is None else names
+    canonical = pa.array([table_names.get(k, k) for k in keys], pa.string())
+    return table.append_column("canonical", pc.take(canonical, pc.index_in(table["key"], saved)))
+
+
+def sample_parts(samples: pa.Table, rows: dict[tuple, dict[str, Any]]) -> list[Part]:
+    """One part per (trainer call, rollout call, mask call) whose rows share samples, float tensors only."""
+    import duckdb
+
+
+    con = duckdb.connect()
+    con.register("samples", samples)
+    found = run(con, "check/sample_pairs.sql")
+    con.close()
+    if found.num_rows == 0:
+        return []
+    groups: dict[tuple, list[tuple[int, int, int | None]]] = {}
+    for r in found.to_pylist():
+        call = (r["pair"], r["step"], r["rank"], r["a_key"], r["a_micro"], r["a_index"], r["b_micro"], r["b_index"],
+                r["m_micro"], r["m_index"])
+        groups.setdefault(call, []).append((r["a_row"], r["b_row"], r["m_row"]))
+    parts = []
+    for (pair, step, rank, a_key, a_micro, a_index, b_micro, b_index, m_micro, m_index), picks in groups.items():
+        a = rows.get((a_key, step, rank, a_micro, a_index))
+        b = rows.get(("rollout_log_prob", step, rank, b_micro, b_index))
+        if a is None or b is None or not is_float(a) or not is_float(b):
+            continue  # statistics only, or not log-probs
+        mask = None if m_micro is None else rows.get(("response_mask", step, rank, m_micro, m_index))
+        index = np.array([(ia, ib, -1 if im is None else im) for ia, ib, im in picks], np.int64)
+        mask_rows = index[:, 2] if mask is not None and (index[:, 2] >= 0).all() else None
+        parts.append(Part(pair, a, b, None if mask_rows is None else mask, index[:, 0], index[:, 1], mask_rows))
+    return parts

@@ -20,11 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rlprobe.checks import inputs
-from rlprobe.checks.params import check_params
-from rlprobe.checks.registry import CHECKS, Check
-from rlprobe.lake.sql_runner import query_params, run
+from rlprobe.checks.registry import CHECKS, Check, check_params
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.reader import Dump, open_dump
+from rlprobe.lake.sql_runner import query_params, run
 
 EXIT_OK, EXIT_FAILED, EXIT_UNREADABLE = 0, 1, 3
 RESULTS = pa.schema([("check", pa.string()), ("title", pa.string()), ("severity", pa.string()),
@@ -85,7 +84,7 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
     t = time.perf_counter()
     tables: dict[str, pa.Table] = {"grad_steps": grad_steps}
     if info["has_tensors"]:
-        from rlprobe.checks.sample_pairs import samples_table
+        from rlprobe.checks.pair_index import samples_table
         from rlprobe.checks.token_selection import selection_for
         from rlprobe.checks.token_tables import GROUPS, group_advantages, token_tables
 

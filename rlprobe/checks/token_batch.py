@@ -17,17 +17,18 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from rlprobe.checks import npy_layout
-from rlprobe.lake.npy_header import header_bytes
 from rlprobe.checks import token_rows as tt
 from rlprobe.checks.compiled import batch_kernel
 from rlprobe.checks.pair_index import PairIndex
-from rlprobe.checks.pair_part import Part
 from rlprobe.checks.token_batch_tables import BatchFigures, figures_tables
 from rlprobe.checks.token_figures import (BLOCK_BITS, LOG_THRESHOLDS, N_BINS, N_POSITIONS, N_PROBABILITY,
                                          PROBABILITY_OF, TABLE_BITS, as_rows, check_shapes, mask_bytes)
+from rlprobe.checks.token_rows import Part
+from rlprobe.lake import npy_header
 from rlprobe.lake.layout import PACK_SUFFIX
+from rlprobe.lake.npy_header import header_bytes
 from rlprobe.lake.reader import Dump
+from rlprobe.lake.regular_files import READ_FLAGS  # O_NONBLOCK among them: a FIFO is never waited on
 
 SMALL = 1 << 20  # tokens: a larger pair goes to the kernel mapped (its own job, or cut into row ranges)
 _READ = 4  # parts[:, _READ]: where a part's tokens start in the preloaded arrays, -1: its files are read here
@@ -79,7 +80,7 @@ def index_tables(dump: Dump, index: PairIndex, first: int, last: int, eps: float
                      np.where(masked, index.name_at[m0], -1), index.header[a], np.where(masked, index.header[m0], -1),
                      index.folder[a], index.folder[b], np.where(masked, index.folder[m0], -1),
                      index.offset[a], index.offset[b], np.where(masked, index.offset[m0], 0)], axis=1)
-    if not npy_layout.READS:
+    if not npy_header.COMPILED_READS:
         spec[:, 5:13] = -1  # every part read by numpy (_preload), as _plan plans them there
     plan = _Plan(spec, index.paths, index.folders, index.headers, index.header_sizes, [None] * len(a),
                  index.micro_step[a])
@@ -124,7 +125,7 @@ def _plan(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> _Plan | None:
             rows, width = _rows_width(p)
             if rows * width > SMALL:
                 return None
-            if p.a_rows is None and p.b_rows is None and p.mask_rows is None and npy_layout.READS:
+            if p.a_rows is None and p.b_rows is None and p.mask_rows is None and npy_header.COMPILED_READS:
                 (a, a_in), (b, b_in), (m, m_in) = path(p.a), path(p.b), (-1, -1) if p.mask is None else path(p.mask)
                 files = (a, b, m, header(p.a), -1 if p.mask is None else header(p.mask), a_in, b_in, m_in,
                          _offset(p.a), _offset(p.b), 0 if p.mask is None else _offset(p.mask))
@@ -134,7 +135,7 @@ def _plan(batch: list[tuple[tuple[str, int, int], list[Part]]]) -> _Plan | None:
             picks.append(p.a_rows if isinstance(p.a_rows, np.ndarray) else None)
             micro_steps.append(p.a["micro_step"])
             first += rows
-    texts = [header_bytes(npy_layout.STORED, shape) for shape in headers]
+    texts = [header_bytes(npy_header.STORED, shape) for shape in headers]
     sizes = np.array([len(t) for t in texts], np.int64)
     table = np.zeros((len(texts), int(sizes.max()) if texts else 0), np.uint8)
     for i, t in enumerate(texts):
@@ -203,9 +204,9 @@ def _reduce(dump: Dump, keys: int, part: Callable[[int], Part], plan: _Plan, eps
         start = used = 0
         while True:
             pre = _concatenated(spec, loaded)
-            start, used = reduce_batch(folders, npy_layout.OPEN_FLAGS, plan.paths, spec, plan.headers,
+            start, used = reduce_batch(folders, READ_FLAGS, plan.paths, spec, plan.headers,
                                         plan.header_sizes, *pre, start, used, lo, math.log(1.0 + eps), PROBABILITY_OF,
-                                        LOG_THRESHOLDS, qs, npy_layout.FLOAT32, npy_layout.MASK_BYTES, part_sums, hist,
+                                        LOG_THRESHOLDS, qs, npy_header.FLOAT32_DESCR, npy_header.MASK_DESCRS, part_sums, hist,
                                         touched, TABLE_BITS, edges.table_lo, edges.table_hi, *out)
             if start == count:  # the histogram is zero again: the thread's next job reuses it
                 _SCRATCH.arrays = scratch

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from rlprobe.checks.npy_layout import DESCR_AT
+from rlprobe.lake.npy_header import DESCR_AT
 from rlprobe.checks.token_figures import BLOCK_BITS
 from rlprobe.checks.token_kernel import reduce_rows
 from rlprobe.lake.libc import CLOSE, OPENAT, PREAD

@@ -1,5 +1,5 @@
 """Reduce one pair of per-token log-prob tensors (trainer `a`, other `b`; Δ = b − a) to the
-figures the token-level checks read, in compiled code (token_reduce.reduce_pair through checks/compiled.py:
+figures the token-level checks read, in compiled code (checks/compiled.py: reduce_pair,
 the ahead-of-time copy of token_kernel.reduce_rows, else numba's JIT kernel), no Python per token. This
 module imports no numba and no kernel: the figures, their bins and buckets. Pairs are independent:
 rlprobe/checks/token_tables.py runs them on a thread pool (the kernel releases the GIL), adding the pairs

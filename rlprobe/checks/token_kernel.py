@@ -1,6 +1,6 @@
 """The compiled token kernel (numba): reduce_rows, which reduces rows of a log-prob pair to the figures
 of rlprobe/checks/token_figures.py (its docstring says which). Callers take it through checks/compiled.py
-(the ahead-of-time copy where built: no numba imported); token_reduce.reduce_pair is its Python face."""
+(the ahead-of-time copy where built: no numba imported); compiled.reduce_pair is its Python face."""
 
 from __future__ import annotations
 

@@ -12,9 +12,8 @@ import numpy as np
 import pyarrow as pa
 
 from rlprobe.checks.compiled import maxima_kernel
-from rlprobe.checks.pair_part import Part
 from rlprobe.checks.token_figures import as_rows, check_shapes, mask_bytes
-from rlprobe.checks.token_rows import BUCKETS, HIST, SEQUENCES, STEPS, loader
+from rlprobe.checks.token_rows import BUCKETS, HIST, SEQUENCES, STEPS, Part, loader
 from rlprobe.checks.token_selection import PairSelection
 from rlprobe.checks.token_tables import pairs, tensor_rows, token_tables
 from rlprobe.lake.reader import Dump
@@ -29,7 +28,7 @@ EMPTY = {"token_steps": STEPS, "token_hist": HIST, "token_positions": BUCKETS, "
 
 def reduce_maxima(a: np.ndarray, b: np.ndarray, mask: np.ndarray | None = None) -> tuple[int, float, int]:
     """(counted tokens, max |Δ| over them, masked tokens whose Δ is not finite) of one pair of equal shapes,
-    as token_reduce.reduce_pair counts them (Δ = b − a in float64; a token counts where its mask is nonzero
+    as compiled.reduce_pair counts them (Δ = b − a in float64; a token counts where its mask is nonzero
     and Δ finite)."""
     a, b = np.asarray(a), np.asarray(b)
     check_shapes(a, b, mask)

@@ -6,7 +6,7 @@ Pairs (a: the trainer's recomputation, b: the other side, Δ = b − a), masked 
 - `rollout_vs_log_prob`: rollout_log_prob vs log_prob where no old_log_prob is saved (the checks
   keep its on-policy steps);
   both by sample where the rollout's rows carry a sample identity (`save(..., sample_ids=...)`:
-  rlprobe/checks/sample_pairs.py; TRL saves the rollout and the shuffled update micro-batches in
+  rlprobe/checks/pair_index.py; TRL saves the rollout and the shuffled update micro-batches in
   different calls), else within one save call (same step, rank, micro_step, index; micro-step 0
   for log_prob; equal shapes);
 - `on_policy`: log_prob vs old_log_prob at micro-step 0 of one save call.
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from itertools import accumulate, pairwise
 from typing import Any, NamedTuple
 
@@ -31,18 +31,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rlprobe.checks.pair_index import PairIndex, pair_index
-from rlprobe.checks.pair_part import Part, is_float
-from rlprobe.checks.sample_pairs import sample_parts, samples_table
+from rlprobe.checks.compiled import reduce_pair
+from rlprobe.checks.pair_index import PairIndex, pair_index, sample_parts, samples_table
 from rlprobe.checks.token_figures import N_PROBABILITY, HALF, TABLE_BITS, PairFigures
-from rlprobe.checks.token_reduce import reduce_pair
+from rlprobe.checks.token_rows import (BUCKETS, HIST, QUANTILES, SEQUENCES, STEPS, Edges, is_float, loader, Part,
+                                       part_tokens, table_edges)
 from rlprobe.checks.token_selection import ROLLOUT_KINDS, PairSelection
-from rlprobe.checks.token_rows import (BUCKETS, HIST, QUANTILES, SEQUENCES, STEPS, Edges, loader, part_tokens,
-                                     table_edges)
 from rlprobe.lake.reader import Dump
 
 _WANTED = ("log_prob", "old_log_prob", "rollout_log_prob", "response_mask", "advantages", "group_ids")
-
 
 
 def tensor_rows(stats: pa.Table, names: tuple[str, ...] = _WANTED

@@ -48,7 +48,7 @@ def single_run_findings(dumps: dict[str, Dump], saved_keys: dict[str, set[str]],
         if not any(need <= keys for need in NEEDS):
             continue
         # imported only for a run a rule may apply to (~25 kB of source and pyarrow.compute: start-up)
-        from rlprobe.checks.params import all_params
+        from rlprobe.checks.registry import all_params
         from rlprobe.checks.run import check_dump
 
         ulps = all_params()["on_policy_ulps"]  # the rule's default tolerance, in ulps of the value

@@ -6,12 +6,17 @@ plain_header reads the header numpy writes for a C-order array of a plain dtype 
 numpy's own reader evaluates the header as Python source, which costs more than the rest of opening a small
 file. Readers that open many tensor files (rlprobe compare's pairs, rlprobe check's token phase) try it first
 and leave anything else to read_header (numpy's reader), which reads it or names what is wrong.
-header_bytes is the header np.save writes, for the writers of tensor files and the compiled check's reads."""
+header_bytes is the header np.save writes, for the writers of tensor files and the compiled check's reads.
+The last section says what those reads (checks/token_batch_kernel.read_npy) expect of a file, without numba:
+whether they run here, where numpy's header names the dtype, the dtypes accepted and the dtype whose header
+they expect (token_batch.py plans a job's reads with them)."""
 
 from __future__ import annotations
 
 import io
+import os
 import re
+import sys
 import tokenize
 from typing import BinaryIO
 
@@ -82,3 +87,13 @@ def header_bytes(dtype: np.dtype, shape: tuple[int, ...]) -> bytes | None:
             _headers.clear()
         _headers[key] = header
     return header
+
+
+# --------------------------------------------------------------------------------------
+# what the check's compiled reads (token_batch_kernel.read_npy) expect of a file
+
+COMPILED_READS = os.name == "posix" and sys.byteorder == "little"
+DESCR_AT = 21  # the dtype's 3 characters in numpy's header: b"\x93NUMPY\x01\x00" b"xx" b"{'descr': '" here
+FLOAT32_DESCR = np.frombuffer(b"<f4", np.uint8).reshape(1, 3)
+STORED = np.dtype("<f4")  # the dtype they read: its header is header_bytes(STORED, shape)
+MASK_DESCRS = np.frombuffer(b"|b1|u1|i1", np.uint8).reshape(3, 3)  # a byte a token: nonzero is counted

@@ -47,7 +47,7 @@ def load_pipeline(path: str | os.PathLike[str], overrides: list[str] | tuple[str
     except ValidationError as e:
         raise SpecError(_describe(e, data, where)) from None
     if spec.check is not None:  # its parameters' names and values, as `rlprobe check` takes them
-        from rlprobe.checks.params import check_params
+        from rlprobe.checks.registry import check_params
 
         try:
             check_params(spec.check.params)

@@ -1,11 +1,11 @@
-"""checks/params.py: what each check parameter takes, numpy's scalars included (rlprobe.check(dump, **params))."""
+"""checks/registry.py, check_params: what each check parameter takes, numpy's scalars included (rlprobe.check(dump, **params))."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from rlprobe.checks.params import check_params
+from rlprobe.checks.registry import check_params
 
 
 def test_numpy_scalars_are_numbers_and_whole_numbers_must_be_whole():

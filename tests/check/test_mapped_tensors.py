@@ -8,7 +8,7 @@ import pytest
 
 import rlprobe
 from rlprobe.checks.inputs import stats_table
-from rlprobe.checks.mapped_tensors import READ_BELOW, map_tensor
+from rlprobe.checks.token_rows import READ_BELOW, map_tensor
 from rlprobe.checks.token_tables import tensor_rows
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.npy_header import plain_header

@@ -141,16 +141,17 @@ def test_tuples_past_62_bits_are_not_numbered():
 
 
 def test_without_compiled_reads_numpy_reads_each_part_of_the_index(tmp_path, monkeypatch):
-    """Where the C library's reads do not run (not POSIX: npy_layout.READS), every part of a job planned
+    """Where the C library's reads do not run (not POSIX: npy_header.COMPILED_READS), every part of a job planned
     from the index is read by numpy (token_batch._preload) in the one compiled call, with the same tables."""
-    from rlprobe.checks import npy_layout, token_batch
+    from rlprobe.checks import token_batch
+    from rlprobe.lake import npy_header
 
     dump = every_case(tmp_path / "d")
     stats = stats_table(dump)
     expected = token_tables(dump, stats, 0.2, workers=1)
     read = []
     preload = token_batch._preload
-    monkeypatch.setattr(npy_layout, "READS", False)
+    monkeypatch.setattr(npy_header, "COMPILED_READS", False)
     monkeypatch.setattr(token_batch, "_preload", lambda *a: read.append(a[1]) or preload(*a))
     got = token_tables(dump, stats, 0.2, workers=1)
     parts = {(p.pair, _where(p.a), _where(p.b)) for p in read}

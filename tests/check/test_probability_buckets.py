@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rlprobe.checks.compiled import reduce_pair
 from rlprobe.checks.token_figures import N_PROBABILITY
-from rlprobe.checks.token_reduce import reduce_pair
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -15,16 +15,16 @@ import pyarrow as pa
 import pytest
 
 import rlprobe
-from rlprobe.checks import npy_layout, token_batch, token_batch_tables
+from rlprobe.checks import token_batch, token_batch_tables
 from rlprobe.checks import token_tables as token_tables_module
 from rlprobe.checks.inputs import stats_table
 from rlprobe.checks.run import collections_paused
 from rlprobe.checks.token_tables import tensor_rows, token_tables
 from rlprobe.errors import DumpReadError
+from rlprobe.lake import npy_header
 from rlprobe.lake.reader import open_dump
 
 from tests.lake.layouts import rewrite_record, unpack
-
 
 def small_steps(path, steps=6):
     rng = np.random.default_rng(5)
@@ -54,7 +54,7 @@ def tensor_row(dump, key, step):
     return next(r for k, r in rows.items() if k[0] == key and k[1] == step)
 
 
-@pytest.mark.skipif(not npy_layout.READS, reason="compiled reads are POSIX only")
+@pytest.mark.skipif(not npy_header.COMPILED_READS, reason="compiled reads are POSIX only")
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "a file a tensor"])
 @pytest.mark.parametrize("layout", ["version 2.0 header", "fortran order", "uint8 mask"])
 def test_files_numpy_must_read_are_read_in_the_middle_of_the_job(tmp_path, monkeypatch, layout, packed):
@@ -104,7 +104,7 @@ def test_a_missing_or_truncated_file_is_named(tmp_path):
         frames(dump)
 
 
-@pytest.mark.skipif(not npy_layout.READS, reason="compiled reads are POSIX only")
+@pytest.mark.skipif(not npy_header.COMPILED_READS, reason="compiled reads are POSIX only")
 def test_files_are_opened_from_a_folder_of_the_dump_and_a_missing_folder_is_named(tmp_path):
     dump = small_steps(tmp_path / "d")
     parts = token_tables_module.pairs(tensor_rows(stats_table(dump)))

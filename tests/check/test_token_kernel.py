@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rlprobe.checks.compiled import reduce_pair
 from rlprobe.checks.token_figures import N_POSITIONS, PairFigures
-from rlprobe.checks.token_reduce import reduce_pair
 
 
 def delta_bins(d: np.ndarray) -> np.ndarray:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rlprobe.checks.compiled import reduce_pair
 from rlprobe.checks.run import check_dump
 from rlprobe.checks.token_maxima import reduce_maxima
-from rlprobe.checks.token_reduce import reduce_pair
 
 from tests.check.test_token_selection import RULES, _msprobe_run, _rlprobe_run
 

@@ -9,10 +9,10 @@ import pytest
 
 import rlprobe
 from rlprobe.checks import token_batch
+from rlprobe.checks.compiled import reduce_pair
 from rlprobe.checks.inputs import stats_table
-from rlprobe.checks.pair_part import Part
 from rlprobe.checks.token_figures import TABLE_BITS
-from rlprobe.checks.token_reduce import reduce_pair
+from rlprobe.checks.token_rows import Part
 from rlprobe.checks.token_tables import batches, token_tables
 from rlprobe.lake.reader import open_dump
 

@@ -14,7 +14,7 @@ import pytest
 
 import rlprobe
 from rlprobe.checks.inputs import stats_table
-from rlprobe.checks.mapped_tensors import map_tensor
+from rlprobe.checks.token_rows import map_tensor
 from rlprobe.checks.token_tables import tensor_rows
 from rlprobe.comparison.executor import PairTask, run_pairs
 from rlprobe.comparison.kernel_use import may_run_compiled_kernels
