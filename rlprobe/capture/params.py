@@ -15,8 +15,8 @@ from rlprobe.errors import ProbeError
 from rlprobe.frameworks import adapter_for_optimizer, optimizer_kinds
 from rlprobe.frameworks.base import OptimizerStep, ParamFilter
 from rlprobe.lake.grad_stats import GradSpec
+from rlprobe.lake.grad_stats import ParamBatch, param_rows
 from rlprobe.lake.layout import check_text
-from rlprobe.lake.param_stats import ParamBatch, param_rows
 from rlprobe.selection import parse_int_set
 
 if TYPE_CHECKING:

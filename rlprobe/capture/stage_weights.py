@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rlprobe.capture.params import submit_rows
 from rlprobe.capture.calls import MonitoredProbe
+from rlprobe.capture.params import submit_rows
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks.base import Adapter
-from rlprobe.lake.param_stats import ParamBatch, WeightSpec, module_weight_rows
+from rlprobe.lake.grad_stats import ParamBatch, WeightSpec, module_weight_rows
 
 
 def fingerprint_weights(probe: MonitoredProbe, stage: str, block: int, hooked: list[tuple[str, Any, Adapter]],

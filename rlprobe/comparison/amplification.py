@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlprobe.comparison.dataflow import computed_from
+from rlprobe.comparison.key_aliases import computed_from
 from rlprobe.comparison.tolerance import EPS, EXACT_FAMILIES, FAMILY_OF, SCALE_FLOOR, SCALE_FLOORS
 
 AMPLIFICATION = 1e3  # three orders of magnitude: noise measured <= 8, faults >= 1.2e4 (module docstring)

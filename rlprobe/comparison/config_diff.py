@@ -126,7 +126,7 @@ def reward_source(dump_a: Dump, dump_b: Dump) -> str | None:
 
 
 def _reward_source(dump: Dump) -> str | None:
-    from rlprobe.comparison.optional_tables import has_module_stats
+    from rlprobe.comparison.options import has_module_stats
 
     if has_module_stats(dump):
         import pyarrow.compute as pc

@@ -4,6 +4,10 @@ rlprobe/comparison/tolerance.py, the key map, the config diff's ignore list, the
 comparisons' settings, and a control run: comparison/control_run.py), and Runtime, how the caller takes
 part in it (progress, the executor of the pairs, the DuckDB connection, what runs beside the pairs).
 
+The module's last functions say whether a dump holds the tables a comparison reads beyond key data when they are
+there: module statistics (`probe.stage`, modules.py), gradient monitors (grads.py), parameter fingerprints
+(params.py); here, apart from those comparisons, so that a comparison of key data alone never loads them.
+
 Only the standard library (and tolerance.py) at import: the command builds its options first."""
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ if TYPE_CHECKING:
     import duckdb
     import pyarrow as pa
 
+    from rlprobe.lake.reader import Dump
+
 
 @dataclass(frozen=True)
 class CompareOptions:
     """What to compare and how. `keys`, `steps`, `ranks`: None (all) or lists; `tolerance`: when a
     pair that is not bitwise equal agrees (`close`); `grads`: compare_grads' thresholds
     (first_step_min, max_drop, norm_rtol, layout_similarity_min); `modules`: compare_modules' keyword
-    arguments (e.g. stages=[...]); `order`: the data-flow order of keys (default dataflow.py's); `control`: the
+    arguments (e.g. stages=[...]); `order`: the data-flow order of keys (default key_aliases.DEFAULT_ORDER); `control`: the
     path of a control run, which differs from run A only by noise: its error against A, per key and step, widens
     the tolerance (comparison/control_run.py; None: the dtype tolerances alone)."""
 
@@ -100,3 +106,21 @@ class Runtime:
     key_data_ready: "Callable[[pa.Table], None] | None" = None
     beside_pairs: Callable[[], None] | None = None
     stats: bool = True
+
+
+
+# -- whether a dump holds the tables a comparison reads beyond key data, when they are there --------------
+
+def has_module_stats(dump: Dump) -> bool:
+    """Whether `dump` holds module-level statistics (from `probe.stage`)."""
+    return dump.format == "rlprobe" and bool(dump.parts("module"))
+
+
+def has_grads(dump: Dump) -> bool:
+    if dump.format == "rlprobe":
+        return bool(dump.parts("grad"))  # without reading them
+    return dump.arrow("grad").num_rows > 0  # msprobe grad_probe: read once, kept by the dump
+
+
+def has_params(dump: Dump) -> bool:
+    return dump.format == "rlprobe" and bool(dump.parts("param"))

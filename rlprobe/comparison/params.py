@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from rlprobe.comparison.optional_tables import has_params
+from rlprobe.comparison.options import has_params
 from rlprobe.comparison.sample_alignment import first_rank_only, layout_rtol
 from rlprobe.comparison.tolerance import EPS, Tolerance
 from rlprobe.lake.reader import Dump

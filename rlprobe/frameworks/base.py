@@ -17,7 +17,7 @@ import numpy as np
 
 from rlprobe.errors import ProbeError
 from rlprobe.lake.grad_stats import GradBatch
-from rlprobe.lake.param_stats import ParamBatch
+from rlprobe.lake.grad_stats import ParamBatch
 
 
 @dataclass
@@ -161,7 +161,7 @@ class Adapter:
         raise NotImplementedError
 
     def param_fingerprints(self, params: Sequence[Any], background: bool = True) -> tuple[Callable[[], ParamBatch], int]:
-        """Queue the fingerprints of parameters just updated (lake/param_stats.host_fingerprints'
+        """Queue the fingerprints of parameters just updated (lake/grad_stats.host_fingerprints'
         semantics) on their device, without waiting for it; returns the function the writer calls
         for the host batch, and the bytes in flight. `background` False: where the parameters live on
         the host, compute them now on this thread (a stage block's weights: fewer than a thread pays for)."""

@@ -16,7 +16,7 @@ import mindspore as ms
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks.base import GradFinish, OptimizerHooks, OptimizerStep, ParamFilter, StepCallback
 from rlprobe.lake.grad_stats import host_batch
-from rlprobe.lake.param_stats import ParamBatch, host_fingerprints
+from rlprobe.lake.grad_stats import ParamBatch, host_fingerprints
 
 
 class MindSporeOptimizerHooks(OptimizerHooks):

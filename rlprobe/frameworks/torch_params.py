@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from rlprobe.frameworks.torch_grads import mix64
-from rlprobe.lake.param_stats import ParamBatch
+from rlprobe.lake.grad_stats import ParamBatch
 
 Finish = Callable[[], ParamBatch]
 

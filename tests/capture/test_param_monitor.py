@@ -9,7 +9,7 @@ import torch
 import rlprobe
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks import torch_params
-from rlprobe.lake.param_stats import host_fingerprints
+from rlprobe.lake.grad_stats import host_fingerprints
 
 
 def _train(path, *, steps=3, lr=0.1, config=None, grads=False):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import rlprobe
-from rlprobe.lake.param_stats import host_fingerprints
+from rlprobe.lake.grad_stats import host_fingerprints
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

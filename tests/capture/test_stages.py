@@ -6,11 +6,11 @@ import duckdb
 import numpy as np
 import pytest
 import torch
+from tiny_models import tiny_lm, token_ids
 from torch import nn
 
 import rlprobe
 from rlprobe.capture.stages import NULL_STAGE
-from tiny_models import tiny_lm, token_ids
 
 
 def rows(dump, where: str = "true") -> list[dict]:
@@ -224,7 +224,7 @@ def test_mindspore_cells_forward_backward_and_graph_mode_refused(tmp_path):
 def test_weights_are_fingerprinted_once_per_block_with_each_module_s_own_parameters(tmp_path):
     """capture/stage_weights.py: every hooked module's own parameters (not its children's), once per block
     (numbered in the step) with the module's next call; the digest, sum and norm are monitor_params'."""
-    from rlprobe.lake.param_stats import host_fingerprints
+    from rlprobe.lake.grad_stats import host_fingerprints
 
     model, ids = tiny_lm(layers=2), token_ids()
     with rlprobe.Probe(tmp_path / "d") as probe:
