@@ -21,7 +21,7 @@ KERNEL_MODULES = ("comparison/pair_kernels.py", "comparison/batch_kernels.py",
                   "comparison/mapped_kernels.py", "comparison/partials.py", "lake/regular_files.py",
                   "checks/token_kernel.py", "checks/token_figures.py", "checks/token_batch_kernel.py",
                   "lake/npy_header.py", "lake/libc.py",
-                  "frameworks/cpu_grad_kernel.py", "frameworks/cpu_param_kernel.py")
+                  "frameworks/cpu_grad_kernel.py")
 
 
 def kernel_sources_digest(package_dir: str | None = None) -> str:

@@ -56,7 +56,7 @@ class WriterState(Protocol):
 
 
 class MonitoredProbe(Protocol):
-    """What the monitors (grads.py, params.py, stages.py, stage_weights.py) use of capture.probe.Probe: its
+    """What the monitors (grads.py, params.py, stages.py) use of capture.probe.Probe: its
     place in the run, its writer, and the few public methods that keep a step's bookkeeping."""
 
     layout: DumpLayout

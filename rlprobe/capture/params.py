@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from rlprobe.errors import ProbeError
 from rlprobe.frameworks import adapter_for_optimizer, optimizer_kinds
 from rlprobe.frameworks.base import OptimizerStep, ParamFilter
-from rlprobe.lake.grad_stats import GradSpec
-from rlprobe.lake.grad_stats import ParamBatch, param_rows
+from rlprobe.lake.grad_stats import GradSpec, ParamBatch, param_rows
 from rlprobe.lake.layout import check_text
 from rlprobe.selection import parse_int_set
 
@@ -112,7 +111,7 @@ class ParamMonitor:
 def submit_rows(writer: Any, kind: str, what: str, finish: Callable[[], Any], rows: Callable[[Any], Any],
                 nbytes: int, detail: dict[str, Any]) -> None:
     """Queue on the probe's writer a job adding `rows(finish())` as rows of `kind` (fingerprints read off the
-    device: monitor_params', and the weights of a stage block, stage_weights.py); a batch that fails is the
+    device: monitor_params', and the weights of a stage block, stages.py); a batch that fails is the
     error "`what`: TYPE: message", recorded with `detail`."""
     def job() -> None:
         sink = writer.sink

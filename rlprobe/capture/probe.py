@@ -367,7 +367,7 @@ class Probe:
         self.writer.defer(partial(self.writer.sink.end_step, step))
         self.writer.step_ended()  # work due before the next step ends starts now, at the step boundary
 
-    # -- what monitors (capture/grads.py, params.py, stages.py, stage_weights.py) use ----------
+    # -- what monitors (capture/grads.py, params.py, stages.py) use ----------------------------
     def wrote_rows(self) -> None:
         """A monitor handed the writer rows of the current step: step() commits the step."""
         self._step_has_data = True

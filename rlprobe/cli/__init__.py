@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from rlprobe._version import __version__
-from rlprobe.errors import DumpReadError, EXIT_UNREADABLE, EXIT_USAGE, ProbeError
+from rlprobe.errors import EXIT_UNREADABLE, EXIT_USAGE, DumpReadError, ProbeError
 
 
 def _open(path: str, include_uncommitted: bool = False):
@@ -65,7 +65,7 @@ def info(dump: str, as_json: bool, include_uncommitted: bool) -> None:
     from rlprobe.pipeline.catalog import is_result_dir
 
     if is_result_dir(Path(dump)):
-        from rlprobe.pipeline.result_info import result_info
+        from rlprobe.pipeline.cli_support import result_info
 
         _print_info(lambda: result_info(Path(dump)), as_json, info_output.print_result_summary)
         return

@@ -1,4 +1,4 @@
-"""The weights at a module dump (kind `module_param`, capture/stage_weights.py) compared, and the
+"""The weights at a module dump (kind `module_param`, capture/stages.py) compared, and the
 verdict they change: a module whose inputs agree and whose output does not is blamed only when the
 weights it ran with agree too; where the weights of the stage's model differ at that step, the
 verdict says so and names the first parameter that differs (docs/modules.md, "Weights at the call").

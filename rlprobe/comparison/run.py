@@ -15,8 +15,7 @@ import pyarrow as pa
 from rlprobe._version import __version__
 from rlprobe.comparison.amplification import KeyErrors
 from rlprobe.comparison.key_data import compare_key_data, saved_keys
-from rlprobe.comparison.options import has_grads, has_module_stats, has_params
-from rlprobe.comparison.options import CompareOptions, Runtime
+from rlprobe.comparison.options import CompareOptions, Runtime, has_grads, has_module_stats, has_params
 from rlprobe.comparison.pairs_ahead import PairsAhead
 from rlprobe.comparison.sample_alignment import modules_not_compared
 from rlprobe.comparison.single_run import single_run_findings

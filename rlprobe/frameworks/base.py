@@ -16,8 +16,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from rlprobe.errors import ProbeError
-from rlprobe.lake.grad_stats import GradBatch
-from rlprobe.lake.grad_stats import ParamBatch
+from rlprobe.lake.grad_stats import GradBatch, ParamBatch
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Parameter fingerprints of torch tensors after an optimizer step (docs/dump-format.md, "param").
 
-On the CPU the numba kernel (cpu_param_kernel) reads each parameter once, in a thread of its own
+On the CPU the numba kernel (cpu_grad_kernel.fingerprint) reads each parameter once, in a thread of its own
 (the kernel releases the GIL): the training thread only starts it, and the next forward runs
 beside it; the monitor waits for it before the same optimizer steps again (capture/params.py),
 so the weights it reads are the ones this step left. On an accelerator a
@@ -68,7 +68,7 @@ class CpuFingerprints:
 
 def cpu_fingerprints(flats: list[torch.Tensor]) -> ParamBatch:
     """The fingerprints of CPU tensors, now, on this thread."""
-    from rlprobe.frameworks.cpu_param_kernel import fingerprint
+    from rlprobe.frameworks.cpu_grad_kernel import fingerprint
 
     n = len(flats)
     digests, floats = np.zeros(n, np.uint64), np.zeros((n, 2), np.float64)
