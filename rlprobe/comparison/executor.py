@@ -7,7 +7,7 @@ start-up and no pickling. Pairs larger than ``split_elements`` are cut into rang
 multiples of the chunk size, so the result is bit-identical to a one-shot pass) that run on
 all workers, so one big tensor does not serialise the run. Many small pairs go in batches
 (rlprobe.comparison.small_pairs: no Python and no GIL per file), and the larger pairs such a batch finds in
-jobs of several pairs each, mapped and compared in one compiled call (rlprobe.comparison.mapped_pairs).
+jobs of several pairs each, mapped and compared in one compiled call (rlprobe.comparison.small_pairs).
 
 Memory stays bounded whatever the tensor sizes: files are opened with
 ``np.load(mmap_mode='r')`` (which validates the header and the file length) and compared
@@ -22,20 +22,18 @@ file truncated *while* it is compared becomes an error row where the map gives S
 from __future__ import annotations
 
 import os
-from functools import partial
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from rlprobe.comparison.flat_sources import chunk_bounds
-from rlprobe.comparison.mapped_pairs import job_groups, run_mapped
 from rlprobe.comparison.npy_files import NpyFile, PairError
-from rlprobe.comparison.pair_columns import PairColumns, PairTask
-from rlprobe.lake.tensor_pack import Record
 from rlprobe.comparison.pair_metrics import DEFAULT_CHUNK, Partial, chunk_partial, combine, common_dtype, ranges
-from rlprobe.comparison.pair_results import PairResults
-from rlprobe.comparison.small_pairs import plan_jobs, run_batch
+from rlprobe.comparison.pair_results import PairColumns, PairResults, PairTask
+from rlprobe.comparison.small_pairs import job_groups, plan_jobs, run_batch, run_mapped
+from rlprobe.lake.tensor_pack import Record
 
 __all__ = ["DEFAULT_SPLIT_ELEMENTS", "PairTask", "run_pairs"]
 
@@ -154,7 +152,7 @@ def _run_batch(batch: list[PairTask], io: str, chunk: int, split_elements: int):
 
 
 def _run_mapped(tasks: list[PairTask], nbytes: list[int], io: str, chunk: int, limit: int, split_elements: int):
-    """Job: larger pairs a batch found, several at once (rlprobe.comparison.mapped_pairs); a pair it cannot take is
+    """Job: larger pairs a batch found, several at once (rlprobe.comparison.small_pairs); a pair it cannot take is
     compared the per-pair way, one over `limit` elements handed back to be split."""
     return "mapped", run_mapped(tasks, nbytes, chunk, limit,
                                 partial(_open_one, io=io, chunk=chunk, split_elements=split_elements))
@@ -222,7 +220,7 @@ def run_pairs(
     mapped_limit = split_elements if workers > 1 else 1 << 62
 
     def submit_large(row: int, batch: list[PairTask], large: list[tuple[int, int]]) -> None:
-        """The larger pairs a batch found: jobs of several (mapped_pairs.py), or one by one where io is pread."""
+        """The larger pairs a batch found: jobs of several (small_pairs.compare_mapped_pairs), or one by one where io is pread."""
         for i, nbytes in large:
             pair_bytes[row + i] = nbytes
         if io != "mmap":

@@ -180,13 +180,13 @@ def _start_ahead(ahead: Callable[[list[Any]], None], dump_a: Dump, dump_b: Dump)
 
 
 def _pair_tasks(files: pa.Table, root_a: str, root_b: str) -> Sequence[Any]:
-    """The executor's tasks of tensor_pairs.sql's rows (task i: row i), as columns (comparison/pair_columns.py:
+    """The executor's tasks of tensor_pairs.sql's rows (task i: row i), as columns (comparison/pair_results.py:
     no Python object a pair until one is asked for), each column's addresses split at once by Arrow. Where a
     column's addresses are not all whole files or all records (`<file>.npys#<offset>+<length>`,
     lake/tensor_pack.split_address), pairs are split one by one as before, into a list."""
     import pyarrow.compute as pc
 
-    from rlprobe.comparison.pair_columns import PairColumns, Side
+    from rlprobe.comparison.pair_results import PairColumns, Side
     from rlprobe.lake.tensor_pack import PACK_SUFFIX
 
     sides = []

@@ -1,4 +1,4 @@
-"""The compiled half of rlprobe.comparison.mapped_pairs (numba, ``nogil``): many pairs of larger ``.npy`` files
+"""The compiled half of rlprobe.comparison.small_pairs (numba, ``nogil``): many pairs of larger ``.npy`` files
 compared in one call, each file opened, mapped with libc's ``mmap`` and compared chunk by chunk by the element
 kernel of rlprobe.comparison.pair_kernels, then unmapped and closed: no Python and no GIL per pair.
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import mmap
 import os
 
+import numba  # noqa: E402,I001  (pair_kernels set numba's cache dir before this import)
 import numpy as np
 
 from rlprobe.comparison.batch_kernels import parse_header
@@ -20,8 +21,6 @@ from rlprobe.comparison.pair_kernels import compiled_float_kernel, compiled_int_
 from rlprobe.comparison.partials import BIG, F4, F8, FIRST, I8, OK, SLOW
 from rlprobe.lake.libc import CLOSE, LSEEK, MADVISE, MMAP, MUNMAP, OPEN, PREAD, pointer
 from rlprobe.lake.regular_files import READ_FLAGS
-
-import numba  # noqa: E402,I001  (pair_kernels set numba's cache dir before this import)
 
 __all__ = ["compare_mapped"]
 

@@ -64,7 +64,7 @@ class PairsAhead:
         """The results of `tasks` (PairTask) as run_pairs gives them: those compared ahead from there, the
         others from `run_rest(their tasks, progress)` (the executor)."""
         self.wait()
-        tasks = list(tasks)  # once: columns (comparison/pair_columns.py) make their PairTasks when iterated
+        tasks = list(tasks)  # once: columns (comparison/pair_results.py) make their PairTasks when iterated
         ahead = self._results
         if ahead is None:  # the comparing ahead failed: every pair the usual way
             return run_rest(list(tasks), progress)

@@ -145,7 +145,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
             read_errors=read_errors, tolerance=options.tolerance, **(options.modules or {}))
         summary["module_suspect"] = describe(summary["module_first_divergence"])
         summary["suspect"] = summary["suspect"] or summary["module_suspect"]
-        from rlprobe.comparison.module_weights import add_module_weights
+        from rlprobe.comparison.modules import add_module_weights
 
         add_module_weights(tables, summary, dump_a, dump_b, tolerance=options.tolerance, steps=steps, ranks=ranks,
                            stages=(options.modules or {}).get("stages"), read_errors=read_errors)

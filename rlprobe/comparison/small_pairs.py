@@ -15,25 +15,49 @@ missing, unreadable, truncated or corrupt file, a Fortran-order array, another h
 size or shape mismatch - is marked, and the executor compares that pair the per-pair way, which
 names the file and the problem exactly as before. A pair's result is bit-identical to the per-pair
 path: a small pair is one chunk, compared by the same kernel code.
+
+Larger pairs (over SMALL_FILE_BYTES) go many to a job too (compare_mapped_pairs), with no Python and no GIL per
+pair: one compiled call (rlprobe.comparison.mapped_kernels) maps each pair's files and runs the element kernel
+over them chunk by chunk. Compared one job a pair, each pair took the GIL several times, and a thread holding
+the GIL for long (the later imports and the single-run rules run beside the pairs) kept a worker waiting up to
+the interpreter's switch interval (5 ms) each time, where a pair of 1M float32 takes ~1-2 ms in the kernel; so
+they go in jobs of MAPPED_JOB_BYTES, which take the GIL once to start and once to hand back their columns. Their
+results are bit-identical to the per-pair path's too: the same kernel on the same chunks (multiples of `chunk`
+in the flat index space), their partials combined as combine() combines them. A pair the compiled call does not
+take (another dtype or a mixed pair, a header numpy did not write the plain way, a file that cannot be opened or
+mapped, a size or shape mismatch) goes to the per-pair path, which names the problem; a pair over `limit`
+elements is handed back for the executor to split between workers.
+
+may_run_compiled_kernels tells from run A's tensor files, before its statistics are read, whether a comparison
+may run the compiled kernels at all (`rlprobe compare` loads numba in a thread ahead of the pairs only then): one
+of fewer than BATCH_MIN pairs, each under numpy_kernels.SEQUENTIAL_BELOW elements, runs in numpy
+(pair_metrics.chunk_partial) and never needs numba (loading it anyway costs ~0.3 s of CPU on a 2-core machine,
+most of a small comparison's start-up). Run A bounds the pairs (each pair has a file in A, of the same number of
+elements as B's). The answer only decides what is loaded ahead, never a result: a wrong "no" loads numba with
+its first pair.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Hashable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, NamedTuple, Sequence
 
 import numpy as np
 
-from rlprobe.comparison.partials import WIDTH, metric_columns
+from rlprobe.comparison.numpy_kernels import SEQUENTIAL_BELOW
+from rlprobe.comparison.partials import WIDTH, combine, metric_columns
+from rlprobe.lake.layout import PACK_SUFFIX
 
+if TYPE_CHECKING:
+    from rlprobe.lake.reader import Dump
 
-__all__ = ["SMALL_FILE_BYTES", "Batch", "compare_small_pairs", "plan_jobs", "run_batch", "warm_up"]
+__all__ = ["MAPPED_JOB_BYTES", "SMALL_FILE_BYTES", "Batch", "compare_mapped_pairs", "compare_small_pairs", "job_groups",
+           "may_run_compiled_kernels", "plan_jobs", "run_batch", "run_mapped", "warm_up"]
 
 #: files up to this size are read whole into a batch; larger ones keep the streaming path
 SMALL_FILE_BYTES = 1 << 20
 BATCH_MIN = 16  # fewer small pairs than this go one by one (no batch functions to load)
 BATCH_PAIRS = 256  # pairs per batch job
-
 
 
 def plan_jobs(tasks: list[Any], workers: int = 1) -> list[tuple[int, Any]]:
@@ -117,7 +141,7 @@ def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> 
     from rlprobe.comparison.pair_metrics import chunk_partial
 
     bk = batch_functions()  # ahead-of-time compiled or numba's JIT kernels: the same bits
-    from rlprobe.comparison.pair_columns import PairColumns
+    from rlprobe.comparison.pair_results import PairColumns
 
     n = len(tasks)
     columns = isinstance(tasks, PairColumns)  # paths and records read from the columns, no PairTask made
@@ -185,3 +209,147 @@ class _Task(NamedTuple):
     task_id: Hashable
     path_a: str
     path_b: str
+
+
+MAPPED_JOB_BYTES = 64 << 20  # bytes of both files a job: ~30 ms of the kernel, few enough jobs, even ends
+
+
+def job_groups(large: Sequence[tuple[int, int]], limit: int = MAPPED_JOB_BYTES) -> list[list[tuple[int, int]]]:
+    """(position, bytes) of the large pairs in runs of at most `limit` bytes (a larger pair alone), in order."""
+    groups: list[list[tuple[int, int]]] = []
+    filled = 0
+    for pair in large:
+        if not groups or filled + pair[1] > limit:
+            groups.append([])
+            filled = 0
+        groups[-1].append(pair)
+        filled += pair[1]
+    return groups
+
+
+def compare_mapped_pairs(tasks: Sequence[Any], nbytes: Sequence[int], chunk: int, limit: int) -> Batch:
+    """Compare the pairs (PairTask; `nbytes`: both files' bytes of each, which bound its chunks) that the compiled
+    call takes, pairs of at most `limit` elements, in one call: a Batch (small_pairs) whose `large` are the pairs
+    over `limit` and `rest` those left to the per-pair path."""
+    from rlprobe.comparison.compiled import mapped_function
+
+    n = len(tasks)
+    located = path_bytes([t.path_a for t in tasks] + [t.path_b for t in tasks]) if n else None
+    if located is None:
+        return Batch(np.empty(0, np.int64), {}, [], 0, [], list(range(n)))
+    paths, path_starts = located
+    # room for each pair's chunks: its elements are at most a file's bytes over 4 (float32, the smallest item)
+    room = np.array([-(-max(1, b // 2) // (4 * chunk)) + 1 for b in nbytes], np.int64)
+    first_row = np.zeros(n + 1, np.int64)
+    np.cumsum(room, out=first_row[1:])
+    rows = np.zeros((int(first_row[-1]), WIDTH), np.float64)
+    info = np.zeros((n, 4), np.int64)
+    mapped = mapped_function()
+    offsets, lengths = record_arrays(tasks)
+    mapped.compare_mapped(paths, path_starts, offsets, lengths, limit, chunk, info, first_row, rows)
+    done = info[:, 0] == mapped.OK
+    whole = np.flatnonzero(done & (info[:, 3] == 1))  # one chunk: combine() of one partial, as columns
+    columns = metric_columns(rows[first_row[whole]]) if whole.size else {}
+    other = [(i, combine(rows[first_row[i]:first_row[i] + info[i, 3]].tolist()))
+             for i in np.flatnonzero(done & (info[:, 3] > 1)).tolist()]
+    sizes = np.asarray(nbytes, np.int64)
+    return Batch(whole, columns, other, int(sizes[done].sum()),
+                 [(i, int(sizes[i])) for i in np.flatnonzero(info[:, 0] == mapped.BIG).tolist()],
+                 np.flatnonzero(~done & (info[:, 0] != mapped.BIG)).tolist())
+
+
+def run_mapped(tasks: Sequence[Any], nbytes: Sequence[int], chunk: int, limit: int,
+               compare_one: Callable[[Any], tuple[dict[str, Any], int]]) -> Batch:
+    """Executor job: compare_mapped_pairs over `tasks`; each pair it could not take goes to `compare_one` (the
+    per-pair path: (metrics or error, bytes)), which names the problem."""
+    try:  # a failure of the call itself (numba cannot compile, say) leaves every pair to compare_one
+        done = compare_mapped_pairs(tasks, nbytes, chunk, limit)
+    except Exception:  # noqa: BLE001
+        done = Batch(np.empty(0, np.int64), {}, [], 0, [], list(range(len(tasks))))
+    extra = 0
+    for i in done.rest:
+        metrics, pair_bytes = compare_one(tasks[i])
+        done.other.append((i, metrics))
+        extra += pair_bytes
+    return done._replace(rest=[], nbytes=done.nbytes + extra)
+
+
+_SMALL_NPY_BYTES = 4096  # a larger file holds more than a small header and 7 elements
+_LOOK_AT = 512  # directory entries looked at before answering "yes" (a large dump)
+
+
+def may_run_compiled_kernels(dump_a: "Dump") -> bool:
+    """False when run A holds fewer than BATCH_MIN (16) `.npy` files, each of fewer than SEQUENTIAL_BELOW
+    (8) elements (a comparison numpy does whole); True otherwise, also for a file whose header cannot be
+    read and for a dump too large to tell from 512 directory entries."""
+    if dump_a.format == "rlprobe":
+        roots = [os.path.join(dump_a.path, "tensors", kind) for kind in ("key_data", "module")]
+    else:
+        roots = [os.fspath(dump_a.path)]
+    files = 0
+    budget = _LOOK_AT
+    stack = [r for r in roots if os.path.isdir(r)]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                budget -= 1
+                if budget < 0:
+                    return True
+                if entry.name.startswith("."):  # a killed writer's hidden temporary file or folder
+                    continue
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.name.endswith(".npy"):
+                        files += 1
+                        if files >= BATCH_MIN or not _few_elements(entry):
+                            return True
+                    elif entry.name.endswith(PACK_SUFFIX):  # a save call's records (lake/tensor_pack.py)
+                        sizes = _record_sizes(entry)
+                        files += len(sizes)
+                        if files >= BATCH_MIN or not sizes or max(sizes) >= SEQUENTIAL_BELOW:
+                            return True
+                except OSError:
+                    continue
+    return False
+
+
+def _record_sizes(entry: os.DirEntry) -> list[int]:
+    """The element counts of a small packed file's records ([] for a large or unreadable one)."""
+    from rlprobe.lake.tensor_pack import pack_records
+
+    if entry.stat().st_size > BATCH_MIN * _SMALL_NPY_BYTES:
+        return []
+    try:
+        return [_count(layout.shape) for _, layout in pack_records(entry.path)]
+    except (OSError, ValueError):
+        return []
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _few_elements(entry: os.DirEntry) -> bool:
+    """Whether the .npy file holds fewer than SEQUENTIAL_BELOW elements (its header read)."""
+    from rlprobe.lake.npy_header import PARSE_ERRORS, read_header
+    from rlprobe.lake.regular_files import NPY, open_binary
+
+    if entry.stat().st_size > _SMALL_NPY_BYTES:
+        return False
+    try:
+        with open_binary(entry.path, NPY) as f:  # a FIFO is not waited on: the comparison names it
+            shape = read_header(f)[0]
+    except (OSError, ValueError, EOFError, *PARSE_ERRORS):
+        return False
+    n = 1
+    for d in shape:
+        n *= d
+    return n < SEQUENTIAL_BELOW

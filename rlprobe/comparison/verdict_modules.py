@@ -45,7 +45,7 @@ def follow_up(summary: dict[str, Any], modules: pa.Table | None) -> None:
     summary["module_dump_compared"] = {"stage": stage, "step": step, "all_match": held[(stage, step)]}
     first = summary.get("module_first_divergence")
     if not held[(stage, step)] and first is not None and first.get("weights"):
-        from rlprobe.comparison.module_weights import weights_text
+        from rlprobe.comparison.modules import weights_text
 
         summary["advice"] = (f"the advised module dump ({stage}, step {step}) is compared here, and no module is to "
                              f"blame: {weights_text(first['weights'])}")

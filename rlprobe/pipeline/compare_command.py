@@ -63,7 +63,7 @@ def compare(
 
     # msprobe dumps' statistics are read in second processes while the modules below load
     with ReadingsAhead((b,)) as readings:
-        from rlprobe.comparison.kernel_use import may_run_compiled_kernels
+        from rlprobe.comparison.small_pairs import may_run_compiled_kernels
         from rlprobe.comparison.run import compare_dumps, start_warm_up
         from rlprobe.lake.reader import open_dump
         from rlprobe.report.comparison_files import ReportOptions, write_reports, write_summary_json, write_tables

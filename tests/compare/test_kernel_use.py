@@ -1,11 +1,11 @@
-"""rlprobe.comparison.kernel_use: whether `rlprobe compare` loads numba ahead, from run A's files."""
+"""rlprobe.comparison.small_pairs: whether `rlprobe compare` loads numba ahead, from run A's files."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import rlprobe
-from rlprobe.comparison.kernel_use import may_run_compiled_kernels
+from rlprobe.comparison.small_pairs import may_run_compiled_kernels
 
 
 def _msprobe(path, tensors: dict[str, np.ndarray]):

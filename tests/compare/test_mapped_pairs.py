@@ -1,4 +1,4 @@
-"""Larger pairs compared several to a job in one compiled call (rlprobe/comparison/mapped_pairs.py): the per-pair
+"""Larger pairs compared several to a job in one compiled call (rlprobe/comparison/small_pairs.py): the per-pair
 path's results, bit for bit, whatever the workers and the chunk; every pair the call cannot take compared the
 per-pair way, which names the problem; pairs over the split size still split between workers."""
 
@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from rlprobe.comparison.executor import PairTask, run_pairs
-from rlprobe.comparison.mapped_pairs import compare_mapped_pairs, job_groups
-from rlprobe.comparison.small_pairs import BATCH_MIN, SMALL_FILE_BYTES
+from rlprobe.comparison.small_pairs import BATCH_MIN, SMALL_FILE_BYTES, compare_mapped_pairs, job_groups
 
 N = 300_000  # elements of a larger pair: over SMALL_FILE_BYTES in every dtype here
 

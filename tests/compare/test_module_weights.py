@@ -1,4 +1,4 @@
-"""The weights at module dumps compared (rlprobe/comparison/module_weights.py, docs/modules.md "Weights at the
+"""The weights at module dumps compared (rlprobe/comparison/modules.py, docs/modules.md "Weights at the
 call"): a model whose weights differ is named with its first differing parameter and no module is blamed;
 weights within rounding agree; a dump without weights still compares."""
 
@@ -8,11 +8,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from tiny_models import tiny_lm, token_ids
 
 import rlprobe
-from rlprobe.comparison.module_weights import compare_module_weights, model_of
+from rlprobe.comparison.modules import compare_module_weights, model_of
 from rlprobe.comparison.tolerance import Tolerance
-from tiny_models import tiny_lm, token_ids
 
 STAGE = "reference_compute_log_prob"
 

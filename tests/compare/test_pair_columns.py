@@ -1,4 +1,4 @@
-"""Pairs held as columns (comparison/pair_columns.py): the same tasks and results as PairTask lists."""
+"""Pairs held as columns (comparison/pair_results.py, PairColumns): the same tasks and results as PairTask lists."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rlprobe.comparison.executor import PairTask, run_pairs
-from rlprobe.comparison.pair_columns import PairColumns, Side
+from rlprobe.comparison.pair_results import PairColumns, Side
 from rlprobe.lake.tensor_pack import Record
 
 

@@ -50,7 +50,7 @@ def test_records_of_many_packed_files_read_as_from_their_own_files(tmp_path):
     import numpy as np
 
     from rlprobe.comparison.batch_kernels import FD_CACHE
-    from rlprobe.comparison.pair_columns import PairColumns, Side
+    from rlprobe.comparison.pair_results import PairColumns, Side
     from rlprobe.comparison.small_pairs import compare_small_pairs, path_bytes
 
     rng = np.random.default_rng(1)

@@ -11,21 +11,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.lake.layouts import unpack
 
 import rlprobe
 from rlprobe.checks.inputs import stats_table
 from rlprobe.checks.token_rows import map_tensor
 from rlprobe.checks.token_tables import tensor_rows
 from rlprobe.comparison.executor import PairTask, run_pairs
-from rlprobe.comparison.kernel_use import may_run_compiled_kernels
 from rlprobe.comparison.npy_files import NpyFile, PairError
+from rlprobe.comparison.small_pairs import may_run_compiled_kernels
 from rlprobe.errors import DumpReadError
 from rlprobe.lake.npy_header import PARSE_ERRORS
 from rlprobe.lake.reader import open_dump
 from rlprobe.lake.regular_files import load_npy
 from rlprobe.lake.tensor_pack import Record, TensorRecordError, load_record
 from rlprobe.pipeline.compare_command import compare
-from tests.lake.layouts import unpack
 
 UNCLOSED = b"{'descr': ('<f4', "  # the header's dict never closes: numpy's fallback tokenizer raises TokenError
 

@@ -17,14 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.lake.layouts import step_packs, unpack
 
 import rlprobe
-from rlprobe.comparison.kernel_use import may_run_compiled_kernels
+from rlprobe.comparison.small_pairs import may_run_compiled_kernels
 from rlprobe.lake.dump_info import dump_info
 from rlprobe.lake.layout import safe_component
 from rlprobe.lake.tensor_pack import pack_records
-
-from tests.lake.layouts import step_packs, unpack
 
 
 def _write(path: Path, steps: int = 3, **kw) -> None:
