@@ -31,7 +31,7 @@ def _readers(path: Path):
 
     import rlprobe
     from rlprobe.comparison.key_data import load_stats
-    from rlprobe.lake.dump_info import dump_info
+    from rlprobe.pipeline.info_output import dump_info
 
     def polars_key_data(include: bool) -> int:
         return rlprobe.open(path, include_uncommitted=include).key_data().select("step").collect().height

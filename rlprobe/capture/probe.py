@@ -15,11 +15,10 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from rlprobe.capture.flatten import flatten, shape_of
+from rlprobe.capture.calls import LeafJob, SaveCall
 from rlprobe.capture.rank_claim import RankClaim, read_json, write_run_manifest
 from rlprobe.capture.replay import open_replay
-from rlprobe.capture.user_values import as_number, is_whole_number, jsonable, key_names, whole
-from rlprobe.capture.calls import LeafJob, SaveCall
+from rlprobe.capture.user_values import as_number, flatten, is_whole_number, jsonable, key_names, shape_of, whole
 from rlprobe.capture.writer import BackgroundWriter
 from rlprobe.capture.writer_process import end_session, prepare_calls, writer_process
 from rlprobe.errors import ProbeError

@@ -69,7 +69,7 @@ def info(dump: str, as_json: bool, include_uncommitted: bool) -> None:
 
         _print_info(lambda: result_info(Path(dump)), as_json, info_output.print_result_summary)
         return
-    from rlprobe.lake.dump_info import dump_info
+    from rlprobe.pipeline.info_output import dump_info
 
     d = _open(dump, include_uncommitted)
     _print_info(lambda: dump_info(d), as_json, info_output.print_dump_summary)
@@ -253,7 +253,7 @@ def compact(dump: str) -> None:
     1 a rank left as it was (named), 2 not an rlprobe dump, 3 DUMP cannot be read (a damaged or
     foreign part, named: nothing was compacted).
     """
-    from rlprobe.lake.compact import compact as run
+    from rlprobe.lake.rank_writer import compact as run
 
     d = _open(dump)
     if d.format != "rlprobe":

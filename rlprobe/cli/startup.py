@@ -179,9 +179,10 @@ class ConnectionAhead:
 # -- imports beside the pairs -----------------------------------------------------------------
 # what `rlprobe compare` and its reports import once the pairs are compared (most of it pyarrow.compute's):
 # imported by a thread while the compiled kernels compare the pairs and the command's thread only waits
-# (rlprobe.comparison.options.Runtime.beside_pairs). Not the single-run rules (checks.run), nor the module,
-# gradient and parameter comparisons: each is imported only by a comparison whose dumps need it.
-REPORT_MODULES = ("pyarrow.compute", "rlprobe.comparison.config_diff", "rlprobe.comparison.verdict_modules",
+# (rlprobe.comparison.options.Runtime.beside_pairs); comparison.modules for its follow-up of the verdict, which
+# every comparison runs. Not the single-run rules (checks.run), nor the gradient and parameter comparisons: each
+# is imported only by a comparison whose dumps need it.
+REPORT_MODULES = ("pyarrow.compute", "rlprobe.comparison.config_diff", "rlprobe.comparison.modules",
                   "rlprobe.report.csv_report", "rlprobe.report.xlsx", "rlprobe.report.markdown")
 
 

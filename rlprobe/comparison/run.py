@@ -166,7 +166,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
         settle_parting(summary)  # an update that differs before the tokens part is no sampling
     from rlprobe.comparison.config_diff import explain_config, saved_configs
     from rlprobe.comparison.key_aliases import flow_warning
-    from rlprobe.comparison.verdict_modules import follow_up
+    from rlprobe.comparison.modules import follow_up
 
     follow_up(summary, tables.get("modules"))  # docs/modules.md: after the module dump; docs/compare.md: config diff
     tables["config_diff"] = config_diff

@@ -1,5 +1,5 @@
 """Trainers' key names (rlprobe/comparison/key_aliases.py), the KL penalty rule and what the verdict
-says after a module dump was compared (rlprobe/comparison/verdict_modules.py), on real dumps."""
+says after a module dump was compared (rlprobe/comparison/modules.py), on real dumps."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import rlprobe
 from rlprobe.cli import main
 from rlprobe.comparison.key_aliases import builtin_rows, key_order_table, parse_key_map
-from rlprobe.comparison.verdict_modules import follow_up
+from rlprobe.comparison.modules import follow_up
 from rlprobe.errors import ProbeError
 
 

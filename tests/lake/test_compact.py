@@ -21,8 +21,8 @@ from click.testing import CliRunner
 import rlprobe
 from rlprobe import DumpReadError, ProbeError
 from rlprobe.cli import main
-from rlprobe.lake.compact import compact
 from rlprobe.lake.layout import part_name
+from rlprobe.lake.rank_writer import compact
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,9 +21,9 @@ from tests.lake.layouts import step_packs, unpack
 
 import rlprobe
 from rlprobe.comparison.small_pairs import may_run_compiled_kernels
-from rlprobe.lake.dump_info import dump_info
 from rlprobe.lake.layout import safe_component
 from rlprobe.lake.tensor_pack import pack_records
+from rlprobe.pipeline.info_output import dump_info
 
 
 def _write(path: Path, steps: int = 3, **kw) -> None:
