@@ -25,9 +25,9 @@ _MEASURE = ("import sys, time\nimport numpy as np\n{setup}\nt = time.thread_time
 
 FAMILIES = {
     # what `rlprobe compare` runs: the warm-up, one larger pair (element kernel) and a batch of small files
-    "compare": ("import rlprobe.comparison.run, rlprobe.comparison.compiled  # imported by the command anyway",
+    "compare": ("import rlprobe.comparison.run, rlprobe.comparison.pair_metrics  # imported by the command anyway",
                 "from rlprobe.comparison.run import warm_up_kernels\nwarm_up_kernels()\n"
-                "from rlprobe.comparison.compiled import pair_kernel, batch_functions\n"
+                "from rlprobe.comparison.pair_metrics import pair_kernel, batch_functions\n"
                 "x = np.arange(64, dtype=np.float32)\npair_kernel(x.dtype)(x, x, 0, 64)\n"
                 "bk = batch_functions()\npaths = np.frombuffer(b'/nonexistent\\0', np.uint8)\n"
                 "info, sizes = np.zeros((1, 4), np.int64), np.zeros(1, np.int64)\n"

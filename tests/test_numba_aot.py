@@ -81,7 +81,7 @@ def _pairs(dtype, rng):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
 def test_the_ahead_of_time_element_kernel_gives_the_jit_kernels_bits(aot_compare, dtype):
-    from rlprobe.comparison.compiled import _PAIR_EXPORTS
+    from rlprobe.comparison.pair_metrics import _PAIR_EXPORTS
     from rlprobe.comparison.pair_kernels import kernel_for
 
     aot, jit = getattr(aot_compare, _PAIR_EXPORTS[np.dtype(dtype)]), kernel_for(np.dtype(dtype))

@@ -50,12 +50,18 @@ chunk's start), chunks are aligned to multiples of ``chunk`` in the flat index s
 ``combine`` adds the chunk sums with ``math.fsum`` (exactly rounded, order independent). So
 splitting a pair into ranges whose boundaries are multiples of ``chunk`` gives bit-identical
 results, whatever the number of workers.
+
+The compiled kernels come from wherever they are compiled (pair_kernel, batch_functions, mapped_function): the
+ahead-of-time copies where rlprobe.numba_cache finds them built (imported in ~6 ms of CPU, no numba: compiled
+for the JIT's CPU target with the same flags, so the same bits), else numba's JIT kernels (pair_kernels,
+batch_kernels, mapped_kernels). numba is imported only on that second path, and only when a kernel is asked for.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Callable
 
 import numpy as np
 
@@ -65,15 +71,18 @@ from rlprobe.comparison.partials import METRIC_KEYS, Partial, combine, partial_f
 
 __all__ = [
     "DEFAULT_CHUNK",
-    "ArraySource",
-    "FlatSource",
-    "MappedPages",
     "METRIC_KEYS",
-    "Partial",
+    "ArraySource",
+    "batch_functions",
     "chunk_partial",
     "combine",
     "common_dtype",
+    "FlatSource",
+    "mapped_function",
+    "MappedPages",
+    "pair_kernel",
     "pair_metrics",
+    "Partial",
     "range_partials",
     "ranges",
     "warm_up",
@@ -145,8 +154,6 @@ def chunk_partial(ca: np.ndarray, cb: np.ndarray, offset: int = 0) -> Partial:
     cb = _prepare(cb, target)
     if ca.shape[0] < SEQUENTIAL_BELOW:  # numpy, bit for bit the kernel's: no numba for small tensors
         return partial_from(partial_of(ca, cb), offset)
-    from rlprobe.comparison.compiled import pair_kernel  # compiled: loaded with the first larger chunk
-
     return partial_from(pair_kernel(target)(ca, cb, 0, ca.shape[0]), offset)
 
 
@@ -198,3 +205,52 @@ def pair_metrics(a: Any, b: Any, chunk: int = DEFAULT_CHUNK) -> dict[str, Any]:
         raise ValueError(f"arrays differ in size: {sa.size} vs {sb.size} elements")
     common_dtype(sa.dtype, sb.dtype)  # TypeError early, also for empty arrays
     return combine(range_partials(sa, sb, 0, sa.size, chunk))
+
+
+
+_PAIR_EXPORTS = {np.dtype(np.float32): "pair_f4", np.dtype(np.float64): "pair_f8", np.dtype(np.int64): "pair_i8"}
+
+
+def pair_kernel(dtype: np.dtype) -> Callable[..., tuple]:
+    """pair_kernels' element kernel for float32, float64 or int64 chunks (C-contiguous, 1-D, of that dtype:
+    the ahead-of-time copy does not check), `(a, b, start, stop) -> its partial aggregates`."""
+    from rlprobe.numba_cache import compiled_module
+
+    module = compiled_module("compare")
+    if module is not None:
+        return getattr(module, _PAIR_EXPORTS[dtype])
+    from rlprobe.comparison.pair_kernels import kernel_for
+
+    return kernel_for(dtype)
+
+
+def batch_functions() -> Any:
+    """batch_kernels' read_files and compare_batch with the codes of their results (partials.CODES):
+    the ahead-of-time copies where built, else the batch_kernels module (numba's JIT kernels)."""
+    from rlprobe.numba_cache import compiled_module
+
+    module = compiled_module("compare")
+    if module is None:
+        from rlprobe.comparison import batch_kernels
+
+        return batch_kernels
+    return SimpleNamespace(read_files=module.read_files, compare_batch=module.compare_batch, **_codes())
+
+
+def mapped_function() -> Any:
+    """mapped_kernels' compare_mapped with the codes of its results (partials.CODES): the ahead-of-time copy where
+    built, else the mapped_kernels module (numba's JIT kernel)."""
+    from rlprobe.numba_cache import compiled_module
+
+    module = compiled_module("compare")
+    if module is None:
+        from rlprobe.comparison import mapped_kernels
+
+        return SimpleNamespace(compare_mapped=mapped_kernels.compare_mapped, **_codes())
+    return SimpleNamespace(compare_mapped=module.compare_mapped, **_codes())
+
+
+def _codes() -> dict[str, Any]:
+    from rlprobe.comparison import partials
+
+    return {name: getattr(partials, name) for name in partials.CODES}

@@ -210,7 +210,7 @@ class PairColumns(Sequence):
         return PairTask(self.first_id + i, self.a.paths[i], self.b.paths[i], self.a.record(i), self.b.record(i))
 
     def __iter__(self) -> Iterator[Any]:
-        """Every pair's PairTask, made at once (an executor that takes them all: ray_executor, pairs_ahead)."""
+        """Every pair's PairTask, made at once (an executor that takes them all: run_pairs_ray, pairs_ahead)."""
         return map(PairTask, self.task_ids, self.a.paths, self.b.paths, self.a.records(), self.b.records())
 
     @property

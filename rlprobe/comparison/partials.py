@@ -176,7 +176,7 @@ def combine(partials: Iterable[Any]) -> dict[str, Any]:
 
 #: the compiled readers' per-file results (batch_kernels.read_files: a row of 4 int64, status, dtype code, numel,
 #: data offset in the buffer; mapped_kernels.compare_mapped: status, dtype code, numel, chunks), whether they are
-#: numba's JIT kernels or their ahead-of-time copies (comparison/compiled.py)
+#: numba's JIT kernels or their ahead-of-time copies (comparison/pair_metrics.py, pair_kernel and the like)
 OK, SLOW, BIG = 0, 1, 2
 KINDS = "biuf"  # dtype code = index of the kind here * 16 + itemsize
 F4, F8, I8 = 3 * 16 + 4, 3 * 16 + 8, 1 * 16 + 8

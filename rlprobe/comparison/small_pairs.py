@@ -137,7 +137,7 @@ def _nothing_done(n: int) -> Batch:
 def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> Batch:
     """Compare the pairs (PairTask) whose files have at most ``limit`` bytes (at most the chunk size,
     so that a pair is one chunk and its result is the per-pair path's, bit for bit) in one batch."""
-    from rlprobe.comparison.compiled import batch_functions
+    from rlprobe.comparison.pair_metrics import batch_functions
     from rlprobe.comparison.pair_metrics import chunk_partial
 
     bk = batch_functions()  # ahead-of-time compiled or numba's JIT kernels: the same bits
@@ -231,7 +231,7 @@ def compare_mapped_pairs(tasks: Sequence[Any], nbytes: Sequence[int], chunk: int
     """Compare the pairs (PairTask; `nbytes`: both files' bytes of each, which bound its chunks) that the compiled
     call takes, pairs of at most `limit` elements, in one call: a Batch (small_pairs) whose `large` are the pairs
     over `limit` and `rest` those left to the per-pair path."""
-    from rlprobe.comparison.compiled import mapped_function
+    from rlprobe.comparison.pair_metrics import mapped_function
 
     n = len(tasks)
     located = path_bytes([t.path_a for t in tasks] + [t.path_b for t in tasks]) if n else None

@@ -280,13 +280,13 @@ class TorchAdapter(Adapter):
 
     # -- optimizer hooks and gradient statistics ---------------------------------------------------
     def owns_optimizer(self, model: Any, optimizer: Any) -> bool:
-        from rlprobe.frameworks.torch_optimizer import is_torch_training
+        from rlprobe.frameworks.torch_backward import is_torch_training
 
         return is_torch_training(model, optimizer)
 
     def hook_optimizer(self, model: Any, optimizer: Any, select: ParamFilter, where: str,
                        before_step: StepCallback, after_step: StepCallback | None = None) -> OptimizerHooks:
-        from rlprobe.frameworks.torch_optimizer import TorchOptimizerHooks
+        from rlprobe.frameworks.torch_backward import TorchOptimizerHooks
 
         return TorchOptimizerHooks(model, optimizer, select, where, before_step, after_step)
 

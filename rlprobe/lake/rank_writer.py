@@ -14,7 +14,7 @@ compacted only while this process holds its lock (lake/rank_lock.py): a rank who
 exactly as it is and named in `refused`, so compact can never merge parts a live writer is still adding to or
 merging, nor delete its temporary files. A killed or finished run's ranks are free and are compacted. With the
 lock of every free rank held, every part of those ranks is read whole before anything is merged
-(lake/part_check.py): a damaged or foreign part stops compact with DumpReadError and no file changed, since
+(lake/parts.py, conform): a damaged or foreign part stops compact with DumpReadError and no file changed, since
 merging it would fail half-way or mix foreign rows into the rank's own part. The locks are held from that check
 until each rank's merge, so the parts checked are the parts merged.
 """
@@ -345,7 +345,7 @@ def _checked_dirs(directories: list[tuple[str, Path]], refused: list[str]) -> li
     """The rank directories whose live parts can be merged. Parts that overlap in part (two
     merges at once) leave their directory as it was, named in `refused`; a part that cannot be
     read whole or is not of its kind raises DumpReadError."""
-    from rlprobe.lake.part_check import part_problem
+    from rlprobe.lake.parts import part_problem
 
     checked = []
     for kind, directory in directories:

@@ -166,10 +166,10 @@ class Dump:
         return found
 
     def checked_parts(self, kind: str, errors: list[str] | None = None, *, deep: bool = False) -> dict[int, list[str]]:
-        """`parts(kind)` that read as `kind` rows (rlprobe.lake.part_check): a corrupt, truncated,
+        """`parts(kind)` that read as `kind` rows (rlprobe.lake.parts): a corrupt, truncated,
         empty or foreign part raises DumpReadError naming it or, with `errors` given, is described
         there and left out. Only footers are read, unless `deep` (every page: slow, for diagnosis)."""
-        from rlprobe.lake.part_check import part_problem
+        from rlprobe.lake.parts import part_problem
 
         found: dict[int, list[str]] = {}
         for rank, files in self.parts(kind).items():
@@ -199,7 +199,7 @@ class Dump:
             return self._msprobe_key_data if kind == "key_data" else _empty(kind)
         if self.format == "msprobe-grad":
             return self._msprobe_grad if kind == "grad" else _empty(kind)
-        from rlprobe.lake.part_check import conform, unreadable_part
+        from rlprobe.lake.parts import conform, unreadable_part
 
         tables = []
         for rank, files in self.checked_parts(kind, errors).items():

@@ -67,7 +67,7 @@ def check_every_file(paths: list[str]) -> None:
     a corrupt data page, which DuckDB reports without the file (slow: every page is read)."""
     import pyarrow.parquet as pq
 
-    from rlprobe.lake.part_check import unreadable_part
+    from rlprobe.lake.parts import unreadable_part
     from rlprobe.lake.reader import open_dump
 
     for path in paths:

@@ -144,7 +144,7 @@ def _executor(executor) -> Callable[..., dict] | None:
     if executor.kind == "ray":
         from functools import partial
 
-        from rlprobe.comparison.ray_executor import run_pairs_ray
+        from rlprobe.comparison.executor import run_pairs_ray
 
         return partial(run_pairs_ray, address=executor.address)
     return None  # compare_dumps' default: the local thread executor

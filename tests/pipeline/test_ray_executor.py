@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
-
 import ray  # noqa: E402  (installed by the dev extra; never skipped)
 
 
@@ -33,7 +32,7 @@ def test_run_pairs_ray_matches_run_pairs_and_reports_errors(tmp_path, local_ray)
     import numpy as np
 
     from rlprobe.comparison.executor import PairTask, run_pairs
-    from rlprobe.comparison.ray_executor import run_pairs_ray
+    from rlprobe.comparison.executor import run_pairs_ray
 
     tasks = []
     for i in range(6):
