@@ -187,7 +187,7 @@ CALL_SNIPPET = """
 import json, sys, time
 import duckdb, matplotlib.figure, matplotlib.backends.backend_agg, matplotlib.ticker, numpy, openpyxl
 import pyarrow.parquet, rich.console
-import rlprobe.comparison.run, rlprobe.report.grad_plots, rlprobe.report.plots, rlprobe.report.xlsx
+import rlprobe.comparison.run, rlprobe.report.plots, rlprobe.report.plots, rlprobe.report.xlsx
 from rlprobe.pipeline.compare_command import run_compare
 t0 = time.perf_counter()
 rc = run_compare(sys.argv[1], sys.argv[2], sys.argv[3], fail_on_diff=False, quiet=True, plots=True,

@@ -117,7 +117,7 @@ class GradComparator:
         import pyarrow.parquet as pq
 
         from rlprobe.pipeline.compare_command import compare
-        from rlprobe.report.grad_plots import EVERY_PARAM_DIR, write_grad_plots
+        from rlprobe.report.plots import EVERY_PARAM_DIR, write_grad_plots
 
         def msprobe_files(out: Path) -> None:  # written into the output folder before it is published
             write_grad_plots(out, every_param=True)

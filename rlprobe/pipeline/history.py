@@ -147,7 +147,7 @@ def history_overview(table: pa.Table) -> list[dict[str, Any]]:
 
 def write_history_plots(table: pa.Table, out: Path) -> list[Path]:
     """One PNG per metric (a line per key) over runs: out/history_<metric>.png."""
-    from rlprobe.report.figures import new_figure, save
+    from rlprobe.report.plots import new_figure, save
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

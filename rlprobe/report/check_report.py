@@ -35,7 +35,7 @@ def write_check_outputs(result: Any, work: Path, *, plots: bool = True) -> None:
     (work / "summary.md").write_text(summary_md(result), encoding="utf-8")
     write_check_xlsx(work / "report.xlsx", result)
     if plots:
-        from rlprobe.report.check_plots import write_check_plots
+        from rlprobe.report.plots import write_check_plots
 
         write_check_plots(work / "plots", result.tables)
 

@@ -17,11 +17,10 @@ from typing import Any, BinaryIO, Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rlprobe.report.arrow_text import NOTHING, join, literal, write_all
+from rlprobe.report.comparison_words import list_text, list_texts
 from rlprobe.report.headers import check_lang, header
 from rlprobe.report.output_folder import write_report_file
-from rlprobe.report.safe_cells import FORMULA_TRIGGERS, csv_cell, csv_text
-from rlprobe.report.comparison_words import list_text, list_texts
+from rlprobe.report.safe_cells import FORMULA_TRIGGERS, NOTHING, csv_cell, csv_text, join, literal, write_all
 
 _ROWS_PER_CHUNK = 16_384
 _TRIGGER = "^[" + "".join("\\-" if t == "-" else t for t in FORMULA_TRIGGERS) + "]"

@@ -11,13 +11,20 @@ the value only (any spreadsheet library can call them):
 - CSV, which has no types: `csv_cell(value)`; formula-like text gets a leading apostrophe as
   OWASP advises.
 Numbers, negative ones included, stay numbers.
+
+Then text built a column at a time with pyarrow.compute (join, literal, write_all), for the report writers that
+turn whole tables into file text (xlsx_cells.py, csv_report.py): no Python per cell.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r")
 # "-1.5" or "+3e-4" typed into a cell is a number, not a formula: no apostrophe needed
@@ -107,3 +114,21 @@ def guard_openpyxl_cell(cell: Any, value: Any) -> Any:
         if xlsx_quote_prefix(cell.value):
             cell.quotePrefix = True
     return cell
+
+
+NOTHING = pa.scalar("", pa.large_string())
+
+
+def literal(value: str) -> pa.Scalar:
+    return pa.scalar(value, pa.large_string())
+
+
+def join(*parts: str | pa.Array) -> pa.Array:
+    """The parts (texts and large_string arrays) joined row by row; null where any part is null."""
+    return pc.binary_join_element_wise(*(literal(p) if isinstance(p, str) else p for p in parts), NOTHING)
+
+
+def write_all(fileobj: IO[bytes], rows: pa.Array) -> None:
+    """Write the strings of `rows` (large_string, no nulls) one after another, UTF-8, from Arrow's buffer."""
+    offsets = np.frombuffer(rows.buffers()[1], np.int64)[rows.offset: rows.offset + len(rows) + 1]
+    fileobj.write(memoryview(rows.buffers()[2])[offsets[0]: offsets[-1]])

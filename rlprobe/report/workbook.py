@@ -31,8 +31,7 @@ from typing import IO, Any, Callable, Sequence
 import pyarrow as pa
 
 from rlprobe.report import xlsx_parts
-from rlprobe.report.safe_cells import xlsx_cell
-from rlprobe.report.arrow_text import join, write_all
+from rlprobe.report.safe_cells import join, write_all, xlsx_cell
 from rlprobe.report.xlsx_cells import cell_xml, column_cells, column_letter
 
 # Row fills by status family (the first-divergence row is bold on its own fill) and headers

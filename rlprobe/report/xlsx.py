@@ -19,15 +19,14 @@ import pyarrow.compute as pc
 
 from rlprobe.errors import ProbeError
 from rlprobe.lake.layout import safe_component
+from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, differs, ordered_counts, rollup_columns,
+                                         verdict, yaml_lines)
 from rlprobe.report.config_diff_report import COLUMNS, xlsx_records
 from rlprobe.report.headers import MSPROBE_LAYOUT, check_lang, header, label, msprobe_headers
 from rlprobe.report.output_folder import write_report_file
-from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, differs, ordered_counts, rollup_columns,
-                                         verdict, yaml_lines)
-from rlprobe.report.column_widths import MAX_WIDTH, MIN_WIDTH, column_width, display_width, shown_text
-from rlprobe.report.grad_matrix_sheet import write_grad_matrix
-from rlprobe.report.table_sheets import (ROWS_PER_SHEET, STATUS_FAMILY, column_values, marks_of,
-                                         number_format, row_families, write_grid, write_table_sheets)
+from rlprobe.report.table_sheets import (MAX_WIDTH, MIN_WIDTH, ROWS_PER_SHEET, STATUS_FAMILY, column_values,
+                                         column_width, display_width, marks_of, number_format, row_families,
+                                         shown_text, write_grad_matrix, write_grid, write_table_sheets)
 from rlprobe.report.workbook import FILLS, MAX_ROWS, CellFormat, SheetNames, Workbook
 
 SUMMARY_SHEET = "Summary"

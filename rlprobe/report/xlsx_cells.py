@@ -16,9 +16,9 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rlprobe.report.arrow_text import NOTHING, join, literal
 from rlprobe.report.comparison_words import list_texts
-from rlprobe.report.safe_cells import FORMULA_TRIGGERS, MAX_CELL_CHARS, xlsx_cell, xlsx_quote_prefix, xlsx_text
+from rlprobe.report.safe_cells import (FORMULA_TRIGGERS, MAX_CELL_CHARS, NOTHING, join, literal, xlsx_cell,
+                                       xlsx_quote_prefix, xlsx_text)
 
 _EXACT_INT = 2**53  # as safe_cells: larger integers are stored as text
 _NEEDS_FIXING = "[\x00-\x08\x0b\x0c\x0e-\x1f\r\ufffe\uffff]"  # what xlsx_text replaces (and CR)

@@ -109,7 +109,7 @@ def test_compare_plots_that_cannot_be_written_keep_the_earlier_output(fixtures_d
     out = tmp_path / "out"
     assert run("compare", grad / "run_a", grad / "run_b", "-o", out, "--quiet").exit_code == 0
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    import rlprobe.report.grad_plots as grad_plots
+    import rlprobe.report.plots as grad_plots
 
     write_png = grad_plots._write_png
 

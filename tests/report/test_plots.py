@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from matplotlib.image import imread
 
-from rlprobe.report.grad_plots import _file_name, _series_by_param, write_grad_plots
-from rlprobe.report.plots import key_step_grids, write_key_data_plots, write_plots
+from rlprobe.report.plots import (_file_name, _series_by_param, key_step_grids, write_grad_plots, write_key_data_plots,
+                                  write_plots)
 
 STATUSES = ["match", "stats_only_match", "mismatch", "error", "only_in_a"]
 
