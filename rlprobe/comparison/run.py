@@ -79,7 +79,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
     else:  # each run against itself (rlprobe check)
         within = single_run_findings({"A": dump_a, "B": dump_b}, saved_keys(con), _cursors(con), key_map)
     from rlprobe.comparison.config_diff import diff_configs, reward_source
-    from rlprobe.comparison.parting import shared_prefix_log_probs
+    from rlprobe.comparison.amplification import shared_prefix_log_probs
 
     config_diff = diff_configs(dump_a, dump_b, ignore=options.config_ignore,
                                ignore_defaults=options.config_ignore_defaults, read_errors=read_errors)

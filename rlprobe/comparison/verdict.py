@@ -197,7 +197,7 @@ def _parting(step: int, errors: KeyErrors, config_diff: Any,
     """Responses that part at `step` > 0 from the same prompts, every earlier key within tolerance: the update
     after step - 1 where every earlier key matched bitwise or where the dump shows the weights differ (a
     changed setting of the update in the config diff, the policy's log-probs of the shared tokens beyond
-    rounding: parting.py); else sampling under rounding noise. The parting's `consequences`: the keys that
+    rounding: amplification.py, shared_prefix_log_probs); else sampling under rounding noise. The parting's `consequences`: the keys that
     diverge at `step`, as the other tokens make them (and every later step's keys)."""
     if all(r["bitwise"] for s, r in errors.per_step.items() if s < step):
         return _update(step, None), None

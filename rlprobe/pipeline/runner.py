@@ -21,9 +21,9 @@ from rlprobe.errors import (ControlRunError, DumpReadError, EXIT_GATE_FAILED, EX
 from rlprobe.lake.schema import SCALAR, with_rank
 from rlprobe.lake.sql_runner import create_table, create_table_as, query, set_variables, to_arrow
 from rlprobe.pipeline.history import HistoryError, append_history, check_history_writable, history_rows, read_history
-from rlprobe.pipeline.reports import GateResult, junit_xml, render_pipeline_md
 from rlprobe.pipeline.spec import NamedSql, Pipeline
 from rlprobe.pipeline.spec_models import default_params
+from rlprobe.report.markdown import GateResult, junit_xml, render_pipeline_md
 from rlprobe.report.output_folder import OutputError, prepare_output, publish_output
 
 __all__ = ["EXIT_GATE_FAILED", "EXIT_OK", "EXIT_SPEC", "EXIT_UNREADABLE", "PipelineError", "PipelineResult",
