@@ -62,7 +62,7 @@ def info(dump: str, as_json: bool, include_uncommitted: bool) -> None:
     On a comparison's or pipeline's output folder: the runs compared, the first divergence, the
     counts, the gates and the tables `rlprobe sql` reads, with their row counts."""
     from rlprobe.pipeline import info_output
-    from rlprobe.pipeline.catalog import is_result_dir
+    from rlprobe.pipeline.cli_support import is_result_dir
 
     if is_result_dir(Path(dump)):
         from rlprobe.pipeline.cli_support import result_info
@@ -92,7 +92,7 @@ def _print_info(read, as_json: bool, print_summary) -> None:
 
 def _connect(path: str, include_uncommitted: bool):
     """DuckDB over a dump (views key_data, scalars, configs) or a comparison's output folder (a view per table)."""
-    from rlprobe.pipeline.catalog import connect_result_dir, is_result_dir
+    from rlprobe.pipeline.cli_support import connect_result_dir, is_result_dir
 
     if is_result_dir(Path(path)):
         return connect_result_dir(Path(path))
@@ -131,7 +131,7 @@ def sql(args: tuple[str, ...], runs: tuple[str, ...], fmt: str, output: str | No
     if len(args) > 2 or (len(args) == 1 and not runs):
         raise click.UsageError("give DUMP QUERY, or --run NAME=PATH (repeatable) and QUERY")
     query = args[-1]
-    from rlprobe.pipeline.catalog import attach_runs, check_every_file, parse_run_option
+    from rlprobe.pipeline.cli_support import attach_runs, check_every_file, parse_run_option
 
     paths = list(args[:-1])  # what the query reads: a failure inside a file is traced to it
     try:

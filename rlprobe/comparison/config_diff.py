@@ -2,7 +2,7 @@
 each belongs to, and which of them explain the first divergence (docs/compare.md, "Config diff").
 
 The ignore list and the families are data (config_families.yaml beside this file); the diff is
-sql/config_diff.sql. Nothing here renders: rlprobe/report/config_diff_report.py does."""
+sql/config_diff.sql. Nothing here renders: rlprobe/report/markdown.py does."""
 
 from __future__ import annotations
 

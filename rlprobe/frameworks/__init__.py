@@ -23,7 +23,7 @@ __all__ = ["ADAPTERS", "Adapter", "StagedLeaf", "adapter_for", "adapter_for_modu
 ADAPTERS: dict[str, tuple[str, str]] = {
     "torch": ("torch", "rlprobe.frameworks.torch_adapter:TorchAdapter"),
     "mindspore": ("mindspore", "rlprobe.frameworks.mindspore_adapter:MindSporeAdapter"),
-    "numpy": ("numpy", "rlprobe.frameworks.numpy_adapter:NumpyAdapter"),
+    "numpy": ("numpy", "rlprobe.frameworks.base:NumpyAdapter"),
 }
 FALLBACK = "numpy"  # asked for any value no adapter of its own package claims (bool, int, float, arrays)
 _loaded: dict[str, Adapter] = {}

@@ -4,7 +4,8 @@ Capture code (rlprobe.capture) asks these questions and never names a framework:
 tensor, what dtype, a snapshot of these tensors, which rank, rank 0's value on every rank, hook
 this module, hook this optimizer's step, gradient statistics and parameter fingerprints. An adapter
 subclasses `Adapter`, answers what its framework can (the defaults say "not supported"), and is
-registered by one line in `rlprobe.frameworks.ADAPTERS`.
+registered by one line in `rlprobe.frameworks.ADAPTERS`. The simplest, NumpyAdapter (numpy arrays, numpy
+scalars and Python bool/int/float), is here too.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from rlprobe.errors import ProbeError
+from rlprobe.lake.encoding import SUPPORTED, WIDENED_FLOATS
 from rlprobe.lake.grad_stats import GradBatch, ParamBatch
-
 
 @dataclass
 class StagedLeaf:
@@ -165,3 +166,52 @@ class Adapter:
         for the host batch, and the bytes in flight. `background` False: where the parameters live on
         the host, compute them now on this thread (a stage block's weights: fewer than a thread pays for)."""
         raise NotImplementedError
+
+
+class NumpyAdapter(Adapter):
+    name = "numpy"
+
+    def is_tensor(self, value: Any) -> bool:
+        return isinstance(value, (np.ndarray, np.generic, bool, int, float))
+
+    def as_array(self, value: Any) -> np.ndarray:
+        if isinstance(value, bool):
+            return np.array(value, dtype=np.bool_)
+        if isinstance(value, int):
+            if -(1 << 63) <= value < 1 << 63:
+                return np.array(value, dtype=np.int64)
+            if 0 <= value < 1 << 64:
+                return np.array(value, dtype=np.uint64)
+            raise ProbeError(f"the int {_short(value)} does not fit in 64 bits (int64 or uint64), the widest integer "
+                             "a tensor holds; pass it as a float, or split it")
+        if isinstance(value, float):
+            return np.array(value, dtype=np.float64)
+        return np.asarray(value)
+
+    def dtype_name(self, value: Any) -> str:
+        dtype = self.as_array(value).dtype
+        name = "bool" if dtype == np.bool_ else dtype.name
+        if name not in SUPPORTED:
+            raise ProbeError(f"unsupported numpy dtype {dtype}; supported: {', '.join(SUPPORTED)}")
+        return name
+
+    def stage(self, values: Sequence[Any], keep_raw: bool) -> list[StagedLeaf]:
+        staged = []
+        for value in values:
+            arr = np.array(self.as_array(value), copy=True, order="C")  # a snapshot, C order
+            staged.append(StagedLeaf(self.dtype_name(arr), arr.shape, arr, nbytes=arr.nbytes))
+        return staged
+
+    def from_host(self, array: np.ndarray, dtype: str, like: Any) -> Any:
+        if dtype in WIDENED_FLOATS and dtype != "float16":
+            raise ProbeError(f"numpy has no {dtype}: the baseline's {dtype} tensor can only be replayed into a "
+                             "framework tensor (pass a torch tensor of that dtype)")
+        out = np.array(array, dtype=np.dtype(dtype), copy=True)  # a copy the caller may change
+        if isinstance(like, np.generic) or (isinstance(like, (bool, int, float)) and out.ndim == 0):
+            return out[()] if isinstance(like, np.generic) else out.item()
+        return out
+
+
+def _short(value: int) -> str:
+    # str() of a huge int is slow, and refused past 4300 digits
+    return str(value) if value.bit_length() <= 128 else f"({'-' if value < 0 else ''}{value.bit_length()} bits)"

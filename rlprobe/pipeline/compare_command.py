@@ -178,7 +178,7 @@ def print_verdict(console: Console, summary: dict[str, Any], out: str) -> None:
         console.print(f"[bold]next[/]: {escape(str(summary['advice']))}")
     for err in summary.get("read_errors", []):
         console.print(f"[yellow]warning[/]: {escape(str(err))}")
-    from rlprobe.report.config_diff_report import console_lines
+    from rlprobe.report.markdown import console_lines
 
     for line in console_lines(summary):  # issue 14: the config diff and warnings
         console.print(escape(line), highlight=False)

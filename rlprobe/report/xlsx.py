@@ -21,8 +21,8 @@ from rlprobe.errors import ProbeError
 from rlprobe.lake.layout import safe_component
 from rlprobe.report.comparison_words import (MATCHING_STATUSES, cell_text, differs, ordered_counts, rollup_columns,
                                          verdict, yaml_lines)
-from rlprobe.report.config_diff_report import COLUMNS, xlsx_records
 from rlprobe.report.headers import MSPROBE_LAYOUT, check_lang, header, label, msprobe_headers
+from rlprobe.report.markdown import COLUMNS, xlsx_records
 from rlprobe.report.output_folder import write_report_file
 from rlprobe.report.table_sheets import (MAX_WIDTH, MIN_WIDTH, ROWS_PER_SHEET, STATUS_FAMILY, column_values,
                                          column_width, display_width, marks_of, number_format, row_families,
@@ -229,7 +229,7 @@ def _write_summary_sheet(book: Workbook, name: str, summary: Mapping[str, Any],
                      [bold, style(CellFormat(fill=FILLS["missing"]))]))
     for i, error in enumerate(summary.get("read_errors") or []):
         rows.append(([label("read_errors", lang) if i == 0 else None, str(error)], [bold, style(CellFormat(fill=FILLS["bad"]))]))
-    for i, warning in enumerate(summary.get("warnings") or []):  # issue 14: report/config_diff_report.py
+    for i, warning in enumerate(summary.get("warnings") or []):  # issue 14: report/markdown.py
         rows.append(([label("warnings", lang) if i == 0 else None, str(warning)], [bold, None]))
     if summary.get("config_diff"):
         table("config_diff", COLUMNS, xlsx_records(summary), lambda r: None)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import rlprobe
-from rlprobe.capture.switch_interval import WORKING_SWITCH_INTERVAL, short_switch_interval
+from rlprobe.capture.calls import WORKING_SWITCH_INTERVAL, short_switch_interval
 from rlprobe.lake.reader import open_dump
 
 
