@@ -77,7 +77,7 @@ def installed_copy(checkout: Path, into: Path) -> Path:
 
     into.mkdir(parents=True)
     shutil.copytree(checkout / "rlprobe", into / "rlprobe", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("sql", "pipelines", "examples"):  # rlprobe.resources finds them beside the package
+    for name in ("sql", "pipelines", "examples"):  # rlprobe.lake.sql_runner finds them beside the package
         if (checkout / name).is_dir():
             shutil.copytree(checkout / name, into / name)
     if not compileall.compile_dir(into / "rlprobe", quiet=1):

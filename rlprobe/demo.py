@@ -23,7 +23,7 @@ import yaml
 
 from rlprobe.capture.config import apply_overrides
 from rlprobe.errors import ProbeError
-from rlprobe.resources import resource_dir
+from rlprobe.lake.sql_runner import resource_dir
 
 FAULTS = ("ref-bf16", "nondeterministic", "advantage-bug", "sampling-seed", "lr")
 # faults whose differences are of rounding size, which the demo compares bitwise (tolerance 0)

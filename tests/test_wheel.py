@@ -20,7 +20,7 @@ import json, sys
 import numpy as np
 import importlib.metadata as metadata
 import rlprobe
-from rlprobe.resources import resource_dir
+from rlprobe.lake.sql_runner import resource_dir
 # the distribution's name is this project's own (the registry's `rlprobe` is another project)
 assert metadata.version('rlprobe-numerics') == rlprobe.__version__, metadata.version('rlprobe-numerics')
 assert [d.metadata['Name'] for d in metadata.distributions() if d.metadata['Name'].lower() == 'rlprobe'] == []

@@ -1,7 +1,7 @@
 """What the training thread hands the background writer, and what the writer's helpers read of it.
 
 LeafJob (one leaf's snapshot) and SaveCall (one save() call) are made by Probe and taken by
-writer.BackgroundWriter; key_data_rows, save_calls and writer_process work on them with the writer's
+writer.BackgroundWriter; key_data_rows and writer_process work on them with the writer's
 state. The types live here, below all of those modules, so none of them imports another for its
 annotations (tests/test_structure.py counts those imports too).
 

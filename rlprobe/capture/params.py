@@ -59,7 +59,7 @@ class ParamMonitor:
 
     def _before_step(self, at: OptimizerStep) -> None:
         """The optimizer is about to change the weights: a CPU fingerprint still reading them
-        (torch_params.CpuFingerprints) finishes first. Device fingerprints are queued on the
+        (torch_grads.CpuFingerprints) finishes first. Device fingerprints are queued on the
         device before this step's kernels, so they need no wait."""
         if self._reading is not None:
             self._reading()

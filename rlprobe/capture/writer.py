@@ -3,7 +3,7 @@
 The training thread only stages tensors and queues work. Save calls, the ends of steps and
 scalars are deferred (`defer`): the writer takes them in one go when they are due, once per
 `flush_interval` (or sooner, when CALL_BATCH_BYTES or CALL_BATCH_COUNT of them wait, or another
-job is submitted), and works the calls out together (capture/save_calls.py): its Python, which
+job is submitted), and works the calls out together (capture/key_data_rows.py): its Python, which
 holds the GIL the training thread needs, then runs once per commit instead of once per call.
 Memory in flight is bounded by `max_inflight_bytes`; when the bound is reached `submit` waits
 (back-pressure) instead of dropping data or growing without bound. Failures are collected,

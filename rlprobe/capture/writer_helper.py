@@ -103,7 +103,7 @@ def _columnar(ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 
 
 def _serve(requests: int, replies: int, ring_fd: int, capacity: int, parent: int) -> None:
-    from rlprobe.capture.save_calls import write_key_data, write_samples_and_key_data
+    from rlprobe.capture.key_data_rows import write_key_data, write_samples_and_key_data
     from rlprobe.capture.calls import LeafJob
     from rlprobe.frameworks.base import StagedLeaf
     from rlprobe.lake.samples import OccurrenceCounter

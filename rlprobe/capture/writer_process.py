@@ -134,9 +134,9 @@ class WriterProcess:
 
 def prepare_calls(writer: WriterState, calls: list[SaveCall]) -> list[Callable[[], None]]:
     """The writer thread's preparation of deferred save calls (capture/writer.py, _run_deferred):
-    worked out together on the thread (capture/save_calls.py), or, with a writer process, each
+    worked out together on the thread (capture/key_data_rows.py), or, with a writer process, each
     sent there when it is published, as before. Returns, per call, what publishes its rows."""
-    from rlprobe.capture.save_calls import prepare_here
+    from rlprobe.capture.key_data_rows import prepare_here
 
     if writer.process is None and not writer.samples_remote:
         return prepare_here(writer, calls)
@@ -170,7 +170,7 @@ def write_call(writer: WriterState, layout: DumpLayout, step: int, jobs: list[Le
             message = f"rlprobe writer: {e}; step {step} is not committed, the writer thread does the rest"
             writer.sink.record_error(message, {"step": step, "what": "rows"}, incomplete_step=step)
             writer.report([message])
-    from rlprobe.capture.save_calls import write_key_data, write_samples_and_key_data
+    from rlprobe.capture.key_data_rows import write_key_data, write_samples_and_key_data
 
     if identity is not None:
         write_samples_and_key_data(writer, layout, step, jobs, save_tensors, identity, call)

@@ -60,7 +60,7 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
     `con`: a DuckDB connection of the caller's that the check's tables are registered in (compare passes
     a cursor of its own: duckdb.connect() starts a database each time, ~25 ms of CPU, a cursor ~20 µs).
     The two-run verdict reads the same rules: check_dump(dump, only=("on_policy", "rollout_vs_recompute")).rows;
-    with `only`, the token tables hold the pairs those checks read, not every pair (token_selection.py), and
+    with `only`, the token tables hold the pairs those checks read, not every pair (token_rows.selection_for), and
     with `maxima_only` too, the on_policy pairs only their token count and max |Δ|, what its query reads
     (token_maxima.py: the rules' results are the same, their token tables lean). `key_names`: saved key ->
     canonical key, as a comparison reads both its runs (default: rlprobe/key_names.csv, decided by this dump's keys,
@@ -85,10 +85,10 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
     tables: dict[str, pa.Table] = {"grad_steps": grad_steps}
     if info["has_tensors"]:
         from rlprobe.checks.pair_index import samples_table
-        from rlprobe.checks.token_selection import selection_for
+        from rlprobe.checks.token_rows import selection_for
         from rlprobe.checks.token_tables import GROUPS, group_advantages, token_tables
 
-        # only the pairs the checks run read (token_selection.py); the full check reduces all: its reports show them
+        # only the pairs the checks run read (token_rows.selection_for); the full check reduces all: its reports show them
         selection = None if only is None else selection_for(only, stats, info)
         with collections_paused():
             samples = samples_table(dump, inputs.key_canonical(stats))

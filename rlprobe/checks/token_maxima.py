@@ -13,8 +13,7 @@ import pyarrow as pa
 
 from rlprobe.checks.compiled import maxima_kernel
 from rlprobe.checks.token_figures import as_rows, check_shapes, mask_bytes
-from rlprobe.checks.token_rows import BUCKETS, HIST, SEQUENCES, STEPS, Part, loader
-from rlprobe.checks.token_selection import PairSelection
+from rlprobe.checks.token_rows import BUCKETS, HIST, SEQUENCES, STEPS, PairSelection, Part, loader
 from rlprobe.checks.token_tables import pairs, tensor_rows, token_tables
 from rlprobe.lake.reader import Dump
 

@@ -33,10 +33,10 @@ import pyarrow.compute as pc
 
 from rlprobe.checks.compiled import reduce_pair
 from rlprobe.checks.pair_index import PairIndex, pair_index, sample_parts, samples_table
-from rlprobe.checks.token_figures import N_PROBABILITY, HALF, TABLE_BITS, PairFigures
+from rlprobe.checks.token_figures import HALF, N_PROBABILITY, TABLE_BITS, PairFigures
 from rlprobe.checks.token_rows import (BUCKETS, HIST, QUANTILES, SEQUENCES, STEPS, Edges, is_float, loader, Part,
                                        part_tokens, table_edges)
-from rlprobe.checks.token_selection import ROLLOUT_KINDS, PairSelection
+from rlprobe.checks.token_rows import ROLLOUT_KINDS, PairSelection
 from rlprobe.lake.reader import Dump
 
 _WANTED = ("log_prob", "old_log_prob", "rollout_log_prob", "response_mask", "advantages", "group_ids")
@@ -96,7 +96,7 @@ def token_tables(dump: Dump, stats: pa.Table, eps: float, workers: int = 2, samp
                  selection: PairSelection | None = None) -> dict[str, pa.Table]:
     """token_steps, token_hist, token_positions, token_probability and token_sequences
     (`samples`: samples_table(dump), when the caller has it already), of every pair or of `selection`'s
-    (token_selection.py: check_dump(only=...))."""
+    (token_rows.selection_for: check_dump(only=...))."""
     samples = samples_table(dump) if samples is None else samples
     jobs = JOBS_PER_THREAD * max(1, workers)
     index = pair_index(stats, jobs) if selection is None and not samples.num_rows else None

@@ -296,9 +296,9 @@ class TorchAdapter(Adapter):
         return launch(grads, level, bounds, state)
 
     def param_fingerprints(self, params: Sequence[Any], background: bool = True):
-        from rlprobe.frameworks.torch_params import launch
+        from rlprobe.frameworks.torch_grads import launch_fingerprints
 
-        return launch(params, background)
+        return launch_fingerprints(params, background)
 
 
 def torch_rank_and_world() -> tuple[int, int] | None:

@@ -20,9 +20,9 @@ from rlprobe.lake import msprobe_format, msprobe_scan
 from rlprobe.lake.configs import configs_as_table, read_configs, read_json
 from rlprobe.lake.encoding import restore
 from rlprobe.lake.layout import RUN_MANIFEST, DumpLayout
+from rlprobe.lake.msprobe_format import rlprobe_unread, warn_unread
 from rlprobe.lake.schema import schema_for, step_column, with_rank
 from rlprobe.lake.tensor_pack import read_tensor_file
-from rlprobe.lake.unread import rlprobe_unread, warn_unread
 
 if TYPE_CHECKING:
     import duckdb

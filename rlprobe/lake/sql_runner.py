@@ -2,7 +2,8 @@
 binds the parameters (never pastes them into the text) and returns an Arrow table.
 
 Every layer (lake, compare, check, pipeline, the CLI) runs its queries through here, so the DuckDB
-to Arrow conversion, statement clean-up and row records exist once.
+to Arrow conversion, statement clean-up and row records exist once. The bundled sql/, pipelines/ and
+examples/ folders are found here too (resource_dir: installed or in a checkout).
 
 Parameters with a default (the gates of sql/gates/, the checks of sql/check/) are declared in the
 query's header, one a line, and read in the SQL with getvariable('NAME'):
@@ -16,11 +17,11 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-
-from rlprobe.resources import sql_text
 
 # a header line declaring a parameter and its default: -- param tps_max_drop = 0.05 : what it means
 _PARAM = re.compile(r"^--\s*param\s+([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.+?)\s*:\s", re.MULTILINE)
@@ -115,3 +116,24 @@ def set_variables(con: Any, values: dict[str, Any]) -> None:
     """Each value as a DuckDB variable that SQL reads with getvariable('name') (bound, never pasted)."""
     for name, value in values.items():
         con.execute(f'SET VARIABLE "{name}" = ?', [value])
+
+
+BUNDLED = ("sql", "pipelines", "examples")
+
+
+def resource_dir(name: str) -> Path:
+    """Path of a bundled top-level folder: inside the wheel, else the source checkout."""
+    if name not in BUNDLED:
+        raise ValueError(f"unknown resource folder {name!r}; expected one of {BUNDLED}")
+    installed = resources.files("rlprobe") / "_bundled" / name
+    if installed.is_dir():
+        return Path(str(installed))
+    checkout = Path(__file__).resolve().parents[2] / name  # rlprobe/lake/ -> the checkout
+    if checkout.is_dir():
+        return checkout
+    raise FileNotFoundError(f"rlprobe's {name}/ folder is missing from this installation ({installed})")
+
+
+def sql_text(name: str) -> str:
+    """The text of a bundled SQL file, e.g. sql_text('info_key_data.sql')."""
+    return (resource_dir("sql") / name).read_text(encoding="utf-8")

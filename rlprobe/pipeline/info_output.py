@@ -15,9 +15,9 @@ import click
 
 from rlprobe.lake import msprobe_format, msprobe_scan
 from rlprobe.lake.layout import PACK_SUFFIX
+from rlprobe.lake.msprobe_format import rlprobe_unread
 from rlprobe.lake.reader import Dump
 from rlprobe.lake.sql_runner import records
-from rlprobe.lake.unread import rlprobe_unread
 
 def print_dump_summary(s: dict[str, Any]) -> None:
     from rich.markup import escape
@@ -143,7 +143,7 @@ def print_result_summary(s: dict[str, Any]) -> None:
 def dump_info(dump: Dump) -> dict[str, Any]:
     """What `dump` holds. A stats part or config file that cannot be read is one of the
     `problems` (naming the file), and the rest is summarised without it; `unread` names every entry that is
-    in no layout rlprobe reads (lake/unread.py, msprobe_format.unread_entries)."""
+    in no layout rlprobe reads (msprobe_format.warn_unread and unread_entries)."""
     import duckdb
 
     problems: list[str] = []

@@ -316,7 +316,7 @@ def _looks_like_file(text: str) -> bool:
 
 def _find_sql(name: str, base: Path, where: _Where, loc: tuple) -> Path:
     """A SQL file beside the YAML, else among the bundled sql/ files."""
-    from rlprobe.resources import resource_dir
+    from rlprobe.lake.sql_runner import resource_dir
 
     if not _looks_like_file(name):
         raise SpecError(f"{where.at(loc)}: {dotted(loc)}: {name!r} is not a .sql file; write an inline query "
@@ -332,7 +332,7 @@ def _find_sql(name: str, base: Path, where: _Where, loc: tuple) -> Path:
 
 
 def _missing_sql(name: str, candidates: list[Path], where: _Where, loc: tuple) -> Path:
-    from rlprobe.resources import resource_dir
+    from rlprobe.lake.sql_runner import resource_dir
 
     bundled = sorted(str(p.relative_to(resource_dir("sql"))) for p in resource_dir("sql").rglob("*.sql"))
     close = difflib.get_close_matches(name.removeprefix("sql/"), bundled, n=1, cutoff=0.75)

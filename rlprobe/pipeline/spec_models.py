@@ -246,7 +246,7 @@ def default_params() -> dict[str, Any]:
     """The parameters the bundled gates read with getvariable(), with the defaults each gate states
     in its header (`-- param NAME = VALUE : meaning`); a pipeline's `params:` overrides them."""
     from rlprobe.lake.sql_runner import declared_params
-    from rlprobe.resources import resource_dir
+    from rlprobe.lake.sql_runner import resource_dir
 
     found: dict[str, Any] = {}
     for gate in sorted((resource_dir("sql") / "gates").glob("*.sql")):

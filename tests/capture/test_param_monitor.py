@@ -8,7 +8,7 @@ import torch
 
 import rlprobe
 from rlprobe.errors import ProbeError
-from rlprobe.frameworks import torch_params
+from rlprobe.frameworks import torch_grads
 from rlprobe.lake.grad_stats import host_fingerprints
 
 
@@ -58,7 +58,7 @@ def test_two_identical_runs_have_equal_fingerprints_and_another_lr_does_not(tmp_
 
 
 def test_cpu_fingerprints_read_their_step_s_weights_though_the_next_step_follows_at_once(tmp_path):
-    """On the CPU the fingerprints are computed in a thread beside the training (torch_params.
+    """On the CPU the fingerprints are computed in a thread beside the training (torch_grads.
     CpuFingerprints); the next optimizer step waits for it, so no row holds half-updated weights."""
     w = torch.nn.Parameter(torch.randn(4_000_000, generator=torch.Generator().manual_seed(0)))
     opt = torch.optim.SGD([w], lr=0.1)
@@ -87,7 +87,7 @@ def test_cpu_kernel_and_device_path_equal_the_numpy_reference(dtype):
     narrow = dtype in (torch.bfloat16, torch.float16)
     raw = [t.view(torch.int16).numpy() if narrow else t.numpy() for t in tensors]
     want = host_fingerprints([t.float().numpy() if narrow else t.numpy() for t in tensors], raw)
-    for path in (torch_params._cpu, lambda f: torch_params._device(f, torch.device("cpu"))):
+    for path in (torch_grads._cpu, lambda f: torch_grads._device(f, torch.device("cpu"))):
         got = path([t.reshape(-1) for t in tensors])[0]()
         assert np.array_equal(got.digests, want.digests)
         np.testing.assert_allclose(got.floats, want.floats, rtol=1e-6, atol=1e-9)
@@ -103,7 +103,7 @@ def test_device_path_never_reads_a_value_back_on_the_training_thread(monkeypatch
         original = getattr(torch.Tensor, name)
         monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _n=name, _o=original, **k: calls.append(_n)
                             or _o(self, *a, **k))
-    finish, nbytes = torch_params._device([t.reshape(-1) for t in tensors], torch.device("cpu"))
+    finish, nbytes = torch_grads._device([t.reshape(-1) for t in tensors], torch.device("cpu"))
     assert calls == [] and nbytes == 2 * 24
     monkeypatch.undo()
     batch = finish()

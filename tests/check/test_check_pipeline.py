@@ -7,7 +7,7 @@ import json
 from click.testing import CliRunner
 
 from rlprobe.cli import main
-from rlprobe.resources import resource_dir
+from rlprobe.lake.sql_runner import resource_dir
 
 
 def test_a_one_run_pipeline_checks_it(ppo_runs, tmp_path, monkeypatch):

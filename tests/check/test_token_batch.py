@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 import rlprobe
-from rlprobe.checks import token_batch, token_batch_tables
+from rlprobe.checks import token_batch
 from rlprobe.checks import token_tables as token_tables_module
 from rlprobe.checks.inputs import stats_table
 from rlprobe.checks.run import collections_paused
@@ -124,9 +124,9 @@ def test_files_are_opened_from_a_folder_of_the_dump_and_a_missing_folder_is_name
 def test_the_pair_column_is_cut_into_chunks_past_32_bit_offsets(monkeypatch):
     keys = [("rollout_vs_old", 1, 0), ("on_policy", 2, 1), ("rollout_vs_old", 3, 0)]
     sizes = np.array([3, 0, 2], np.int64)
-    whole = token_batch_tables._pairs(keys, sizes)
-    monkeypatch.setattr(token_batch_tables, "STRING_BYTES", 20)
-    cut = token_batch_tables._pairs(keys, sizes)
+    whole = token_batch._pairs(keys, sizes)
+    monkeypatch.setattr(token_batch, "STRING_BYTES", 20)
+    cut = token_batch._pairs(keys, sizes)
     expected = ["rollout_vs_old"] * 3 + ["rollout_vs_old"] * 2
     assert whole.num_chunks == 1 and cut.num_chunks == 3 and cut.type == pa.string()
     assert whole.to_pylist() == cut.to_pylist() == expected

@@ -1,4 +1,4 @@
-"""check_dump(only=...) reduces only the token pairs the requested checks read (rlprobe/checks/token_selection.py):
+"""check_dump(only=...) reduces only the token pairs the requested checks read (rlprobe/checks/token_rows.py):
 on_policy's pairs at the (step, rank) its query judges, the rollout pairs for rollout_vs_recompute, none for
 a check without token figures; its results stay those of the full check."""
 
@@ -9,15 +9,13 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pytest
+from tests.lake.layouts import rewrite_record
 
 import rlprobe
 from rlprobe.checks import check_dump
 from rlprobe.checks.inputs import run_info, run_info_table, stats_table
-from rlprobe.checks.token_rows import STEPS
-from rlprobe.checks.token_selection import on_policy_judged
+from rlprobe.checks.token_rows import STEPS, on_policy_judged
 from rlprobe.lake.sql_runner import run
-
-from tests.lake.layouts import rewrite_record
 
 RULES = ("on_policy", "rollout_vs_recompute")
 

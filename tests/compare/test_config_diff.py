@@ -127,7 +127,7 @@ def test_family_patterns_match_every_trainer_s_names(ppo_runs):
     import duckdb
     import pyarrow as pa
 
-    from rlprobe.resources import sql_text
+    from rlprobe.lake.sql_runner import sql_text
 
     paths = {"args.learning_rate": "learning_rate", "actor_rollout_ref.actor.optim.lr": "learning_rate",
              "actor_learning_rate": "learning_rate", "ppo.critic_lr": "learning_rate", "args.beta": "kl",

@@ -172,7 +172,7 @@ def test_the_single_run_rules_read_no_advantages(ppo_runs):
     assert only.tables["group_advantages"].num_rows == 0
     assert [r["check"] for r in only.results.to_pylist()] == list(RULES)
     assert only.results.to_pylist() == [r for r in full.results.to_pylist() if r["check"] in RULES]
-    # and reduce only the token pairs the two rules read (checks/token_selection.py): every rollout pair, and
+    # and reduce only the token pairs the two rules read (checks/token_rows.py, selection_for): every rollout pair, and
     # of the on_policy pairs those that are not bitwise equal by their hash (the on_policy rule reports no
     # bitwise equal pair whatever its tokens say), here none or those this CPU's kernels round apart
     # (test_token_selection.py builds both kinds)

@@ -15,7 +15,7 @@ import rlprobe
 from rlprobe.cli import main
 from rlprobe.comparison.options import CompareOptions
 from rlprobe.comparison.tolerance import COARSER, EPS, FAMILIES, Tolerance, default_rtol
-from rlprobe.resources import sql_text
+from rlprobe.lake.sql_runner import sql_text
 
 
 def _dump(path, values, stats_only=False):

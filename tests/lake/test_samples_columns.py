@@ -111,7 +111,7 @@ def test_explicit_ids_and_groups_and_keys_with_different_histories():
 
 
 def test_calls_worked_out_together_count_occurrences_through_steps_and_batches():
-    """The writer takes a commit's calls in one go (capture/save_calls.py): occurrences counted
+    """The writer takes a commit's calls in one go (capture/key_data_rows.py): occurrences counted
     in one pass over several calls and steps, and on from the previous batch when its last step
     goes on, are those of the per-row definition, call after call."""
     counter, seen, rows, expected = OccurrenceCounter(), {}, [], []

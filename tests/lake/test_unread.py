@@ -1,4 +1,4 @@
-"""rlprobe/lake/unread.py: what an rlprobe dump's readers list and leave out is named in one warning and in
+"""rlprobe/lake/msprobe_format.py: what an rlprobe dump's readers list and leave out is named in one warning and in
 `rlprobe info`, never an error, and rlprobe's own temporary files are not."""
 
 from __future__ import annotations

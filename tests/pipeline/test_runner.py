@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from rlprobe.resources import resource_dir
+from rlprobe.lake.sql_runner import resource_dir
 
 
 def _spec(tmp_path: Path, a: Path, b: Path, extra: str = "", output: str = "./out") -> Path:

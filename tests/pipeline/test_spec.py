@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from rlprobe.lake.sql_runner import resource_dir
 from rlprobe.pipeline.spec import SpecError, load_pipeline
-from rlprobe.resources import resource_dir
 
 GOOD = """version: 1
 name: demo
