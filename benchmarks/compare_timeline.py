@@ -52,7 +52,7 @@ SPANS = (
     ("rlprobe.comparison.run", "_cursors"),
     ("rlprobe.comparison.run", "_SingleRunBeside.run_pairs"),
     ("rlprobe.comparison.executor", "run_pairs"),
-    ("rlprobe.comparison.pairs_ahead", "PairsAhead.take"),  # a method: Class.name
+    ("rlprobe.comparison.pair_results", "PairsAhead.take"),  # a method: Class.name
     ("rlprobe.comparison.pair_results", "pair_results_table"),
     ("rlprobe.comparison.single_run", "single_run_findings"),
     ("rlprobe.comparison.verdict", "explain"),
@@ -186,9 +186,9 @@ def phases(result: dict) -> dict[str, tuple[float, float, float]]:
     for s in result["spans"]:
         if s["thread"] == "MainThread":
             first.setdefault(s["label"], s)
-    # with pairs compared ahead (rlprobe.comparison.pairs_ahead), the pairs phase is the main thread's wait for
+    # with pairs compared ahead (rlprobe.comparison.pair_results), the pairs phase is the main thread's wait for
     # them, and their CPU counts where their thread ran (before the pairs, mostly)
-    calls = [first[label] for label in ("executor.run_pairs", "pairs_ahead.PairsAhead.take") if label in first]
+    calls = [first[label] for label in ("executor.run_pairs", "pair_results.PairsAhead.take") if label in first]
     if not calls or not {"run.compare_dumps", "output_folder.publish_output"} <= first.keys():
         return {}  # no tensor pair compared (statistics only): no phases to tell apart
     start, out = first["run.compare_dumps"], first["output_folder.publish_output"]

@@ -10,8 +10,7 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 
 from rlprobe.comparison.key_aliases import key_order_table
-from rlprobe.comparison.pair_results import pair_results_table
-from rlprobe.comparison.pairs_ahead import AHEAD_MIN_PAIRS
+from rlprobe.comparison.pair_results import AHEAD_MIN_PAIRS, pair_results_table
 from rlprobe.comparison.sample_alignment import layout, sample_key_data
 from rlprobe.comparison.tolerance import Tolerance
 from rlprobe.errors import SelectionError
@@ -57,7 +56,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
     stats_b, key_order and key_data (and the macros of pair_macros.sql) for the queries after it.
     Runs with different layouts (micro-batches, ranks) are compared per sample (sample_alignment.py).
     `ahead(tasks)`: starts comparing pairs (PairTask) that `executor` will then be asked for, while
-    the statistics are read (rlprobe.comparison.pairs_ahead); called for two msprobe dumps (run A of many
+    the statistics are read (rlprobe.comparison.pair_results); called for two msprobe dumps (run A of many
     tensor files) without a selection. `stats_read()` is called once both runs' statistics are loaded.
     `tolerance`: when a pair that is not bitwise equal is close (tolerance.py; default: per dtype); `envelope`:
     a control run's key_envelope (control_run.py; ENVELOPE_SCHEMA), by which a pair is close too (default: none)."""

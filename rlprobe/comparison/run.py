@@ -16,7 +16,7 @@ from rlprobe._version import __version__
 from rlprobe.comparison.amplification import KeyErrors
 from rlprobe.comparison.key_data import compare_key_data, saved_keys
 from rlprobe.comparison.options import CompareOptions, Runtime, has_grads, has_module_stats, has_params
-from rlprobe.comparison.pairs_ahead import PairsAhead
+from rlprobe.comparison.pair_results import PairsAhead
 from rlprobe.comparison.sample_alignment import modules_not_compared
 from rlprobe.comparison.single_run import single_run_findings
 from rlprobe.comparison.verdict import explain, explain_beyond_key_data, settle_parting
@@ -57,7 +57,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
                               beside_pairs=runtime.beside_pairs)
     try:
         # with more than one worker (and the local executor), pairs known from the runs' folders are compared
-        # while their statistics are read (pairs_ahead.py)
+        # while their statistics are read (pair_results.PairsAhead)
         compared = compare_key_data(con, dump_a, dump_b, keys=keys, steps=steps, ranks=ranks, workers=workers,
                                     tolerance=options.tolerance, order=order, progress=progress,
                                     executor=beside.run_pairs, key_map=key_map,
@@ -213,7 +213,7 @@ class _SingleRunBeside:
         self._importing: threading.Thread | None = None  # started by stats_read (pairs compared ahead)
 
     def start_ahead(self, tasks: list[Any], workers: int) -> None:
-        """Start comparing `tasks` (pairs_ahead.PairsAhead), once the kernels are loaded; run_pairs takes them."""
+        """Start comparing `tasks` (pair_results.PairsAhead), once the kernels are loaded; run_pairs takes them."""
         from rlprobe.comparison.executor import run_pairs
 
         self._ahead = PairsAhead(tasks, workers, _kernels_ready, run_pairs)

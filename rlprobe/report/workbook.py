@@ -1,5 +1,5 @@
-"""The xlsx workbooks of rlprobe's reports, written straight as SpreadsheetML (xlsx_parts.py,
-xlsx_cells.py): a workbook whose cell formats are named styles, sheets whose every cell keeps text
+"""The xlsx workbooks of rlprobe's reports, written straight as SpreadsheetML
+(xlsx_cells.py): a workbook whose cell formats are named styles, sheets whose every cell keeps text
 as text (rows go in only through Sheet.append and Sheet.append_columns, which store values as
 rlprobe.report.safe_cells says), and sheet names that follow Excel's rules.
 
@@ -30,7 +30,7 @@ from typing import IO, Any, Callable, Sequence
 
 import pyarrow as pa
 
-from rlprobe.report import xlsx_parts
+from rlprobe.report import xlsx_cells
 from rlprobe.report.safe_cells import join, write_all, xlsx_cell
 from rlprobe.report.xlsx_cells import cell_xml, column_cells, column_letter
 
@@ -86,13 +86,13 @@ class Workbook:
             names = ["Normal"] + [_style_name(f) for f in formats[1:]]
             n = len(self._names)
             now = datetime.datetime.now(tz=datetime.timezone.utc)
-            for part, text in (("[Content_Types].xml", xlsx_parts.content_types(n)),
-                               ("_rels/.rels", xlsx_parts.package_rels()),
-                               ("docProps/app.xml", xlsx_parts.app_xml()),
-                               ("docProps/core.xml", xlsx_parts.core_xml(now)),
-                               ("xl/workbook.xml", xlsx_parts.workbook_xml(self._names, self._filters)),
-                               ("xl/_rels/workbook.xml.rels", xlsx_parts.workbook_rels(n)),
-                               ("xl/styles.xml", xlsx_parts.styles_xml(
+            for part, text in (("[Content_Types].xml", xlsx_cells.content_types(n)),
+                               ("_rels/.rels", xlsx_cells.package_rels()),
+                               ("docProps/app.xml", xlsx_cells.app_xml()),
+                               ("docProps/core.xml", xlsx_cells.core_xml(now)),
+                               ("xl/workbook.xml", xlsx_cells.workbook_xml(self._names, self._filters)),
+                               ("xl/_rels/workbook.xml.rels", xlsx_cells.workbook_rels(n)),
+                               ("xl/styles.xml", xlsx_cells.styles_xml(
                                    [(f.bold, f.fill, f.number_format) for f in formats], names))):
                 self._zip.writestr(part, text)
             self._zip.close()
@@ -230,7 +230,7 @@ class Sheet:
             cells.append(cell_xml(ref, value, style or 0))
             target = links.get(j) if links else None
             if target is not None:
-                self._links.append((ref, f"{xlsx_parts.quoted_sheet(target)}!A1", _display(value)))
+                self._links.append((ref, f"{xlsx_cells.quoted_sheet(target)}!A1", _display(value)))
         self._columns = max(self._columns, len(cells))
         self._rows.write(f'<row r="{self._row}">{"".join(cells)}</row>'.encode())
 
@@ -259,9 +259,9 @@ class Sheet:
 
     def write_to(self, archive: zipfile.ZipFile) -> None:
         """Put the sheet into `archive` as xl/worksheets/sheet<number>.xml."""
-        head = xlsx_parts.sheet_start(self._number == 1, xlsx_parts.dimension(self._row, self._columns),
+        head = xlsx_cells.sheet_start(self._number == 1, xlsx_cells.dimension(self._row, self._columns),
                                       self._widths, self._freeze).encode()
-        tail = xlsx_parts.sheet_end(self._autofilter, self._links).encode()
+        tail = xlsx_cells.sheet_end(self._autofilter, self._links).encode()
         size = len(head) + self._rows.tell() + len(tail)
         try:
             with archive.open(f"xl/worksheets/sheet{self._number}.xml", "w", force_zip64=size >= _ZIP64_FROM) as part:
@@ -277,7 +277,7 @@ class Sheet:
 
 
 def quoted_sheet(name: str) -> str:
-    return xlsx_parts.quoted_sheet(name)
+    return xlsx_cells.quoted_sheet(name)
 
 
 def _display(value: Any) -> str:

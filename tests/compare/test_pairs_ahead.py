@@ -1,4 +1,4 @@
-"""rlprobe/comparison/pairs_ahead.py: with two workers, the pairs of two msprobe dumps are compared from their
+"""rlprobe/comparison/pair_results.py: with two workers, the pairs of two msprobe dumps are compared from their
 folders' listings while their statistics are read; the SQL still picks the pairs, and every result and
 output is the one of comparing the picked pairs afterwards (one worker)."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from rlprobe.comparison.executor import PairTask, run_pairs
 from rlprobe.comparison.key_data import _start_ahead
-from rlprobe.comparison.pairs_ahead import AHEAD_MIN_PAIRS, PairsAhead
+from rlprobe.comparison.pair_results import AHEAD_MIN_PAIRS, PairsAhead
 from rlprobe.lake.reader import open_dump
 from rlprobe.pipeline.compare_command import compare
 

@@ -1,5 +1,5 @@
 """rlprobe/lake/msprobe_scan.py: an msprobe dump's folders listed first (what a comparison with two
-workers starts comparing pairs from: rlprobe/comparison/pairs_ahead.py), its statistics read from that
+workers starts comparing pairs from: rlprobe/comparison/pair_results.py), its statistics read from that
 listing, give the table a reading in one go gives, and every error is still the one it reports."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlprobe.report.work_dir import LEGACY_AGE_S, WorkDir, remove_dead_work_dirs
+from rlprobe.report.output_folder import LEGACY_AGE_S, WorkDir, remove_dead_work_dirs
 
 PREFIX = ".out.tmp-"
 
@@ -18,7 +18,7 @@ PREFIX = ".out.tmp-"
 _HOLDER = """
 import sys, time
 from pathlib import Path
-from rlprobe.report.work_dir import WorkDir
+from rlprobe.report.output_folder import WorkDir
 work = WorkDir(Path(sys.argv[1]), sys.argv[2])
 (work.path / "half.parquet").write_bytes(b"half")
 if sys.argv[3] == "old":
