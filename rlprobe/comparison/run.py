@@ -21,7 +21,7 @@ from rlprobe.comparison.sample_alignment import modules_not_compared
 from rlprobe.comparison.single_run import single_run_findings
 from rlprobe.comparison.verdict import explain, explain_beyond_key_data, settle_parting
 from rlprobe.lake.reader import Dump
-from rlprobe.lake.sql_runner import records, run, to_arrow
+from rlprobe.lake.sql_runner import bound_memory, records, run, to_arrow
 
 if TYPE_CHECKING:
     import duckdb
@@ -48,6 +48,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
 
     own_connection = con is None
     con = con or (runtime.connect or duckdb.connect)()
+    bound_memory(con)  # the database's tables and sorts spill beyond its limit: memory flat in the pairs
     envelope = None
     if options.control is not None:  # run A against the control run first: its noise, per key and step
         from rlprobe.comparison.control_run import noise_envelope
