@@ -94,6 +94,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
         create_table(con, "selected_pairs", "selected_pairs.sql", **selection)  # for tensor_pairs and key_data
         if records(con, "has_tensor_files.sql")[0]["both_have_files"]:
             files = run(con, "tensor_pairs.sql")
+    pairs = files.num_rows
     results: dict[int, dict[str, Any]] = {}
     if files.num_rows:  # the executor (and numba under it) is imported only when there is a pair to compare
         from rlprobe.comparison.executor import PairTask, run_pairs
@@ -101,6 +102,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
         root_a, root_b = os.path.join(dump_a.path, ""), os.path.join(dump_b.path, "")  # no pathlib per pair
         tasks = _pair_tasks(files, root_a, root_b)
         results = (executor or run_pairs)(tasks, workers=workers, progress=progress)
+        del tasks  # each pair's paths and records: not held through key_data.sql (issue 42, item 6)
     elif progress is not None:
         progress(0, 0)
     gathered = 0
@@ -108,11 +110,14 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
         key_data, gathered = sample_key_data(con, dump_a, dump_b, selection, read_errors)
         key_data = key_data.append_column("control_envelope", pa.nulls(key_data.num_rows, pa.float64()))
     else:
-        con.register("pair_results", pair_results_table(results, files))
+        pair_results = pair_results_table(results, files)
+        del results, files  # the executor's columns and the pairs' addresses: key_data.sql reads pair_results
+        con.register("pair_results", pair_results)
         try:
             key_data = run(con, "key_data.sql")
         finally:
             con.unregister("pair_results")
+            del pair_results
     key_data = _prepend_read_errors(key_data, read_errors)
     con.register("key_data", key_data)
     first = records(con, "first_divergence.sql")
@@ -125,7 +130,7 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
         first["canonical_key"] = canonical[0]["canonical"] if canonical else first["key"]
     key_data = _mark_first(key_data, first)
     con.register("key_data", key_data)
-    return KeyDataComparison(key_data, first, read_errors, files.num_rows + gathered, run_layout, difference)
+    return KeyDataComparison(key_data, first, read_errors, pairs + gathered, run_layout, difference)
 
 
 def saved_keys(con: Any) -> dict[str, set[str]]:
@@ -180,26 +185,44 @@ def _start_ahead(ahead: Callable[[list[Any]], None], dump_a: Dump, dump_b: Dump)
 
 def _pair_tasks(files: pa.Table, root_a: str, root_b: str) -> Sequence[Any]:
     """The executor's tasks of tensor_pairs.sql's rows (task i: row i), as columns (comparison/pair_results.py:
-    no Python object a pair until one is asked for), each column's addresses split at once by Arrow. Where a
-    column's addresses are not all whole files or all records (`<file>.npys#<offset>+<length>`,
+    no Python object a pair until one is asked for), each column's addresses split by Arrow, TASK_ROWS at a time.
+    Where a column's addresses are not all whole files or all records (`<file>.npys#<offset>+<length>`,
     lake/tensor_pack.split_address), pairs are split one by one as before, into a list."""
+    from rlprobe.comparison.pair_results import PairColumns
+
+    sides = [_side(files[column], root) for column, root in (("file_a", root_a), ("file_b", root_b))]
+    if None in sides:
+        return _pair_tasks_one_by_one(files, root_a, root_b)
+    return PairColumns(*sides)
+
+
+# addresses split at once: Arrow's split of a column holds ~0.5 KB a pair while it runs, so the whole column at
+# once grew a 409,600-pair comparison's peak by ~0.2 GB; a slice of these bounds it (issue 42, item 6)
+TASK_ROWS = 65_536
+
+
+def _side(addresses: pa.ChunkedArray, root: str) -> Any:
+    """One side's Side (pair_results.py) of `addresses`, `root` before each path; None where they are not all
+    records of packed files (nor all whole files)."""
+    import numpy as np
     import pyarrow.compute as pc
 
-    from rlprobe.comparison.pair_results import PairColumns, Side
+    from rlprobe.comparison.pair_results import Side
     from rlprobe.lake.tensor_pack import PACK_SUFFIX
 
-    sides = []
-    for column, root in (("file_a", root_a), ("file_b", root_b)):
-        addresses = files[column].combine_chunks()
-        if not pc.any(pc.match_substring(addresses, "#")).as_py():  # whole files
-            sides.append(Side([root + a for a in addresses.to_pylist()]))
-            continue
-        file_place = pc.split_pattern(addresses, "#", max_splits=1, reverse=True)  # as str.rpartition
+    if not pc.any(pc.match_substring(addresses, "#")).as_py():  # whole files
+        return Side([root + a for a in addresses.to_pylist()])
+    paths: list[str] = []
+    prefixed: dict[str, str] = {}  # a packed file holds many records: its path made once
+    offsets, lengths = [], []
+    for start in range(0, len(addresses), TASK_ROWS):
+        rows = addresses.slice(start, TASK_ROWS).combine_chunks()
+        file_place = pc.split_pattern(rows, "#", max_splits=1, reverse=True)  # as str.rpartition
         if not pc.all(pc.equal(pc.list_value_length(file_place), 2)).as_py():
-            return _pair_tasks_one_by_one(files, root_a, root_b)
+            return None
         place = pc.split_pattern(pc.list_element(file_place, 1), "+", max_splits=1)  # as str.partition
         if not pc.all(pc.equal(pc.list_value_length(place), 2)).as_py():
-            return _pair_tasks_one_by_one(files, root_a, root_b)
+            return None
         file, offset, length = pc.list_element(file_place, 0), pc.list_element(place, 0), pc.list_element(place, 1)
         taken = pc.ends_with(file, PACK_SUFFIX)
         for digits in (offset, length):  # what int() reads as split_address does, within int64
@@ -207,13 +230,13 @@ def _pair_tasks(files: pa.Table, root_a: str, root_b: str) -> Sequence[Any]:
             taken = pc.and_(taken, pc.and_(pc.ascii_is_decimal(digits),
                                            pc.and_(pc.greater(size, 0), pc.less_equal(size, 18))))
         if not pc.all(taken).as_py():
-            return _pair_tasks_one_by_one(files, root_a, root_b)
-        distinct = pc.dictionary_encode(file)  # a packed file holds many records: its path made once
-        prefixed = [root + f for f in distinct.dictionary.to_pylist()]
-        sides.append(Side(list(map(prefixed.__getitem__, distinct.indices.to_numpy().tolist())),
-                          offset.cast(pa.int64()).to_numpy(zero_copy_only=False),
-                          length.cast(pa.int64()).to_numpy(zero_copy_only=False)))
-    return PairColumns(*sides)
+            return None
+        distinct = pc.dictionary_encode(file)
+        names = [prefixed.setdefault(f, root + f) for f in distinct.dictionary.to_pylist()]
+        paths.extend(map(names.__getitem__, distinct.indices.to_numpy().tolist()))
+        offsets.append(offset.cast(pa.int64()).to_numpy(zero_copy_only=False))
+        lengths.append(length.cast(pa.int64()).to_numpy(zero_copy_only=False))
+    return Side(paths, np.concatenate(offsets), np.concatenate(lengths))
 
 
 def _pair_tasks_one_by_one(files: pa.Table, root_a: str, root_b: str) -> list[Any]:
