@@ -75,16 +75,11 @@ def write_report_xlsx(path: str | Path, key_data: pa.Table, summary: Mapping[str
     matrix_name = names.claim(GRAD_MATRIX_SHEET) if grad_matrix is not None else None
     empty = _empty_columns(key_data)
     marked = _with_first_marks(key_data, summary.get("first_divergence"))
-    groups = _split_by_key(marked, [r.get("key") for r in summary.get("keys") or []])
+    groups = _split_by_key(marked, [r.get("key") for r in summary.get("keys") or []], cap=max_sheet_rows)
     key_sheets = {key: names.claim(str(key)) for key in groups}
-    shown: dict[str, pa.Table] = {}  # key -> the rows its sheet shows
-    left_out: dict[str, tuple[int, int]] = {}  # key -> (rows shown, rows) where the cap left rows out
-    for key, table in groups.items():
-        picked = _pick_rows(table, None, max_sheet_rows)
-        if picked is not None:
-            left_out[key] = (len(picked), table.num_rows)
-            table = table.take(picked)
-        shown[key] = table
+    shown = {key: table for key, (table, _) in groups.items()}  # key -> the rows its sheet shows
+    # key -> (rows shown, rows) where the cap left rows out
+    left_out = {key: (table.num_rows, rows) for key, (table, rows) in groups.items() if table.num_rows < rows}
 
     def write(f) -> None:
         with Workbook(f, background=background, fillers=fillers) as book:
@@ -154,7 +149,7 @@ def write_per_key_xlsx(out_dir: str | Path, key_data: pa.Table, lang: str = "zh"
     heads = msprobe_headers(lang)
     written: dict[str, Path] = {}
     taken: set[str] = set()
-    for key, table in _split_by_key(key_data, []).items():
+    for key, (table, _) in _split_by_key(key_data, []).items():
         stem, n = safe_component(key), 1
         while (stem if n == 1 else f"{stem}~{n}").casefold() in taken:  # case-insensitive file systems
             n += 1
@@ -284,17 +279,26 @@ def _with_first_marks(key_data: pa.Table, first: Mapping[str, Any] | None) -> pa
     return key_data.append_column("is_first_divergence", flags)
 
 
-def _split_by_key(table: pa.Table, order: Sequence[Any]) -> dict[str, pa.Table]:
-    """key -> its rows, keys in `order` first, then in order of first appearance; row order kept."""
+def _split_by_key(table: pa.Table, order: Sequence[Any], cap: int | None = None) -> dict[str, tuple[pa.Table, int]]:
+    """key -> (its rows, how many it has), keys in `order` first, then in order of first appearance; row order
+    kept. With `cap`, a key of more rows keeps the `cap` that _pick_rows picks: only those rows are copied
+    (a copy of every row held the whole table twice while report.xlsx was written: issue 42, item 6)."""
     key = table.column("key").combine_chunks()
     if pa.types.is_dictionary(key.type):
         key = key.cast(key.type.value_type)
     codes = key.dictionary_encode()
     keys = codes.dictionary.to_pylist()  # in order of first appearance
     counts = np.bincount(pc.fill_null(codes.indices, len(keys)).to_numpy(), minlength=len(keys) + 1)
-    rows = table.take(pc.sort_indices(pc.fill_null(codes.indices, len(keys))))  # stable: table order per key
+    rows = pc.sort_indices(pc.fill_null(codes.indices, len(keys)))  # stable: table order per key
     starts = np.concatenate([[0], np.cumsum(counts)])
-    groups = {key: rows.slice(starts[i], counts[i]) for i, key in enumerate(keys + [None]) if counts[i]}
+    picking = table.select([c for c in ("flagged", "status", "is_first_divergence") if c in table.column_names])
+    groups = {}
+    for i, name in enumerate(keys + [None]):
+        if not counts[i]:
+            continue
+        taken = rows.slice(starts[i], counts[i])
+        picked = None if cap is None else _pick_rows(picking.take(taken), None, cap)
+        groups[name] = (table.take(taken if picked is None else taken.take(picked)), int(counts[i]))
     ranked = [k for k in order if k is not None and k in groups]
     return {key: groups[key] for key in ranked + [k for k in groups if k not in ranked]}
 
