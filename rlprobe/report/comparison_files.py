@@ -12,11 +12,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
+import tempfile
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -90,13 +92,6 @@ def write_tables(folder: Path, tables: dict[str, pa.Table], *, key_data: bool = 
 
 def write_key_data_parquet(folder: Path, key_data: pa.Table) -> None:
     pq.write_table(key_data, folder / "key_data.parquet", compression="zstd")
-
-
-def key_data_parquet_bytes(key_data: pa.Table) -> pa.Buffer:
-    """What write_key_data_parquet writes, in memory (rendered before the output folder exists)."""
-    sink = pa.BufferOutputStream()
-    pq.write_table(key_data, sink, compression="zstd")
-    return sink.getvalue()
 
 
 def write_summary_json(folder: Path, summary: dict[str, Any]) -> None:
@@ -193,10 +188,11 @@ def _without(table: pa.Table, columns: tuple[str, ...]) -> pa.Table:
     return table.drop_columns([c for c in columns if c in table.column_names])
 
 
-# key_data.parquet and key_data.csv rendered in memory by a thread as soon as the comparison has its key_data
-# table, while it still runs the verdict's queries and the later comparisons (`rlprobe compare --workers 2`:
-# rlprobe.comparison.run.compare_dumps's `key_data_ready`); write_reports then only writes the bytes into the
-# output folder. They are the bytes write_key_data_parquet and write_key_data_csv write.
+# key_data.parquet and key_data.csv rendered by a thread as soon as the comparison has its key_data table, while
+# it still runs the verdict's queries and the later comparisons (`rlprobe compare --workers 2`:
+# rlprobe.comparison.run.compare_dumps's `key_data_ready`); write_reports then only copies them into the output
+# folder. They are the bytes write_key_data_parquet and write_key_data_csv write, rendered into unnamed temporary
+# files, not memory: key_data.csv is ~350 bytes a pair (issue 42, item 6).
 class KeyDataFiles:
     """`start(key_data)` renders the files on a thread; `write(folder)` waits for it and writes them
     (raising its error, if rendering failed). key_data.csv in `lang`, unless `csv` is false."""
@@ -205,8 +201,7 @@ class KeyDataFiles:
         self._lang = lang
         self._csv = csv
         self._thread: threading.Thread | None = None
-        self._files: dict[str, bytes | pa.Buffer] = {}
-        self._public: pa.Table | None = None  # key_data as the CSV shows it
+        self._files: dict[str, BinaryIO] = {}  # name -> its rendered bytes, in a temporary file
         self._error: BaseException | None = None
 
     def start(self, key_data: pa.Table) -> None:
@@ -219,13 +214,14 @@ class KeyDataFiles:
         self._thread.start()
 
     def _render(self, key_data: pa.Table) -> None:
-        from rlprobe.report.csv_report import key_data_csv_bytes
+        from rlprobe.report.csv_report import key_data_csv_writer
 
         try:
-            self._files["key_data.parquet"] = key_data_parquet_bytes(key_data)
+            self._files["key_data.parquet"] = parquet = tempfile.TemporaryFile()
+            pq.write_table(key_data, parquet, compression="zstd")
             if self._csv:
-                self._public = public_key_data(key_data)
-                self._files["key_data.csv"] = key_data_csv_bytes(self._public, self._lang)
+                self._files["key_data.csv"] = text = tempfile.TemporaryFile()
+                key_data_csv_writer(public_key_data(key_data), self._lang)(text)
         except BaseException as exc:  # noqa: BLE001 - raised again by write(), in the writing thread
             self._error = exc
 
@@ -233,14 +229,21 @@ class KeyDataFiles:
         if self._thread is None:
             raise RuntimeError("KeyDataFiles.write before start: the comparison never handed over key_data")
         self._thread.join()
-        if self._error is not None:
-            raise self._error
-        (folder / "key_data.parquet").write_bytes(self._files["key_data.parquet"])
-        if "key_data.csv" in self._files:
-            from rlprobe.report import csv_report
+        try:
+            if self._error is not None:
+                raise self._error
+            parquet = self._files["key_data.parquet"]
+            parquet.seek(0)
+            with open(folder / "key_data.parquet", "wb") as f:
+                shutil.copyfileobj(parquet, f, 1 << 20)
+            if "key_data.csv" in self._files:
+                from rlprobe.report import csv_report
 
-            csv_report.write_key_data_csv(folder / "key_data.csv", self._public, self._lang,
-                                          rendered=self._files["key_data.csv"])
+                csv_report.write_key_data_csv(folder / "key_data.csv", None, self._lang,
+                                              rendered=self._files["key_data.csv"])
+        finally:
+            for rendered in self._files.values():
+                rendered.close()
 
 
 KEY = ("monitor", "rank", "step", "param")

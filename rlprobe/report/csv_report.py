@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import shutil
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
@@ -27,20 +28,15 @@ _TRIGGER = "^[" + "".join("\\-" if t == "-" else t for t in FORMULA_TRIGGERS) + 
 _NEEDS_QUOTES = '[,"\r\n]'  # what makes Python's csv (QUOTE_MINIMAL, "\r\n") quote a field
 
 
-def write_key_data_csv(path: str | Path, key_data: pa.Table, lang: str = "en", rendered: bytes | None = None) -> Path:
+def write_key_data_csv(path: str | Path, key_data: pa.Table, lang: str = "en",
+                       rendered: BinaryIO | None = None) -> Path:
     """Write `key_data` as CSV, columns in table order. UTF-8 with a BOM for lang="zh", so Excel
-    shows the Chinese headers; plain UTF-8 otherwise. `rendered`: what key_data_csv_bytes gave for
-    the same table and language (rendered before the output folder existed), written as it is."""
+    shows the Chinese headers; plain UTF-8 otherwise. `rendered`: a file holding what key_data_csv_writer
+    wrote of the same table and language (rendered before the output folder existed), copied as it is."""
     if rendered is not None:
-        return write_report_file(path, lambda f: f.write(rendered))
+        rendered.seek(0)
+        return write_report_file(path, lambda f: shutil.copyfileobj(rendered, f, 1 << 20))
     return write_report_file(path, key_data_csv_writer(key_data, lang))
-
-
-def key_data_csv_bytes(key_data: pa.Table, lang: str = "en") -> bytes:
-    """The bytes write_key_data_csv writes (rendered before the output folder exists)."""
-    out = io.BytesIO()
-    key_data_csv_writer(key_data, lang)(out)
-    return out.getvalue()
 
 
 def key_data_csv_writer(key_data: pa.Table, lang: str = "en") -> Callable[[BinaryIO], None]:
