@@ -48,7 +48,8 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
 
     own_connection = con is None
     con = con or (runtime.connect or duckdb.connect)()
-    bound_memory(con)  # the database's tables and sorts spill beyond its limit: memory flat in the pairs
+    if own_connection:  # the database's tables and sorts spill beyond its limit: memory flat in the pairs
+        bound_memory(con)  # (a connection the caller opened keeps the caller's settings)
     envelope = None
     if options.control is not None:  # run A against the control run first: its noise, per key and step
         from rlprobe.comparison.control_run import noise_envelope

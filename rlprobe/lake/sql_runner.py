@@ -75,7 +75,7 @@ def query(con: Any, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
         except Exception as error:  # noqa: BLE001 - duckdb.OutOfMemoryException, and only where bounded
             if type(error).__name__ != "OutOfMemoryException" or raised == RAISES_OF_BOUND or not _bounded(con):
                 raise
-            limit = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+            limit = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
             con.execute("SET memory_limit = ?", [f"{2 * _bytes(limit) >> 20}MiB"])
     raise AssertionError("unreachable")
 
@@ -85,7 +85,7 @@ RAISES_OF_BOUND = 3
 
 def _bounded(con: Any) -> bool:
     """Whether bound_memory bounded `con`'s database."""
-    folder = con.execute("SELECT current_setting('temp_directory')").fetchone()[0]
+    folder = con.execute("SELECT current_setting('temp_directory')").fetchall()[0][0]
     return os.path.basename(folder).startswith(f"rlprobe-duckdb-{os.getpid()}-")
 
 

@@ -19,7 +19,7 @@ from rlprobe.comparison.config_diff import DIFF_SCHEMA
 from rlprobe.errors import (ControlRunError, DumpReadError, EXIT_GATE_FAILED, EXIT_OK, EXIT_SPEC, EXIT_UNREADABLE,
     ProbeError, SelectionError)
 from rlprobe.lake.schema import SCALAR, with_rank
-from rlprobe.lake.sql_runner import create_table, create_table_as, query, set_variables, to_arrow
+from rlprobe.lake.sql_runner import bound_memory, create_table, create_table_as, query, set_variables, to_arrow
 from rlprobe.pipeline.history import HistoryError, append_history, check_history_writable, history_rows, read_history
 from rlprobe.pipeline.spec import NamedSql, Pipeline
 from rlprobe.pipeline.spec_models import default_params
@@ -90,6 +90,7 @@ def run_pipeline(pipeline: Pipeline, *, progress: Callable[[int, int], None] | N
 
     t = time.perf_counter()
     con = duckdb.connect()  # the comparison leaves stats_a, stats_b, key_data, ... in it for the queries
+    bound_memory(con)  # rlprobe's own database: spills beyond its limit, as compare's does
     try:
         tables, summary = compare_dumps(dump_a, dump_b, _compare_options(spec, pipeline.control),
                                         Runtime(progress=progress, executor=_executor(spec.executor), con=con))

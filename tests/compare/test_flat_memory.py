@@ -44,11 +44,11 @@ def test_pair_addresses_are_split_a_slice_at_a_time(monkeypatch):
 def test_a_comparison_s_database_is_bounded_and_spills_into_its_own_folder(tmp_path):
     con = duckdb.connect()
     sql_runner.bound_memory(con)
-    limit, folder = con.execute("SELECT current_setting('memory_limit'), current_setting('temp_directory')").fetchone()
+    limit, folder = con.execute("SELECT current_setting('memory_limit'), current_setting('temp_directory')").fetchall()[0]
     assert limit == "488.2 MiB"  # MEMORY_LIMIT, 512 MB, as DuckDB shows it
     assert sql_runner.MEMORY_LIMIT == "512MB" and "rlprobe-duckdb-" in folder
     sql_runner.bound_memory(con)  # once bounded, left as it is
-    assert con.execute("SELECT current_setting('temp_directory')").fetchone()[0] == folder
+    assert con.execute("SELECT current_setting('temp_directory')").fetchall()[0][0] == folder
 
 
 def test_a_bounded_query_that_needs_more_gets_a_raised_bound():
@@ -58,7 +58,7 @@ def test_a_bounded_query_that_needs_more_gets_a_raised_bound():
     sql = "SELECT list(i ORDER BY i DESC) AS l FROM range(1000000) r(i)"  # one list, needing ~128 MB: no spill
     table = sql_runner.query(con, sql)
     assert len(table["l"][0]) == 1_000_000
-    limit = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    limit = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
     assert limit in ("61.0 MiB", "122.0 MiB", "244.0 MiB")  # doubled until it ran
 
 
@@ -68,7 +68,7 @@ def test_an_unbounded_database_s_error_is_not_retried():
     con.execute("SET threads = 1")
     with pytest.raises(duckdb.OutOfMemoryException):
         sql_runner.query(con, "SELECT list(i ORDER BY i DESC) AS l FROM range(1000000) r(i)")
-    assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == "15.2 MiB"
+    assert con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == "15.2 MiB"
 
 
 def test_a_capped_key_sheet_copies_only_the_rows_it_shows(monkeypatch):
@@ -101,3 +101,26 @@ def test_key_data_files_are_rendered_into_files_not_memory(tmp_path):
     files.write(tmp_path)
     assert (tmp_path / "key_data.csv").read_bytes() == b"key,step\r\n x,0\r\nx,1\r\nx,2\r\n".replace(b" ", b"")
     assert all(f.closed for f in files._files.values())
+
+
+def test_compare_bounds_the_database_it_opens_and_leaves_a_caller_s_as_it_was(tmp_path):
+    import numpy as np
+
+    import rlprobe
+    from rlprobe.comparison.options import CompareOptions, Runtime
+    from rlprobe.comparison.run import compare_dumps
+    from rlprobe.lake.reader import open_dump
+
+    for name in ("a", "b"):
+        with rlprobe.Probe(tmp_path / name) as p:
+            p.save({"log_prob": np.arange(8, dtype=np.float32)})
+            p.step()
+    dump_a, dump_b = open_dump(tmp_path / "a"), open_dump(tmp_path / "b")
+    setting = "SELECT current_setting('temp_directory'), current_setting('memory_limit')"
+    opened = duckdb.connect()
+    compare_dumps(dump_a, dump_b, CompareOptions(workers=1), Runtime(connect=lambda: opened))
+    assert "rlprobe-duckdb-" in opened.execute(setting).fetchall()[0][0]  # rlprobe's own: bounded
+    callers = duckdb.connect()
+    before = callers.execute(setting).fetchall()[0]
+    compare_dumps(open_dump(tmp_path / "a"), open_dump(tmp_path / "b"), CompareOptions(workers=1), Runtime(con=callers))
+    assert callers.execute(setting).fetchall()[0] == before  # the caller's settings are the caller's
