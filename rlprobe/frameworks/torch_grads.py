@@ -29,6 +29,20 @@ from rlprobe.lake.grad_stats import (
 )
 
 
+def _to_host(payload: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, Any]:
+    """`payload` (uint8, on `device`) on the host: itself on the CPU, else ONE non-blocking copy into pinned
+    memory on CUDA (plain memory elsewhere), with the CUDA event the reader waits for (None where none)."""
+    if device.type == "cpu":
+        return payload, None
+    host = torch.empty(payload.numel(), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    host.copy_(payload, non_blocking=True)
+    if device.type != "cuda":
+        return host, None
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
 def mix64(flat: torch.Tensor) -> torch.Tensor:
     """`mix64` of a 1-D contiguous tensor's raw bytes, computed on its device (an int64 scalar)."""
     b = flat.contiguous().view(torch.uint8)
@@ -187,15 +201,7 @@ def _launch_device(flats: list[torch.Tensor], level: str, bounds: Sequence[float
         words = bits.view(torch.uint8).view(torch.int64)
         pieces.append((((words * PACK_MAGIC) >> 56) & 0xFF).to(torch.uint8))
     payload = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-    event = None
-    if device.type == "cpu":
-        host = payload
-    else:
-        host = torch.empty(payload.numel(), dtype=torch.uint8, pin_memory=device.type == "cuda")
-        host.copy_(payload, non_blocking=True)
-        if device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record()
+    host, event = _to_host(payload, device)
     n = len(flats)
 
     def finish() -> GradBatch:
@@ -295,15 +301,7 @@ def _device(flats: list[torch.Tensor], device: torch.device) -> tuple[Finish, in
     norms = torch.stack([torch.linalg.vector_norm(f, dtype=torch.float64) for f in wide])
     digests = torch.stack([mix64(f) for f in flats])
     payload = torch.cat([digests.view(torch.uint8), torch.stack([sums, norms], 1).reshape(-1).view(torch.uint8)])
-    event = None
-    if device.type == "cpu":
-        host = payload
-    else:
-        host = torch.empty(payload.numel(), dtype=torch.uint8, pin_memory=device.type == "cuda")
-        host.copy_(payload, non_blocking=True)
-        if device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record()
+    host, event = _to_host(payload, device)
 
     def finish() -> ParamBatch:
         if event is not None:
