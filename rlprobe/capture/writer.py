@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from rlprobe.capture.calls import LeafJob, SaveCall, short_switch_interval
+from rlprobe.capture.calls import SaveCall, short_switch_interval
 from rlprobe.frameworks.base import StagedLeaf
 from rlprobe.lake.encoding import narrow_integers, widen
 from rlprobe.lake.rank_writer import RankWriter

@@ -13,7 +13,6 @@ from typing import Any, Callable
 
 from rlprobe.comparison.amplification import AMPLIFICATION, KeyErrors, against_inputs, amplification_point, error_jump
 from rlprobe.comparison.key_aliases import UPSTREAM_OF
-from rlprobe.comparison.tolerance import EXACT_FAMILIES, FAMILY_OF
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ key_data rows (dtype and counts unknown), its configurations.json the configs ta
 
 from __future__ import annotations
 
-import os
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any

@@ -28,11 +28,14 @@ _TRIGGER = "^[" + "".join("\\-" if t == "-" else t for t in FORMULA_TRIGGERS) + 
 _NEEDS_QUOTES = '[,"\r\n]'  # what makes Python's csv (QUOTE_MINIMAL, "\r\n") quote a field
 
 
-def write_key_data_csv(path: str | Path, key_data: pa.Table, lang: str = "en",
+def write_key_data_csv(path: str | Path, key_data: pa.Table | None, lang: str = "en",
                        rendered: BinaryIO | None = None) -> Path:
     """Write `key_data` as CSV, columns in table order. UTF-8 with a BOM for lang="zh", so Excel
     shows the Chinese headers; plain UTF-8 otherwise. `rendered`: a file holding what key_data_csv_writer
-    wrote of the same table and language (rendered before the output folder existed), copied as it is."""
+    wrote of the same table and language (rendered before the output folder existed), copied as it is; `key_data`
+    is then not read (None is fine)."""
+    if rendered is None and key_data is None:
+        raise ValueError(f"{path}: key_data.csv needs the key_data table or its rendered file")
     if rendered is not None:
         rendered.seek(0)
         return write_report_file(path, lambda f: shutil.copyfileobj(rendered, f, 1 << 20))

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rlprobe.report.comparison_words import list_texts
-from rlprobe.report.safe_cells import (FORMULA_TRIGGERS, MAX_CELL_CHARS, NOTHING, join, literal, xlsx_cell,
+from rlprobe.report.safe_cells import (MAX_CELL_CHARS, NOTHING, join, literal, xlsx_cell,
                                        xlsx_quote_prefix, xlsx_text)
 
 _EXACT_INT = 2**53  # as safe_cells: larger integers are stored as text
