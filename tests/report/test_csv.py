@@ -168,3 +168,9 @@ def test_float_text_is_repr():
     values += [float(rng.randint(-10**17, 10**17)) for _ in range(500)]
     got = float_reprs(pa.array(values + [None], pa.float64())).to_pylist()
     assert got == [repr(v) for v in values] + [None]
+
+
+def test_key_data_csv_without_a_table_or_its_rendered_file_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match=r"key_data\.csv needs the key_data table or its rendered file"):
+        write_key_data_csv(tmp_path / "key_data.csv", None)
+    assert not (tmp_path / "key_data.csv").exists()
