@@ -9,8 +9,8 @@
 2. Tensors: a dump of PAIRS rollout_log_prob/old_log_prob pairs of ROWS x COLS float32 (with a
    response mask); the token phase's throughput in bytes of log-prob pairs per second (goal >= 1 GB/s
    on 2 cores beyond start-up). Start-up, not timed: the process start, imports, and first checks of
-   two small dumps (warm_dump: pairs reduced one by one, and a pool job's pairs in one call), where
-   numba's compiled kernels are loaded from their cache (or compiled). Timed: the token phase of
+   two small dumps (warm_dump: pairs reduced one by one, and a pool job's pairs in one call), which
+   bring the dumps into the page cache (and, for a baseline of before issue 42, load numba's kernels). Timed: the token phase of
    check_dump (CheckResult.timings["tokens"]: pairing the tensor index, reading the files, the kernel
    on 2 threads, the token tables), wall clock and the process's CPU time. The bytes counted are
    those of the log-prob pairs reduced (two float32 tensors a pair; masks not counted).
@@ -171,7 +171,7 @@ def token_phase(path: Path, warm: Path | str, repeat: int | str) -> dict[str, li
     from rlprobe.checks import run as check_run
 
     paused = getattr(check_run, "collections_paused", contextlib.nullcontext)  # as check_dump runs the phase
-    for dump in str(warm).split(os.pathsep):  # start-up: numba's compiled kernels load (or compile) here
+    for dump in str(warm).split(os.pathsep):  # start-up: the page cache (a numba baseline's kernels) here
         check_dump(dump)
     wall, cpu = [], []
     for _ in range(int(repeat)):

@@ -25,10 +25,10 @@ PYTHONDONTWRITEBYTECODE is set (this VM) no .pyc is ever written, so every comma
 module it imports, and a larger comparison imports more of them than the start-up's one-step pair: a
 fixed cost, the same with 1 and 2 workers, that "beyond start-up" would count.
 
-Before the timed repeats each checkout builds its ahead-of-time kernels (`python -m rlprobe.numba_build`,
-where it has that module) and compares each workload once, untimed, so that numba's on-disk
-cache holds the kernels (a first run on a cold cache compiles them: seconds); each timed run that still
-changed numba's cache folder (it compiled a kernel) is counted and named in the output.
+Before the timed repeats each checkout builds its compiled kernels in place (`python hatch_build.py`; a
+checkout of before issue 42 builds its numba kernels ahead of time with `python -m rlprobe.numba_build`)
+and compares each workload once, untimed; for such a numba checkout each timed run that still changed
+numba's cache folder (it compiled a kernel) is counted and named in the output.
 
 The large workload (compare_workloads.large):
 
@@ -98,9 +98,12 @@ def run_child(cmd: list[str], env: dict | None = None, cwd: Path | None = None) 
     return elapsed, stdout, int(usage.ru_maxrss) * 1024, usage.ru_utime + usage.ru_stime
 
 
-def numba_cache_dir(checkout: Path) -> str:
+def numba_cache_dir(checkout: Path) -> str | None:
     """The folder where `checkout`'s rlprobe keeps numba's compiled kernels (named after its kernels'
-    sources: other checkouts, other sessions' tests, compile into folders of their own)."""
+    sources: other checkouts, other sessions' tests, compile into folders of their own); None for a
+    checkout without numba kernels."""
+    if not (checkout / "rlprobe" / "numba_cache.py").is_file():
+        return None
     base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "rlprobe", "numba")
     if os.environ.get("NUMBA_CACHE_DIR"):
@@ -111,10 +114,10 @@ def numba_cache_dir(checkout: Path) -> str:
     return os.path.join(base, name) if digest.returncode == 0 and name else base
 
 
-def numba_cache_files(base: str) -> dict[str, int]:
+def numba_cache_files(base: str | None) -> dict[str, int]:
     """Every file under `base` with its mtime: a run that changes them compiled a kernel."""
-    found = {}
-    for root, _, files in os.walk(base):
+    found: dict[str, int] = {}
+    for root, _, files in os.walk(base) if base else ():
         for name in files:
             try:
                 found[os.path.join(root, name)] = os.stat(os.path.join(root, name)).st_mtime_ns
@@ -154,6 +157,14 @@ def main() -> None:
     versions = {"rlprobe": HERE.parent} | ({"baseline": Path(args.baseline)} if args.baseline else {})
     wanted = args.workloads.split(",")
     try:
+        for label, checkout in versions.items():  # each checkout's compiled kernels, built before they are copied
+            build = (["hatch_build.py"] if (checkout / "hatch_build.py").is_file() else
+                     ["-m", "rlprobe.numba_build"] if (checkout / "rlprobe" / "numba_build.py").is_file() else None)
+            if build:
+                built = subprocess.run([sys.executable, *build], env=rlprobe_env(checkout), cwd=checkout,
+                                       capture_output=True, text=True)
+                if built.returncode:
+                    raise RuntimeError(f"{label}: {' '.join(build)} failed: {built.stderr[-2000:]}")
         if not args.source:
             versions = {label: installed_copy(checkout, work / f"installed-{label}")
                         for label, checkout in versions.items()}
@@ -170,13 +181,8 @@ def main() -> None:
         def record(name: str, value) -> None:
             runs.setdefault(name, []).append(value)
 
-        for label, checkout in versions.items():  # kernels compiled ahead of time, where the checkout does that
-            if (checkout / "rlprobe" / "numba_build.py").is_file():
-                built = subprocess.run([sys.executable, "-m", "rlprobe.numba_build"], env=rlprobe_env(checkout),
-                                       cwd=checkout, capture_output=True, text=True)
-                print(f"{label}: ahead-of-time kernels: {built.stdout.strip() or built.stderr.strip()[-300:]}")
         n = 0
-        for label, checkout in versions.items():  # untimed: numba's cache then holds every kernel
+        for label, checkout in versions.items():  # untimed: the page cache (and a numba cache) then hold everything
             for wl, (a, b) in dumps.items():
                 n += 1
                 run_child([sys.executable, "-m", "rlprobe.cli", "compare", str(a), str(b), "-o", str(work / f"out-{n}"),

@@ -4,7 +4,7 @@ beyond start-up goes, and how much of it runs on more than one thread.
     python benchmarks/compare_timeline.py A B [--workers 1,2] [--repeat 3] [--cache DIR]
     python benchmarks/compare_timeline.py --workload msprobe_small|rlprobe_small --cache DIR
 
-Each run is a fresh process (as the command: imports, numba's or the AOT kernels' load) that calls
+Each run is a fresh process (as the command: imports, the compiled kernels' load) that calls
 rlprobe.pipeline.compare_command.compare(a, b, out, workers=N) with the main functions of the
 comparison and its reports wrapped: each call is a span (thread, wall start and end since the
 process began, thread CPU from time.thread_time). Every Python thread's CPU is recorded when it
@@ -35,7 +35,6 @@ SPANS = (
     ("rlprobe.pipeline.compare_command", "compare"),
     ("rlprobe.lake.reader", "open_dump"),
     ("rlprobe.comparison.run", "compare_dumps"),
-    ("rlprobe.comparison.run", "warm_up_kernels"),
     ("rlprobe.cli.startup", "import_report_modules"),
     ("rlprobe.comparison.key_data", "compare_key_data"),
     ("rlprobe.comparison.key_data", "load_stats"),

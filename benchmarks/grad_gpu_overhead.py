@@ -214,9 +214,9 @@ def run(mode: str, work: Workload, args, tmp: Path) -> dict:
 
 
 def device_kernel(monitor, device: str) -> str:
-    """Which gradient kernel the monitor ran: triton, torch ops (the fallback) or numba (CPU)."""
+    """Which gradient kernel the monitor ran: triton, torch ops (the fallback) or the compiled CPU kernel."""
     if not device.startswith("cuda"):
-        return "numba (CPU)"
+        return "compiled (CPU)"
     return "triton" if monitor._kernels.get("triton") is not None else "torch ops"
 
 

@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             rl_cli = [sys.executable, "-m", "rlprobe.cli"] if shutil.which("rlprobe") is None else ["rlprobe"]
             plot_args = ["--plots", "--quiet", *(["--plot-every-param"] if args.compare_every_param else [])]
             cmp = {"rlprobe": [], "rlprobe_call": [], "msprobe": [], "msprobe_call": [], "rlprobe_on_msprobe_dumps": []}
-            # one untimed run each: numba kernel cache, page cache
+            # one untimed run each: page cache and first-touch allocations
             timed([*rl_cli, "compare", str(dumps["rlA"]), str(dumps["rlB"]), "-o", str(tmp / "warm_rl"), *plot_args], env)
             run_msprobe(["--mode", "compare", str(dumps["msA"]), str(dumps["msB"]), str(tmp / "warm_ms")])
             for r in range(args.compare_repeat):

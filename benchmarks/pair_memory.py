@@ -20,11 +20,11 @@ Each mode is run with a warm page cache (the files were just written or read) an
 --cold, after evicting both files from the page cache (posix_fadvise DONTNEED). Reported:
 peak RSS (/proc/self/status VmHWM of the child; ru_maxrss is printed too, but on Linux it
 also carries the parent's peak over from before exec, so it is not the child's own), RSS before the comparison (interpreter,
-numpy, numba and compiled kernels), elapsed seconds and throughput in GB/s of input bytes
+numpy and the compiled kernels), elapsed seconds and throughput in GB/s of input bytes
 (both files). The goal is a peak RSS under 500 MB.
 
 Part 2 (kernel): in-memory float32 256x4096 pairs (identical / 1 % perturbed with NaN/inf
-sprinkled in / all different), single thread: pair_metrics (the fused numba kernel) against
+sprinkled in / all different), single thread: pair_metrics (the fused compiled kernel) against
 a plain numpy multi-pass implementation of the same metrics (float64, explicit masks) and
 against msprobe's own formulas (float32, no NaN semantics). Throughput in GB/s of input bytes.
 """
@@ -101,9 +101,7 @@ def vm_status(field: str) -> int:
 def child(mode: str, pa: str, pb: str, workers: int) -> None:
     """One measurement, in its own process; prints a JSON line."""
     from rlprobe.comparison.executor import PairTask, run_pairs
-    from rlprobe.comparison.pair_metrics import pair_metrics, warm_up
-
-    warm_up()
+    from rlprobe.comparison.pair_metrics import pair_metrics
     rss_before = vm_status("VmRSS")
     nbytes = os.path.getsize(pa) + os.path.getsize(pb)
     t0 = time.perf_counter()
@@ -230,9 +228,7 @@ def best_time(fn, repeat: int) -> float:
 
 
 def kernel_part(args) -> list[dict]:
-    from rlprobe.comparison.pair_metrics import pair_metrics, warm_up
-
-    warm_up()
+    from rlprobe.comparison.pair_metrics import pair_metrics
     rng = np.random.default_rng(0)
     a = rng.standard_normal((256, 4096), dtype=np.float32)
     perturbed = a.copy()

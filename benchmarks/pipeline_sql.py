@@ -20,7 +20,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -98,7 +97,6 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="pipeline runs to time")
     ap.add_argument("--generate-only", action="store_true")
     args = ap.parse_args()
-    sys.modules.setdefault("scipy", None)  # type: ignore[arg-type]  # numba need not load scipy
 
     dims = (args.steps, args.ranks, args.keys, args.micro)
     took = generate(args.cache, *dims, args.jobs)

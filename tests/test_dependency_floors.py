@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -22,23 +23,38 @@ CORE_TESTS = [
     "tests/report",  # pyarrow: workbook cells of a sliced column
     "tests/test_console.py",  # rich: wrapped text
     "tests/cli/test_console_width.py", "tests/pipeline/test_history.py",  # DuckDB: timestamps with a zone
-    "tests/compare/test_float_kernel_split.py", "tests/test_numba_aot.py",  # numba: the kernels' bits
+    "tests/compare/test_pair_kernels.py", "tests/check/test_token_kernels.py",  # Cython, setuptools: the kernels' bits
+    "tests/frameworks/test_cpu_grad_kernel.py",
     "tests/compare/test_compare_run.py", "tests/check/test_single_run_rules.py",  # DuckDB's SQL
     "tests/capture/test_stats_properties.py",  # numpy: 0-d bfloat16 tensors
     "tests/lake/test_statistics_stack.py", "tests/lake/test_tensor_pack.py",
 ]
 
 
-def runtime_requirements(this_python: bool = False) -> list[Requirement]:
-    """pyproject.toml's runtime requirements (with `this_python`, those whose marker this Python meets: a floor
-    can differ by Python version where an older release has no wheel for a newer Python)."""
+# what the checkout copy for the floors' build holds (the kernels are compiled there, not in this checkout)
+COPIED = ("rlprobe", "sql", "pipelines", "examples", "tests", "benchmarks", "hatch_build.py", "pyproject.toml",
+          "README.md")
+
+
+def _pyproject() -> dict:
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10: the dev extra brings tomli
         import tomli as tomllib
-    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    requirements = [Requirement(r) for r in project["dependencies"]]
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def runtime_requirements(this_python: bool = False) -> list[Requirement]:
+    """pyproject.toml's runtime requirements (with `this_python`, those whose marker this Python meets: a floor
+    can differ by Python version where an older release has no wheel for a newer Python)."""
+    requirements = [Requirement(r) for r in _pyproject()["project"]["dependencies"]]
     return [r for r in requirements if not this_python or r.marker is None or r.marker.evaluate()]
+
+
+def build_requirements() -> list[Requirement]:
+    """What builds the compiled kernels (pyproject's build-system, but the build backend hatchling, whose
+    hook only calls them)."""
+    return [r for r in map(Requirement, _pyproject()["build-system"]["requires"]) if r.name != "hatchling"]
 
 
 def floor(req: Requirement) -> str:
@@ -48,20 +64,16 @@ def floor(req: Requirement) -> str:
 
 
 def test_every_runtime_dependency_has_a_floor_and_a_ceiling():
-    for req in runtime_requirements():
+    for req in runtime_requirements() + build_requirements():
         floor(req)
         assert any(s.operator == "<" for s in req.specifier), f"pyproject.toml: {req}: expected an upper bound (<)"
         assert req.specifier.contains(floor(req)), f"pyproject.toml: {req}: its floor is outside its range"
 
 
 def test_every_python_the_project_allows_gets_one_range_of_each_dependency():
-    try:
-        import tomllib
-    except ModuleNotFoundError:
-        import tomli as tomllib
     from packaging.specifiers import SpecifierSet
 
-    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    project = _pyproject()["project"]
     allowed = SpecifierSet(project["requires-python"])
     versions = [f"3.{minor}" for minor in range(8, 20) if f"3.{minor}" in allowed]
     assert "3.11" in versions and versions == [f"3.{m}" for m in range(10, 10 + len(versions))], versions
@@ -82,7 +94,7 @@ def test_core_tests_pass_with_every_dependency_at_its_floor(tmp_path):
     outer = [p for p in site.getsitepackages() if os.path.isdir(p)]
     Path(inner, "zz_outer_environment.pth").write_text(
         f"import site; list(map(site.addsitedir, {outer!r}))\n", encoding="utf-8")
-    pins = {req.name: floor(req) for req in runtime_requirements(this_python=True)}
+    pins = {req.name: floor(req) for req in runtime_requirements(this_python=True) + build_requirements()}
     install = subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                               "--only-binary=:all:",  # a floor without a wheel for this Python fails here
                               *(f"{name}=={version}" for name, version in pins.items())],
@@ -93,9 +105,22 @@ def test_core_tests_pass_with_every_dependency_at_its_floor(tmp_path):
     got = subprocess.run([python, "-c", probe, *pins], capture_output=True, text=True, check=True).stdout
     installed = {name: Version(v) for name, v in json.loads(got).items()}
     assert installed == {name: Version(v) for name, v in pins.items()}  # the venv's own, not this one's newer
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    # the kernels built by the floors' Cython and setuptools, in a copy of the checkout the tests then import
+    copy = tmp_path / "checkout"
+    for name in COPIED:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, copy / name, ignore=shutil.ignore_patterns("*.so", "*.c", "__pycache__"))
+        else:
+            shutil.copy2(source, copy / name)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(copy)}
     env.pop("PYTEST_XDIST_WORKER", None)
+    built = subprocess.run([python, "hatch_build.py"], cwd=copy, env=env, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    where = subprocess.run([python, "-c", "import rlprobe; print(rlprobe.__file__)"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(where).parent == copy / "rlprobe", where
     tests = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
                             f"--basetemp={tmp_path / 'tests'}", *CORE_TESTS],  # not beside this run's numbered ones
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=480)
+                           cwd=copy, env=env, capture_output=True, text=True, timeout=480)
     assert tests.returncode == 0, f"with {pins}:\n{tests.stdout[-6000:]}\n{tests.stderr[-2000:]}"

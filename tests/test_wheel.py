@@ -10,7 +10,9 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,6 +27,7 @@ from rlprobe.lake.sql_runner import resource_dir
 assert metadata.version('rlprobe-numerics') == rlprobe.__version__, metadata.version('rlprobe-numerics')
 assert [d.metadata['Name'] for d in metadata.distributions() if d.metadata['Name'].lower() == 'rlprobe'] == []
 assert 'site-packages' in rlprobe.__file__, rlprobe.__file__
+import rlprobe.comparison.kernels, rlprobe.comparison.file_kernels, rlprobe.checks.kernels, rlprobe.frameworks.cpu_grad_kernel
 for name in ('sql', 'pipelines', 'examples'):
     assert 'site-packages' in str(resource_dir(name)), resource_dir(name)
 assert (resource_dir('sql') / 'info_key_data.sql').is_file()
@@ -41,6 +44,14 @@ def test_wheel_installs_and_runs(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
                    check=True, cwd=tmp_path)
     wheel = next(dist.glob("rlprobe_numerics-*.whl"))  # the registry's `rlprobe` is another project
+    # every kernel source of the checkout travels compiled, for this platform, and no source of one does
+    names = set(zipfile.ZipFile(wheel).namelist())
+    kernels = sorted(p.relative_to(REPO).with_suffix("").as_posix() for p in (REPO / "rlprobe").rglob("*.pyx"))
+    assert kernels, "expected the compiled kernels' sources (rlprobe/**/*.pyx)"
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    assert [k for k in kernels if k + suffix not in names] == [], sorted(names)
+    assert [n for n in names if n.endswith((".pyx", ".pxd", ".c", ".h"))] == []
+    assert "-none-any" not in wheel.name, wheel.name  # tagged for the platform its modules were compiled on
     # the fresh environment must see only what the wheel installed, not a checkout on PYTHONPATH
     clean_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env_dir = tmp_path / "venv"

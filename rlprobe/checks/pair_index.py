@@ -216,7 +216,6 @@ def _files(column: pa.ChunkedArray) -> tuple[Any, ...]:
     joined = pc.binary_join_element_wise(names, "", "\0")  # each path and a NUL, the name its last part
     at = np.frombuffer(joined.buffers()[1], np.int32)[joined.offset:joined.offset + len(joined) + 1]
     paths = np.frombuffer(joined.buffers()[2], np.uint8)[at[0]:at[-1]]
-    paths.flags.writeable = False  # as the compiled reads take it (numba: a read-only array type)
     name_at = (at[:-1] - at[0]) + (cut + 1 - starts)
     lengths = np.maximum(cut - starts, 0)
     first = data[starts[0]:starts[0] + lengths[0]]

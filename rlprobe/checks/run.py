@@ -136,7 +136,7 @@ def check_dump(dump: Dump | Any, params: dict[str, Any] | None = None, only: tup
 def collections_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for the token phase: it builds thousands of small
     objects (tensor index rows, parts) and no reference cycles, and a full collection in the middle
-    (every object numba, pyarrow and duckdb made at import, ~150,000) cost ~70 ms of a ~80 ms phase."""
+    (every object pyarrow and duckdb made at import, ~150,000) cost ~70 ms of a ~80 ms phase."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -1,7 +1,7 @@
 """A pool job of many small pairs (a [batch, seq] log-prob per micro-batch and step) in one compiled
 call: reduce_pair a pair, a PairFigures and table rows a key cost ~0.4 ms of Python and allocation
 around a kernel that takes tens of µs on such a pair, and reading each file from Python as long
-again. Each part's files are read in compiled code (token_batch_kernel.read_npy) into the thread's scratch rows and
+again. Each part's files are read in compiled code (kernels.reduce_batch, rlprobe/checks/kernels.pyx) into the thread's scratch rows and
 reduced there while their bytes are in the cache; each key's filled histogram bins are taken from the
 blocks the kernel marked. The tables are then built a column at a time (figures_tables): the same operations
 on the same float64 values as token_tables._key_rows a key, and the key columns repeated in numpy (a run of
@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from rlprobe.checks import token_rows as tt
-from rlprobe.checks.compiled import batch_kernel
+from rlprobe.checks.kernels import reduce_batch
 from rlprobe.checks.pair_index import PairIndex
 from rlprobe.checks.token_figures import (BLOCK_BITS, LOG_THRESHOLDS, N_BINS, N_POSITIONS, N_PROBABILITY,
                                          PROBABILITY_OF, TABLE_BITS, as_rows, check_shapes, mask_bytes)
@@ -197,7 +197,6 @@ def _reduce(dump: Dump, keys: int, part: Callable[[int], Part], plan: _Plan, eps
         if loaded[i] is None:
             return None
     part_sums = np.zeros((count, 7))
-    reduce_batch = batch_kernel()
     folders = np.full(len(plan.folders), -1, np.int32)  # one that cannot be opened: its files are read by numpy
     try:
         for i, folder in enumerate(plan.folders):

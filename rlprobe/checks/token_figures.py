@@ -1,7 +1,7 @@
 """Reduce one pair of per-token log-prob tensors (trainer `a`, other `b`; Δ = b − a) to the
-figures the token-level checks read, in compiled code (checks/compiled.py: reduce_pair,
-the ahead-of-time copy of token_kernel.reduce_rows, else numba's JIT kernel), no Python per token. This
-module imports no numba and no kernel: the figures, their bins and buckets. Pairs are independent:
+figures the token-level checks read, in compiled code (checks/compiled.py: reduce_pair, the Cython kernel
+checks/kernels.pyx built at install), no Python per token. This module imports no kernel: the figures,
+their bins and buckets. Pairs are independent:
 rlprobe/checks/token_tables.py runs them on a thread pool (the kernel releases the GIL), adding the pairs
 of one step into one set of figures (`into`).
 

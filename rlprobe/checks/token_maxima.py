@@ -1,6 +1,6 @@
 """The token tables for check_dump(only=..., maxima_only=True): pairs of a kind whose checks read of token_steps
 only the token count and max |Δ| (on_policy: sql/check/on_policy.sql reads `tokens` and `max_abs`) are reduced
-to those by token_kernel.reduce_maxima, one branch-free pass, instead of every figure of token_figures.py
+to those by kernels.reduce_maxima (rlprobe/checks/kernels.pyx), one branch-free pass, instead of every figure of token_figures.py
 (histograms, position and probability buckets, per-sequence sums: ~12 ns a token of CPU, this pass ~1.5 ns with
 the mapping of the files). Their token_steps rows hold tokens, nonfinite and max_abs, equal to the full reduction's,
 with the other figures null, and they have no rows in the other token tables. Compare's single-run rules
@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from rlprobe.checks.compiled import maxima_kernel
-from rlprobe.checks.token_figures import as_rows, check_shapes, mask_bytes
+from rlprobe.checks.compiled import kernel_arrays
+from rlprobe.checks.kernels import reduce_maxima as maxima_kernel
 from rlprobe.checks.token_rows import BUCKETS, HIST, SEQUENCES, STEPS, PairSelection, Part, loader
 from rlprobe.checks.token_tables import pairs, tensor_rows, token_tables
 from rlprobe.lake.reader import Dump
@@ -29,12 +29,9 @@ def reduce_maxima(a: np.ndarray, b: np.ndarray, mask: np.ndarray | None = None) 
     """(counted tokens, max |Δ| over them, masked tokens whose Δ is not finite) of one pair of equal shapes,
     as compiled.reduce_pair counts them (Δ = b − a in float64; a token counts where its mask is nonzero
     and Δ finite)."""
-    a, b = np.asarray(a), np.asarray(b)
-    check_shapes(a, b, mask)
-    a2, b2 = as_rows(a), as_rows(b)
-    m2 = np.ones(a2.shape, np.uint8) if mask is None else mask_bytes(mask).reshape(a2.shape)
+    a2, b2, m2 = kernel_arrays(a, b, mask)
     out = np.zeros(3, np.int64)
-    maxima_kernel(a2, b2, m2)(a2, b2, m2, out)
+    maxima_kernel(a2.reshape(-1), b2.reshape(-1), m2.reshape(-1), out)
     return int(out[0]), float(out[1:2].view(np.float64)[0]), int(out[2])
 
 

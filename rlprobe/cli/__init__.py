@@ -44,7 +44,7 @@ def main(ctx: click.Context) -> None:
     if ctx.invoked_subcommand != "demo":  # the demo trains a model: its imports are its own
         from rlprobe.cli.startup import refused
 
-        ctx.with_resource(refused())  # pandas, scipy, cffi: start-up no command needs (issue 18)
+        ctx.with_resource(refused())  # pandas: start-up no command needs (issue 18)
 
 
 _INCLUDE_UNCOMMITTED = click.option(

@@ -12,7 +12,7 @@ user's process leave the environment, imports and the interpreter's exit alone (
 2. **Packages kept out**, refused by an import hook as if not installed (``sys.modules[name] = None`` would not
    do: pyarrow's compiled import takes that None for the module): pandas (1.3 s on a busy machine: pyarrow
    imports it on the first array it builds, DuckDB when a Python object is registered; rlprobe passes Arrow
-   tables), scipy (0.15 s: numba loads its BLAS bindings) and cffi (0.1 s: numba's cffi support).
+   tables).
 3. **How the process ends**: a command whose outputs are all written, closed and published ends it without
    tearing the interpreter down (freeing ~500 modules: ~0.1 s of CPU). Exit handlers still run and
    stdout/stderr are flushed; the fast way is taken only when no other non-daemon thread is alive and no
@@ -62,7 +62,7 @@ def apply_for_command_line(environ: MutableMapping[str, str] = os.environ) -> di
 
 
 # -- unused imports ---------------------------------------------------------------------------
-UNUSED = ("pandas", "scipy", "cffi")
+UNUSED = ("pandas",)
 
 
 class _Refuse:

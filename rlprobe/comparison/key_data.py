@@ -96,8 +96,8 @@ def compare_key_data(con: Any, dump_a: Dump, dump_b: Dump, *, keys: list[str] | 
             files = run(con, "tensor_pairs.sql")
     pairs = files.num_rows
     results: dict[int, dict[str, Any]] = {}
-    if files.num_rows:  # the executor (and numba under it) is imported only when there is a pair to compare
-        from rlprobe.comparison.executor import PairTask, run_pairs
+    if files.num_rows:  # the executor is imported only when there is a pair to compare
+        from rlprobe.comparison.executor import run_pairs
 
         root_a, root_b = os.path.join(dump_a.path, ""), os.path.join(dump_b.path, "")  # no pathlib per pair
         tasks = _pair_tasks(files, root_a, root_b)

@@ -1,6 +1,6 @@
 """Element-wise comparison of two tensors in one fused pass.
 
-One numba kernel walks two flat arrays once and returns *partial aggregates* for a range of
+One compiled kernel walks two flat arrays once and returns *partial aggregates* for a range of
 flat (C-order) indices; partials of any set of ranges combine into the final metrics, so a
 large pair can be split over threads, workers or machines.
 
@@ -30,62 +30,49 @@ mismatch, max abs/rel err, % within 1e-3/1e-2); msprobe computes in the stored d
 (float32) while rlprobe computes every element in float64, so a float32 element lying within
 one float32 rounding of a tolerance bound may be counted differently.
 
-Everything is accumulated in float64 (counts in int64). The kernel is compiled for exactly
-three signatures - (float32, float32), (float64, float64) and (int64, int64), read-only
-C-contiguous 1-D arrays - lazily on first use (``warm_up()`` pays it up front) and cached on
-disk (``cache=True``). A chunk shorter than ``SEQUENTIAL_BELOW`` (8) elements is compared by
-rlprobe.comparison.numpy_kernels instead, bit for bit the same, so a comparison of small tensors
-never imports numba (~0.3 s of start-up). Other dtype pairs are converted chunk by chunk:
+Everything is accumulated in float64 (counts in int64). The kernels (rlprobe/comparison/kernels.pyx, their
+loops in float_lanes.h) are compiled when rlprobe is installed, for exactly three signatures - (float32,
+float32), (float64, float64) and (int64, int64), C-contiguous 1-D arrays; ``python hatch_build.py`` rebuilds
+them in a checkout. Other dtype pairs are converted chunk by chunk:
 bool/int/uint -> int64 (a chunk holding uint64 values above 2**63-1 takes a slower exact path),
 float16/float32 -> float32 (exact), any other float mix and int-vs-float -> float64
 (int-vs-float is compared as floats, so integers above 2**53 round).
 
-The float kernel works in blocks of 2048 elements: a block of at least 8 elements goes through a
-branch-free loop that the compiler vectorizes (its float64 sums may be reassociated, its maxima
-taken over the bits of the non-negative errors), the rel errors' division only where some element
-differs; a block with a NaN or an infinity, or a float64 difference that overflows (then the
-largest |a - b| is not finite), is redone element by element with every rule above, its sums
-added in index order, as is a block of fewer than 8 elements. Sums are reduced per chunk of ``chunk`` elements (blocks start at the
-chunk's start), chunks are aligned to multiples of ``chunk`` in the flat index space, and
-``combine`` adds the chunk sums with ``math.fsum`` (exactly rounded, order independent). So
-splitting a pair into ranges whose boundaries are multiples of ``chunk`` gives bit-identical
-results, whatever the number of workers.
-
-The compiled kernels come from wherever they are compiled (pair_kernel, batch_functions, mapped_function): the
-ahead-of-time copies where rlprobe.numba_cache finds them built (imported in ~6 ms of CPU, no numba: compiled
-for the JIT's CPU target with the same flags, so the same bits), else numba's JIT kernels (pair_kernels,
-batch_kernels, mapped_kernels). numba is imported only on that second path, and only when a kernel is asked for.
+The float kernel works in blocks of 2048 elements: a block goes through a branch-free loop in eight lanes
+(its float64 sums added lane by lane, element i in lane i % 8, the lanes added in order: the same bits at
+every vector width, SSE2, AVX2 or AVX-512), the rel errors' division only where some element differs; a
+block with a NaN or an infinity, or a float64 difference that overflows, is redone element by element with
+every rule above, its sums in the same lanes. Sums are reduced per chunk of ``chunk`` elements (blocks start
+at the chunk's start), chunks are aligned to multiples of ``chunk`` in the flat index space, and ``combine``
+adds the chunk sums with ``math.fsum`` (exactly rounded, order independent). So splitting a pair into ranges
+whose boundaries are multiples of ``chunk`` gives bit-identical results, whatever the number of workers.
 """
 
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
 
+from rlprobe.comparison import kernels
 from rlprobe.comparison.flat_sources import ArraySource, FlatSource, MappedPages, chunk_bounds
-from rlprobe.comparison.numpy_kernels import SEQUENTIAL_BELOW, partial_of
 from rlprobe.comparison.partials import METRIC_KEYS, Partial, combine, partial_from
 
 __all__ = [
     "DEFAULT_CHUNK",
     "METRIC_KEYS",
     "ArraySource",
-    "batch_functions",
     "chunk_partial",
     "combine",
     "common_dtype",
     "FlatSource",
-    "mapped_function",
     "MappedPages",
     "pair_kernel",
     "pair_metrics",
     "Partial",
     "range_partials",
     "ranges",
-    "warm_up",
 ]
 
 DEFAULT_CHUNK = 1 << 20
@@ -142,8 +129,7 @@ def _wide_int_partial(ca: np.ndarray, cb: np.ndarray, offset: int) -> Partial:
 def chunk_partial(ca: np.ndarray, cb: np.ndarray, offset: int = 0) -> Partial:
     """Aggregates of two 1-D chunks of equal length; ``offset`` is the flat index of element 0.
 
-    Converts the chunks only when their dtypes are not a compiled signature. A chunk shorter than
-    ``numpy_kernels.SEQUENTIAL_BELOW`` is compared in numpy (the same bits, without loading numba).
+    Converts the chunks only when their dtypes are not a compiled signature.
     """
     if ca.shape[0] != cb.shape[0]:
         raise ValueError(f"chunks differ in length: {ca.shape[0]} vs {cb.shape[0]}")
@@ -152,8 +138,6 @@ def chunk_partial(ca: np.ndarray, cb: np.ndarray, offset: int = 0) -> Partial:
         return _wide_int_partial(np.asarray(ca).reshape(-1), np.asarray(cb).reshape(-1), offset)
     ca = _prepare(ca, target)
     cb = _prepare(cb, target)
-    if ca.shape[0] < SEQUENTIAL_BELOW:  # numpy, bit for bit the kernel's: no numba for small tensors
-        return partial_from(partial_of(ca, cb), offset)
     return partial_from(pair_kernel(target)(ca, cb, 0, ca.shape[0]), offset)
 
 
@@ -167,13 +151,6 @@ def range_partials(a: FlatSource, b: FlatSource, start: int, stop: int, chunk: i
         a.release(s, e)
         b.release(s, e)
     return out
-
-
-def warm_up() -> None:
-    """Import numba and compile (or load from its on-disk cache) the three kernels, ahead of the pairs."""
-    from rlprobe.comparison.pair_kernels import warm_up as load_kernels
-
-    load_kernels()
 
 
 def ranges(numel: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
@@ -207,50 +184,11 @@ def pair_metrics(a: Any, b: Any, chunk: int = DEFAULT_CHUNK) -> dict[str, Any]:
     return combine(range_partials(sa, sb, 0, sa.size, chunk))
 
 
-
-_PAIR_EXPORTS = {np.dtype(np.float32): "pair_f4", np.dtype(np.float64): "pair_f8", np.dtype(np.int64): "pair_i8"}
+_KERNELS = {np.dtype(np.float32): kernels.pair_f4, np.dtype(np.float64): kernels.pair_f8,
+            np.dtype(np.int64): kernels.pair_i8}
 
 
 def pair_kernel(dtype: np.dtype) -> Callable[..., tuple]:
-    """pair_kernels' element kernel for float32, float64 or int64 chunks (C-contiguous, 1-D, of that dtype:
-    the ahead-of-time copy does not check), `(a, b, start, stop) -> its partial aggregates`."""
-    from rlprobe.numba_cache import compiled_module
-
-    module = compiled_module("compare")
-    if module is not None:
-        return getattr(module, _PAIR_EXPORTS[dtype])
-    from rlprobe.comparison.pair_kernels import kernel_for
-
-    return kernel_for(dtype)
-
-
-def batch_functions() -> Any:
-    """batch_kernels' read_files and compare_batch with the codes of their results (partials.CODES):
-    the ahead-of-time copies where built, else the batch_kernels module (numba's JIT kernels)."""
-    from rlprobe.numba_cache import compiled_module
-
-    module = compiled_module("compare")
-    if module is None:
-        from rlprobe.comparison import batch_kernels
-
-        return batch_kernels
-    return SimpleNamespace(read_files=module.read_files, compare_batch=module.compare_batch, **_codes())
-
-
-def mapped_function() -> Any:
-    """mapped_kernels' compare_mapped with the codes of its results (partials.CODES): the ahead-of-time copy where
-    built, else the mapped_kernels module (numba's JIT kernel)."""
-    from rlprobe.numba_cache import compiled_module
-
-    module = compiled_module("compare")
-    if module is None:
-        from rlprobe.comparison import mapped_kernels
-
-        return SimpleNamespace(compare_mapped=mapped_kernels.compare_mapped, **_codes())
-    return SimpleNamespace(compare_mapped=module.compare_mapped, **_codes())
-
-
-def _codes() -> dict[str, Any]:
-    from rlprobe.comparison import partials
-
-    return {name: getattr(partials, name) for name in partials.CODES}
+    """The element kernel for float32, float64 or int64 chunks (C-contiguous, 1-D, of that dtype),
+    `(a, b, start, stop) -> its partial aggregates` (partials.FIELDS' order)."""
+    return _KERNELS[np.dtype(dtype)]

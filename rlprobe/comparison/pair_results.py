@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Callable, Hashable, NamedTuple, Sequence, overload
+from typing import Any, Callable, Hashable, NamedTuple, overload
 
 import numpy as np
 import pyarrow as pa

@@ -1,9 +1,9 @@
 """The element-wise comparison's results, declared once: the partial aggregates a kernel returns for a
 range of flat indices (FIELDS: their order, and how the partials of one pair's ranges merge) and the
 metrics of a pair (METRICS: each a column of the results table, made from the merged partials of many
-pairs at once). Pure Python and numpy (no numba): the executor and the SQL side import it cheaply.
+pairs at once). Pure Python and numpy: the executor and the SQL side import it cheaply.
 
-A kernel (pair_kernels, numpy_kernels) returns its partials as a tuple of float64 in FIELDS' order (a
+A kernel (kernels.pyx) returns its partials as a tuple of float64 in FIELDS' order (a
 count is exact in float64: a range holds at most a chunk of elements), the batch kernels store that
 tuple as a row of a float64 matrix, and everything downstream reads them by name from here. A new
 metric is the kernel's loop, one Field (or one Metric over fields there are), and its header
@@ -46,7 +46,7 @@ FIELDS: tuple[Field, ...] = (
 )
 WIDTH = len(FIELDS)
 _AT = {f.name: i for i, f in enumerate(FIELDS)}
-FIRST = _AT["first_mismatch"]  # its column, which mapped_kernels moves by a chunk's start
+FIRST = _AT["first_mismatch"]  # its column, which file_kernels.compare_mapped moves by a chunk's start
 
 #: aggregates of one range of flat indices, as named tuple (what chunk_partial returns)
 Partial = NamedTuple("Partial", [(f.name, f.kind) for f in FIELDS])
@@ -174,9 +174,8 @@ def combine(partials: Iterable[Any]) -> dict[str, Any]:
     return metric_row(metric_columns(row), 0)
 
 
-#: the compiled readers' per-file results (batch_kernels.read_files: a row of 4 int64, status, dtype code, numel,
-#: data offset in the buffer; mapped_kernels.compare_mapped: status, dtype code, numel, chunks), whether they are
-#: numba's JIT kernels or their ahead-of-time copies (comparison/pair_metrics.py, pair_kernel and the like)
+#: the compiled readers' per-file results (file_kernels.read_files: a row of 4 int64, status, dtype code, numel,
+#: data offset in the buffer; file_kernels.compare_mapped: status, dtype code, numel, chunks)
 OK, SLOW, BIG = 0, 1, 2
 KINDS = "biuf"  # dtype code = index of the kind here * 16 + itemsize
 F4, F8, I8 = 3 * 16 + 4, 3 * 16 + 8, 1 * 16 + 8

@@ -54,7 +54,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
     if options.control is not None:  # run A against the control run first: its noise, per key and step
         from rlprobe.comparison.control_run import noise_envelope
 
-        envelope = noise_envelope(dump_a, options.control, options, _after_warm_up(executor))
+        envelope = noise_envelope(dump_a, options.control, options, executor or _local_run_pairs)
     beside = _SingleRunBeside(con, dump_a, dump_b, executor, start=workers > 1, key_map=key_map,
                               beside_pairs=runtime.beside_pairs)
     try:
@@ -73,8 +73,6 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
     first, read_errors = compared.first, compared.read_errors
     if runtime.key_data_ready is not None:
         runtime.key_data_ready(compared.table)
-    with _numba_loading:  # what follows may compile kernels too (the single-run rules, gradients)
-        pass
 
     if beside.started:
         within = beside.wait()
@@ -143,7 +141,7 @@ def compare_dumps(dump_a: Dump, dump_b: Dump, options: CompareOptions | None = N
 
         tables["modules"], summary["module_first_divergence"] = compare_modules(
             dump_a, dump_b, steps=steps, ranks=ranks, workers=workers, progress=progress,
-            executor=_after_warm_up(executor),
+            executor=executor or _local_run_pairs,
             read_errors=read_errors, tolerance=options.tolerance, **(options.modules or {}))
         summary["module_suspect"] = describe(summary["module_first_divergence"])
         summary["suspect"] = summary["suspect"] or summary["module_suspect"]
@@ -195,10 +193,9 @@ def _cursors(con: "duckdb.DuckDBPyConnection") -> dict[str, Any]:
 
 class _SingleRunBeside:
     """The executor compare_key_data calls once both runs' statistics are loaded (the saved keys
-    are then known). It waits for a numba warm-up still loading (start_warm_up), and, with `start`,
-    starts the single-run rules (single_run.py: each run checked against itself, reading its own
+    are then known). With `start`, it starts the single-run rules (single_run.py: each run checked against itself, reading its own
     tensors through its own DuckDB connection) on a second thread before it compares the pairs:
-    most of both is numba, numpy and DuckDB, which release the GIL."""
+    most of both is compiled kernels, numpy and DuckDB, which release the GIL."""
 
     def __init__(self, con: "duckdb.DuckDBPyConnection", dump_a: Dump, dump_b: Dump,
                  executor: Callable[..., Any] | None, start: bool, key_map: dict[str, str] | None = None,
@@ -215,10 +212,10 @@ class _SingleRunBeside:
         self._importing: threading.Thread | None = None  # started by stats_read (pairs compared ahead)
 
     def start_ahead(self, tasks: list[Any], workers: int) -> None:
-        """Start comparing `tasks` (pair_results.PairsAhead), once the kernels are loaded; run_pairs takes them."""
+        """Start comparing `tasks` (pair_results.PairsAhead); run_pairs takes them."""
         from rlprobe.comparison.executor import run_pairs
 
-        self._ahead = PairsAhead(tasks, workers, _kernels_ready, run_pairs)
+        self._ahead = PairsAhead(tasks, workers, lambda: None, run_pairs)
 
     def stats_read(self) -> None:
         """Both runs' statistics are loaded: with pairs compared ahead, start the caller's work beside the pairs
@@ -230,18 +227,10 @@ class _SingleRunBeside:
             self._importing = self._start_imports()
 
     def _start_imports(self) -> threading.Thread | None:
-        """Runtime.beside_pairs on a thread (run_pairs joins it), only while compiled kernels compare the pairs
-        (start_warm_up ran): a few tiny tensors are compared by numpy at once, and the thread would import what
-        such a comparison may never use (start-up)."""
-        if self._beside_pairs is None or not _warm_up_started.is_set():
+        """Runtime.beside_pairs on a thread (run_pairs joins it)."""
+        if self._beside_pairs is None:
             return None
-        work = self._beside_pairs
-
-        def beside() -> None:
-            _kernels_ready()  # not beside numba's own import (start_warm_up)
-            work()
-
-        importing = threading.Thread(target=beside, name="rlprobe-beside-pairs", daemon=True)
+        importing = threading.Thread(target=self._beside_pairs, name="rlprobe-beside-pairs", daemon=True)
         importing.start()
         return importing
 
@@ -262,8 +251,6 @@ class _SingleRunBeside:
         return self._thread is not None
 
     def run_pairs(self, tasks: Any, **kwargs: Any) -> Any:
-        with _numba_loading:  # numba's registries must not be refreshed while a kernel compiles
-            pass
         if self._start:
             saved = saved_keys(self._con)  # this thread: the connection is not shared
             self._thread = threading.Thread(target=self._findings, args=(saved, _cursors(self._con)),
@@ -302,61 +289,11 @@ class _SingleRunBeside:
         return result
 
 
-def _kernels_ready() -> None:
-    """Returns once a numba warm-up still loading is done (start_warm_up)."""
-    with _numba_loading:
-        pass
+def _local_run_pairs(tasks: Any, **kwargs: Any) -> Any:
+    """rlprobe.comparison.executor.run_pairs, imported when a comparison has pairs."""
+    from rlprobe.comparison.executor import run_pairs
 
-
-def _after_warm_up(executor: Callable[..., Any] | None) -> Callable[..., Any]:
-    """`executor` (None: run_pairs), called once a numba warm-up still loading is done."""
-    def run_pairs(tasks: Any, **kwargs: Any) -> Any:
-        with _numba_loading:
-            pass
-        if executor is None:
-            from rlprobe.comparison.executor import run_pairs as local
-
-            return local(tasks, **kwargs)
-        return executor(tasks, **kwargs)
-
-    return run_pairs
-
-
-# held while start_warm_up's thread loads numba: numba's typing and target registries are process-wide
-# and refreshing them while another thread compiles a kernel makes that compilation fail
-_numba_loading = threading.Lock()
-_warm_up_started = threading.Event()  # set for good by the first start_warm_up of the process
-
-
-def start_warm_up() -> threading.Thread:
-    """Load numba on a thread ("rlprobe-warm-up") while the runs' statistics are read; compare_dumps
-    runs no kernel before it is done."""
-    _numba_loading.acquire()  # here, not in the thread: no kernel may slip in before the thread starts
-    _warm_up_started.set()
-
-    def load() -> None:
-        try:
-            warm_up_kernels()
-        finally:
-            _numba_loading.release()
-
-    thread = threading.Thread(target=load, name="rlprobe-warm-up", daemon=True)
-    try:
-        thread.start()
-    except BaseException:
-        _numba_loading.release()
-        raise
-    return thread
-
-
-def warm_up_kernels() -> None:
-    """Load the compiled kernels (run in a thread while the runs' statistics are read): their ahead-of-time
-    module where rlprobe.numba_cache finds it built (~1 ms, no numba), else numba itself, whose kernels load
-    when the pairs need them, so none is compiled for a dtype the runs do not hold."""
-    from rlprobe.numba_cache import compiled_module, load_numba
-
-    if compiled_module("compare") is None:
-        load_numba()
+    return run_pairs(tasks, **kwargs)
 
 
 def _grad_probe_step(grads: pa.Table | None, flagged: dict[str, Any] | None) -> int | None:

@@ -3,9 +3,9 @@
 RL dumps hold many small tensors (keys x micro-batches x ranks x steps): at a few KB a pair, opening
 files through ``np.load`` and scheduling one job per pair cost ~0.7 ms a pair where the kernel needs
 microseconds, and that Python held the GIL, so more workers made it slower (issue 18). Here one job
-takes a batch of pairs and one compiled call (numba, ``nogil``) opens, reads and closes every file
-with libc's ``open``/``pread``/``close`` into one buffer and parses each header; a second compiled
-call runs the element kernel of rlprobe.comparison.pair_kernels over every pair whose two sides have
+takes a batch of pairs and one compiled call (rlprobe/comparison/file_kernels.pyx, without the GIL) opens,
+reads and closes every file with POSIX ``open``/``pread``/``close`` into one buffer and parses each header; a
+second compiled call runs the element kernel (kernels.pyx) over every pair whose two sides have
 the kernel's dtype (float32, float64, int64). Pairs of other dtypes (token ids in int32, bool
 masks, float16) are compared from the same buffer through ``chunk_partial``.
 
@@ -17,7 +17,7 @@ names the file and the problem exactly as before. A pair's result is bit-identic
 path: a small pair is one chunk, compared by the same kernel code.
 
 Larger pairs (over SMALL_FILE_BYTES) go many to a job too (compare_mapped_pairs), with no Python and no GIL per
-pair: one compiled call (rlprobe.comparison.mapped_kernels) maps each pair's files and runs the element kernel
+pair: one compiled call (file_kernels.compare_mapped) maps each pair's files and runs the element kernel
 over them chunk by chunk. Compared one job a pair, each pair took the GIL several times, and a thread holding
 the GIL for long (the later imports and the single-run rules run beside the pairs) kept a worker waiting up to
 the interpreter's switch interval (5 ms) each time, where a pair of 1M float32 takes ~1-2 ms in the kernel; so
@@ -27,36 +27,24 @@ in the flat index space), their partials combined as combine() combines them. A 
 take (another dtype or a mixed pair, a header numpy did not write the plain way, a file that cannot be opened or
 mapped, a size or shape mismatch) goes to the per-pair path, which names the problem; a pair over `limit`
 elements is handed back for the executor to split between workers.
-
-may_run_compiled_kernels tells from run A's tensor files, before its statistics are read, whether a comparison
-may run the compiled kernels at all (`rlprobe compare` loads numba in a thread ahead of the pairs only then): one
-of fewer than BATCH_MIN pairs, each under numpy_kernels.SEQUENTIAL_BELOW elements, runs in numpy
-(pair_metrics.chunk_partial) and never needs numba (loading it anyway costs ~0.3 s of CPU on a 2-core machine,
-most of a small comparison's start-up). Run A bounds the pairs (each pair has a file in A, of the same number of
-elements as B's). The answer only decides what is loaded ahead, never a result: a wrong "no" loads numba with
-its first pair.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Hashable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from rlprobe.comparison.numpy_kernels import SEQUENTIAL_BELOW
-from rlprobe.comparison.partials import WIDTH, combine, metric_columns
-from rlprobe.lake.layout import PACK_SUFFIX
-
-if TYPE_CHECKING:
-    from rlprobe.lake.reader import Dump
+from rlprobe.comparison import file_kernels
+from rlprobe.comparison.partials import BIG, F4, F8, I8, OK, WIDTH, combine, metric_columns
 
 __all__ = ["MAPPED_JOB_BYTES", "SMALL_FILE_BYTES", "Batch", "compare_mapped_pairs", "compare_small_pairs", "job_groups",
-           "may_run_compiled_kernels", "plan_jobs", "run_batch", "run_mapped", "warm_up"]
+           "plan_jobs", "run_batch", "run_mapped"]
 
 #: files up to this size are read whole into a batch; larger ones keep the streaming path
 SMALL_FILE_BYTES = 1 << 20
-BATCH_MIN = 16  # fewer small pairs than this go one by one (no batch functions to load)
+BATCH_MIN = 16  # fewer small pairs than this go one by one
 BATCH_PAIRS = 256  # pairs per batch job
 
 
@@ -64,7 +52,7 @@ def plan_jobs(tasks: list[Any], workers: int = 1) -> list[tuple[int, Any]]:
     """Jobs in task order, each with the position of its first task: lists of up to BATCH_PAIRS pairs
     for compare_small_pairs, at least one a worker (a batch is where its large files are found: the
     large workload's 256 pairs were one batch, and the second worker idled until it ended), or, with
-    fewer than BATCH_MIN pairs, the tasks themselves (compared one by one: no batch functions to load)."""
+    fewer than BATCH_MIN pairs, the tasks themselves (compared one by one)."""
     if len(tasks) < BATCH_MIN:
         return list(enumerate(tasks))
     size = min(BATCH_PAIRS, -(-len(tasks) // max(1, workers)))
@@ -86,7 +74,7 @@ def _aligned(nbytes: int, align: int) -> np.ndarray:
 
 def path_bytes(paths: Sequence[Any]) -> tuple[np.ndarray, np.ndarray] | None:
     """Every distinct path NUL-terminated in one array, and where each pair side's path starts (equal
-    paths, such as the records of one packed file, share their start: batch_kernels.read_files opens
+    paths, such as the records of one packed file, share their start: file_kernels.read_files opens
     such a file once); None where a path holds a NUL."""
     first: dict[Any, int] = {}  # path -> its position among the distinct paths
     codes = [first.setdefault(p, len(first)) for p in paths]
@@ -137,10 +125,7 @@ def _nothing_done(n: int) -> Batch:
 def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> Batch:
     """Compare the pairs (PairTask) whose files have at most ``limit`` bytes (at most the chunk size,
     so that a pair is one chunk and its result is the per-pair path's, bit for bit) in one batch."""
-    from rlprobe.comparison.pair_metrics import batch_functions
     from rlprobe.comparison.pair_metrics import chunk_partial
-
-    bk = batch_functions()  # ahead-of-time compiled or numba's JIT kernels: the same bits
     from rlprobe.comparison.pair_results import PairColumns
 
     n = len(tasks)
@@ -153,18 +138,18 @@ def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> 
     offsets, lengths = tasks.record_arrays() if columns else record_arrays(tasks)
     info = np.zeros((2 * n, 4), np.int64)
     sizes = np.empty(2 * n, np.int64)
-    buf = bk.read_files(paths, path_starts, offsets, lengths, limit, info, sizes)
+    buf = file_kernels.read_files(paths, path_starts, offsets, lengths, limit, info, sizes)
     a, b = info[:n], info[n:]
     pair_bytes = sizes[:n] + sizes[n:]
 
-    ok = (a[:, 0] == bk.OK) & (b[:, 0] == bk.OK) & (a[:, 2] == b[:, 2])
-    fast = ok & (a[:, 1] == b[:, 1]) & np.isin(a[:, 1], (bk.F4, bk.F8, bk.I8))
-    large = ((a[:, 0] == bk.BIG) | (b[:, 0] == bk.BIG)) & (sizes[:n] >= 0) & (sizes[n:] >= 0)
+    ok = (a[:, 0] == OK) & (b[:, 0] == OK) & (a[:, 2] == b[:, 2])
+    fast = ok & (a[:, 1] == b[:, 1]) & np.isin(a[:, 1], (F4, F8, I8))
+    large = ((a[:, 0] == BIG) | (b[:, 0] == BIG)) & (sizes[:n] >= 0) & (sizes[n:] >= 0)
     picked = np.flatnonzero(fast)
     slow = np.flatnonzero(ok & ~fast)
     rows = np.empty((picked.size + slow.size, WIDTH), np.float64)
     if picked.size:
-        bk.compare_batch(buf, info, picked, picked + n, rows)
+        file_kernels.compare_batch(buf, info, picked, picked + n, rows)
     for k, i in enumerate(slow.tolist(), picked.size):  # other dtypes: converted by chunk_partial, from the buffer
         ca = np.frombuffer(buf, _dtype_of(int(a[i, 1])), int(a[i, 2]), int(a[i, 3]))
         cb = np.frombuffer(buf, _dtype_of(int(b[i, 1])), int(b[i, 2]), int(b[i, 3]))
@@ -180,7 +165,7 @@ def compare_small_pairs(tasks: Sequence[Any], limit: int = SMALL_FILE_BYTES) -> 
 def run_batch(batch: list[Any], chunk: int, compare_one: Callable[[Any], tuple[dict[str, Any], int]]) -> Batch:
     """Executor job: compare_small_pairs over `batch`; each pair it could not take goes to
     `compare_one` (the per-pair path: (metrics or error, bytes)), which names the problem."""
-    try:  # a failure of the batch itself (numba cannot compile, say) leaves every pair to compare_one
+    try:  # a failure of the batch itself (say, no memory for its buffer) leaves every pair to compare_one
         done = compare_small_pairs(batch, min(SMALL_FILE_BYTES, chunk))
     except Exception:  # noqa: BLE001
         done = _nothing_done(len(batch))
@@ -190,25 +175,6 @@ def run_batch(batch: list[Any], chunk: int, compare_one: Callable[[Any], tuple[d
         done.other.append((i, metrics))
         nbytes += pair_bytes
     return done._replace(rest=[], nbytes=nbytes)
-
-
-def warm_up() -> None:
-    """Compile (or load from numba's on-disk cache) the batch functions, on two tiny pairs of files."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="rlprobe-warm-") as tmp:
-        tasks = []
-        for i, dtype in enumerate((np.float32, np.float64, np.int64)):
-            path = os.path.join(tmp, f"{i}.npy")
-            np.save(path, np.zeros(2, dtype))
-            tasks.append(_Task(i, path, path))
-        compare_small_pairs(tasks)
-
-
-class _Task(NamedTuple):
-    task_id: Hashable
-    path_a: str
-    path_b: str
 
 
 MAPPED_JOB_BYTES = 64 << 20  # bytes of both files a job: ~30 ms of the kernel, few enough jobs, even ends
@@ -231,8 +197,6 @@ def compare_mapped_pairs(tasks: Sequence[Any], nbytes: Sequence[int], chunk: int
     """Compare the pairs (PairTask; `nbytes`: both files' bytes of each, which bound its chunks) that the compiled
     call takes, pairs of at most `limit` elements, in one call: a Batch (small_pairs) whose `large` are the pairs
     over `limit` and `rest` those left to the per-pair path."""
-    from rlprobe.comparison.pair_metrics import mapped_function
-
     n = len(tasks)
     located = path_bytes([t.path_a for t in tasks] + [t.path_b for t in tasks]) if n else None
     if located is None:
@@ -244,25 +208,24 @@ def compare_mapped_pairs(tasks: Sequence[Any], nbytes: Sequence[int], chunk: int
     np.cumsum(room, out=first_row[1:])
     rows = np.zeros((int(first_row[-1]), WIDTH), np.float64)
     info = np.zeros((n, 4), np.int64)
-    mapped = mapped_function()
     offsets, lengths = record_arrays(tasks)
-    mapped.compare_mapped(paths, path_starts, offsets, lengths, limit, chunk, info, first_row, rows)
-    done = info[:, 0] == mapped.OK
+    file_kernels.compare_mapped(paths, path_starts, offsets, lengths, limit, chunk, info, first_row, rows)
+    done = info[:, 0] == OK
     whole = np.flatnonzero(done & (info[:, 3] == 1))  # one chunk: combine() of one partial, as columns
     columns = metric_columns(rows[first_row[whole]]) if whole.size else {}
     other = [(i, combine(rows[first_row[i]:first_row[i] + info[i, 3]].tolist()))
              for i in np.flatnonzero(done & (info[:, 3] > 1)).tolist()]
     sizes = np.asarray(nbytes, np.int64)
     return Batch(whole, columns, other, int(sizes[done].sum()),
-                 [(i, int(sizes[i])) for i in np.flatnonzero(info[:, 0] == mapped.BIG).tolist()],
-                 np.flatnonzero(~done & (info[:, 0] != mapped.BIG)).tolist())
+                 [(i, int(sizes[i])) for i in np.flatnonzero(info[:, 0] == BIG).tolist()],
+                 np.flatnonzero(~done & (info[:, 0] != BIG)).tolist())
 
 
 def run_mapped(tasks: Sequence[Any], nbytes: Sequence[int], chunk: int, limit: int,
                compare_one: Callable[[Any], tuple[dict[str, Any], int]]) -> Batch:
     """Executor job: compare_mapped_pairs over `tasks`; each pair it could not take goes to `compare_one` (the
     per-pair path: (metrics or error, bytes)), which names the problem."""
-    try:  # a failure of the call itself (numba cannot compile, say) leaves every pair to compare_one
+    try:  # a failure of the call itself leaves every pair to compare_one
         done = compare_mapped_pairs(tasks, nbytes, chunk, limit)
     except Exception:  # noqa: BLE001
         done = Batch(np.empty(0, np.int64), {}, [], 0, [], list(range(len(tasks))))
@@ -273,83 +236,3 @@ def run_mapped(tasks: Sequence[Any], nbytes: Sequence[int], chunk: int, limit: i
         extra += pair_bytes
     return done._replace(rest=[], nbytes=done.nbytes + extra)
 
-
-_SMALL_NPY_BYTES = 4096  # a larger file holds more than a small header and 7 elements
-_LOOK_AT = 512  # directory entries looked at before answering "yes" (a large dump)
-
-
-def may_run_compiled_kernels(dump_a: "Dump") -> bool:
-    """False when run A holds fewer than BATCH_MIN (16) `.npy` files, each of fewer than SEQUENTIAL_BELOW
-    (8) elements (a comparison numpy does whole); True otherwise, also for a file whose header cannot be
-    read and for a dump too large to tell from 512 directory entries."""
-    if dump_a.format == "rlprobe":
-        roots = [os.path.join(dump_a.path, "tensors", kind) for kind in ("key_data", "module")]
-    else:
-        roots = [os.fspath(dump_a.path)]
-    files = 0
-    budget = _LOOK_AT
-    stack = [r for r in roots if os.path.isdir(r)]
-    while stack:
-        try:
-            entries = os.scandir(stack.pop())
-        except OSError:
-            continue
-        with entries:
-            for entry in entries:
-                budget -= 1
-                if budget < 0:
-                    return True
-                if entry.name.startswith("."):  # a killed writer's hidden temporary file or folder
-                    continue
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-                    elif entry.name.endswith(".npy"):
-                        files += 1
-                        if files >= BATCH_MIN or not _few_elements(entry):
-                            return True
-                    elif entry.name.endswith(PACK_SUFFIX):  # a save call's records (lake/tensor_pack.py)
-                        sizes = _record_sizes(entry)
-                        files += len(sizes)
-                        if files >= BATCH_MIN or not sizes or max(sizes) >= SEQUENTIAL_BELOW:
-                            return True
-                except OSError:
-                    continue
-    return False
-
-
-def _record_sizes(entry: os.DirEntry) -> list[int]:
-    """The element counts of a small packed file's records ([] for a large or unreadable one)."""
-    from rlprobe.lake.tensor_pack import pack_records
-
-    if entry.stat().st_size > BATCH_MIN * _SMALL_NPY_BYTES:
-        return []
-    try:
-        return [_count(layout.shape) for _, layout in pack_records(entry.path)]
-    except (OSError, ValueError):
-        return []
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _few_elements(entry: os.DirEntry) -> bool:
-    """Whether the .npy file holds fewer than SEQUENTIAL_BELOW elements (its header read)."""
-    from rlprobe.lake.npy_header import PARSE_ERRORS, read_header
-    from rlprobe.lake.regular_files import NPY, open_binary
-
-    if entry.stat().st_size > _SMALL_NPY_BYTES:
-        return False
-    try:
-        with open_binary(entry.path, NPY) as f:  # a FIFO is not waited on: the comparison names it
-            shape = read_header(f)[0]
-    except (OSError, ValueError, EOFError, *PARSE_ERRORS):
-        return False
-    n = 1
-    for d in shape:
-        n *= d
-    return n < SEQUENTIAL_BELOW

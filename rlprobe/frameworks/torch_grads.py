@@ -6,7 +6,7 @@ Gradients: the float64 stats matrix, the int64 digests and the packed sign bits 
 (frameworks/triton_grad_kernel.py: every gradient read once, two launches a step) where Triton is installed;
 otherwise, and for L0's digests, the batched torch ops below (a handful per parameter) do the same work.
 
-Parameter fingerprints after an optimizer step (docs/dump-format.md, "param"): on the CPU the numba kernel
+Parameter fingerprints after an optimizer step (docs/dump-format.md, "param"): on the CPU the C kernel
 (cpu_grad_kernel.fingerprint) reads each parameter once, in a thread of its own (the kernel releases the GIL):
 the training thread only starts it, and the next forward runs beside it; the monitor waits for it before the
 same optimizer steps again (capture/params.py), so the weights it reads are the ones this step left. On an
@@ -107,7 +107,7 @@ def _device_bounds(bounds: tuple[float, ...], device: torch.device) -> torch.Ten
 
 
 def _launch_cpu(flats: list[torch.Tensor], level: str, bounds: Sequence[float]) -> tuple[Finish, int]:
-    """The CPU path: one fused numba pass per gradient (cpu_grad_kernel) writes its stats row and
+    """The CPU path: one C pass per gradient (cpu_grad_kernel.pyx) writes its stats row and
     its packed signs straight into the host buffer; no device, so nothing to copy."""
     from rlprobe.frameworks.cpu_grad_kernel import stats_into
 
@@ -221,10 +221,10 @@ def _launch_device(flats: list[torch.Tensor], level: str, bounds: Sequence[float
     return finish, int(payload.numel())
 
 
-Finish = Callable[[], ParamBatch]
+FingerprintsFinish = Callable[[], ParamBatch]
 
 
-def launch_fingerprints(params: Sequence[torch.Tensor], background: bool = True) -> tuple[Finish, int]:
+def launch_fingerprints(params: Sequence[torch.Tensor], background: bool = True) -> tuple[FingerprintsFinish, int]:
     """Queue the fingerprints of `params`; returns (finish, host bytes). `finish()` may block on a
     device copy: call it off the training thread. `background` False: CPU parameters are read now,
     on this thread (a thread's start and its share of the GIL beside the forward cost more than the
@@ -288,11 +288,11 @@ def cpu_fingerprints(flats: list[torch.Tensor]) -> ParamBatch:
     return ParamBatch(digests, floats)
 
 
-def _cpu(flats: list[torch.Tensor]) -> tuple[Finish, int]:
+def _cpu(flats: list[torch.Tensor]) -> tuple[FingerprintsFinish, int]:
     return CpuFingerprints(flats), 8 * 3 * len(flats)
 
 
-def _device(flats: list[torch.Tensor], device: torch.device) -> tuple[Finish, int]:
+def _device(flats: list[torch.Tensor], device: torch.device) -> tuple[FingerprintsFinish, int]:
     """The accelerator path; it runs on CPU tensors too (the copy then skipped), which is how the
     CPU-only test suite checks its arithmetic against the numpy reference."""
     n = len(flats)

@@ -1,5 +1,5 @@
 """The header of a .npy file, read and written here only (the compiled readers of many small files,
-comparison/batch_kernels.parse_header and checks/token_batch_kernel.read_npy, take what this module says of it:
+comparison/file_kernels.pyx and the check's reads (checks/kernels.pyx), take what this module says of it:
 numpy's plain layout, header_bytes).
 
 plain_header reads the header numpy writes for a C-order array of a plain dtype with one regular expression:
@@ -7,7 +7,7 @@ numpy's own reader evaluates the header as Python source, which costs more than 
 file. Readers that open many tensor files (rlprobe compare's pairs, rlprobe check's token phase) try it first
 and leave anything else to read_header (numpy's reader), which reads it or names what is wrong.
 header_bytes is the header np.save writes, for the writers of tensor files and the compiled check's reads.
-The last section says what those reads (checks/token_batch_kernel.read_npy) expect of a file, without numba:
+The last section says what those reads (checks/kernels.pyx, reduce_batch) expect of a file:
 whether they run here, where numpy's header names the dtype, the dtypes accepted and the dtype whose header
 they expect (token_batch.py plans a job's reads with them)."""
 
@@ -90,7 +90,7 @@ def header_bytes(dtype: np.dtype, shape: tuple[int, ...]) -> bytes | None:
 
 
 # --------------------------------------------------------------------------------------
-# what the check's compiled reads (token_batch_kernel.read_npy) expect of a file
+# what the check's compiled reads (checks/kernels.pyx, reduce_batch) expect of a file
 
 COMPILED_READS = os.name == "posix" and sys.byteorder == "little"
 DESCR_AT = 21  # the dtype's 3 characters in numpy's header: b"\x93NUMPY\x01\x00" b"xx" b"{'descr': '" here

@@ -146,15 +146,6 @@ class Dump:
             mask = pc.or_(mask, pc.and_(pc.greater_equal(steps, lo), pc.less_equal(steps, hi)))
         return pc.fill_null(mask, False)
 
-    @property
-    def may_hold_tensors(self) -> bool:
-        """Whether comparison can find tensor files here (key data, module tensors; not statistics or grads only)."""
-        if self.format == "msprobe":
-            return True
-        if self.format != "rlprobe":
-            return False
-        return any((self.path / "tensors" / kind).is_dir() for kind in ("key_data", "module"))
-
     # -- stats ---------------------------------------------------------------------------
     def parts(self, kind: str) -> dict[int, list[str]]:
         """Live Parquet parts per rank for a stats kind."""

@@ -28,8 +28,7 @@ __all__ = ["GRAD_SUMMARY", "JSON_FILE", "LOCK_FILE", "MSPROBE_STATS", "NPY", "PA
            "NotRegularFileError", "check_regular", "expected_tensor_file", "load_npy", "open_binary", "open_fd",
            "open_text", "read_bytes", "read_text", "regular_fd"]
 
-#: the flags every reader of a dump opens a file with, compiled readers too (numba freezes it into their code:
-#: numba_cache.KERNEL_MODULES names this file, so a change here compiles them again)
+#: the flags every reader of a dump opens a file with, compiled readers too (they read it at import)
 READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 # what a reader expected, for its message

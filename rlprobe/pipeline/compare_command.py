@@ -63,8 +63,7 @@ def compare(
 
     # msprobe dumps' statistics are read in second processes while the modules below load
     with ReadingsAhead((b,)) as readings:
-        from rlprobe.comparison.small_pairs import may_run_compiled_kernels
-        from rlprobe.comparison.run import compare_dumps, start_warm_up
+        from rlprobe.comparison.run import compare_dumps
         from rlprobe.lake.reader import open_dump
         from rlprobe.report.comparison_files import ReportOptions, write_reports, write_summary_json, write_tables
         from rlprobe.report.output_folder import prepare_output, publish_output
@@ -74,10 +73,6 @@ def compare(
         prepare_output(out, "output directory")  # before the work: a folder of other files is refused at once
         dump_a, dump_b = open_dump(a), open_dump(b)
         dump_b.reading_ahead.start(readings.take(0))
-    if dump_a.may_hold_tensors and dump_b.may_hold_tensors and may_run_compiled_kernels(dump_a):
-        # load numba while the runs' statistics are read and matched (not at all for statistics-only or
-        # gradient-only dumps, nor a few small tensors, which numpy compares)
-        start_warm_up()  # compare_dumps runs no kernel before it is done
     rendered = None
     if reports and workers > 1:  # key_data's files rendered by a thread once it is known (comparison_files.py)
         from rlprobe.report.comparison_files import KeyDataFiles

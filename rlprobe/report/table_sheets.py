@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import unicodedata
 from collections.abc import Callable, Sequence
-from typing import Any, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc

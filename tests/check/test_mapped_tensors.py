@@ -102,7 +102,7 @@ def test_a_row_range_maps_those_rows_only_and_equals_the_slice(tmp_path):
 def test_rlprobe_check_names_a_tensor_file_that_is_not_a_regular_file(tmp_path, replaced):
     """A FIFO in place of a packed file made the check wait for a writer forever (lake/regular_files.py): it is
     exit 3 naming the file, as a truncated one is: its steps make enough pairs for the compiled reads
-    (token_batch.py: token_batch_kernel.read_npy opens files with O_NONBLOCK), and map_tensor (numpy's) names it."""
+    (token_batch.py: kernels.reduce_batch opens files with O_NONBLOCK), and map_tensor (numpy's) names it."""
     from click.testing import CliRunner
 
     from rlprobe.cli import main

@@ -1,4 +1,4 @@
-"""A job of small pairs reads its files in compiled code (rlprobe/checks/token_batch_kernel.py, read_npy): files that are
+"""A job of small pairs reads its files in compiled code (rlprobe/checks/kernels.pyx, reduce_batch): files that are
 not numpy's plain float32 layout are read by numpy in the middle of the job with the same figures, a
 missing or truncated file is named, and the pair column of a long table is cut into chunks."""
 

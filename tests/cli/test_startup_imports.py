@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import rlprobe
-from rlprobe.cli.startup import UNUSED, refused
+from rlprobe.cli.startup import refused
 
-# loaded by nothing the default `rlprobe compare` of tensor dumps does (numba: not for tensors of fewer
-# than 8 elements, which numpy compares: rlprobe.comparison.numpy_kernels)
+# loaded by nothing the default `rlprobe compare` of tensor dumps does (numba: its kernels are compiled at
+# install, rlprobe/comparison/kernels.pyx)
 NEVER_LOADED = ("pandas", "scipy", "cffi", "torch", "mindspore", "ray", "matplotlib", "polars", "transformers",
                 "numba")
 

@@ -245,46 +245,6 @@ def test_public_api_rlprobe_compare_returns_summary(tmp_path):
     assert summary["counts"] == {"match": 1} and summary["first_divergence"] is None
 
 
-def test_no_kernel_runs_while_the_warm_up_still_loads_numba(tmp_path, monkeypatch):
-    """numba's registries must not be refreshed while a kernel compiles (a cold cache then failed the
-    pair with a TypingError): the pairs, and what follows them, wait for start_warm_up's thread."""
-    import threading
-    import time
-
-    import numpy as np
-
-    import rlprobe
-    import rlprobe.comparison.run as compare_run
-    from rlprobe.comparison.executor import run_pairs
-    from rlprobe.lake.reader import open_dump
-
-    for name, shift in (("a", 0.0), ("b", 1e-3)):
-        with rlprobe.Probe(tmp_path / name, flush_interval=0) as probe:
-            probe.save({"log_prob": np.linspace(-2, -1, 16, dtype=np.float32) + np.float32(shift)})
-            probe.step()
-    loaded = threading.Event()
-
-    def slow_warm_up() -> None:
-        time.sleep(0.5)
-        loaded.set()
-
-    seen = []
-
-    def executor(tasks, **kwargs):
-        seen.append(loaded.is_set())
-        return run_pairs(tasks, **kwargs)
-
-    monkeypatch.setattr(compare_run, "warm_up_kernels", slow_warm_up)
-    for workers in (1, 2):
-        loaded.clear()
-        thread = compare_run.start_warm_up()
-        tables, summary = compare_run.compare_dumps(open_dump(tmp_path / "a"), open_dump(tmp_path / "b"),
-                                                    CompareOptions(workers=workers), Runtime(executor=executor))
-        thread.join()
-        assert summary["counts"] == {"mismatch": 1}
-    assert seen == [True, True]
-
-
 def test_both_runs_statistics_are_returned_unless_asked_not_to(tmp_path):
     from rlprobe.comparison.run import compare_dumps
     from rlprobe.lake.reader import open_dump

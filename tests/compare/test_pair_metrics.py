@@ -1,13 +1,10 @@
-"""Element-wise pair metrics: the numba kernel against a plain numpy reference, and the executor."""
+"""Element-wise pair metrics: the compiled kernels against a plain numpy reference, and the executor."""
 
 from __future__ import annotations
 
 import csv
 import math
 import os
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rlprobe.comparison import pair_kernels as pk
-from rlprobe.comparison import pair_metrics as pm
 from rlprobe.comparison.executor import PairError, PairTask, run_pairs
 from rlprobe.comparison.npy_files import NpyFile
 from rlprobe.comparison.pair_metrics import (
@@ -30,7 +25,6 @@ from rlprobe.comparison.pair_metrics import (
     pair_metrics,
     range_partials,
     ranges,
-    warm_up,
 )
 
 # --------------------------------------------------------------------------------------
@@ -164,11 +158,6 @@ def random_pair(rng, n, dtype_a, dtype_b, special=True):
         b = np.nan_to_num(b, nan=0, posinf=7, neginf=-7)
     with np.errstate(over="ignore", invalid="ignore"):
         return a.astype(da), b.astype(db)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _compiled():
-    warm_up()
 
 
 # --------------------------------------------------------------------------------------
@@ -380,23 +369,26 @@ def test_float64_extremes_against_reference():
     assert_same(pair_metrics(a, b), reference(a, b))
 
 
+_BLOCK = 2048  # elements of a block of the float kernel (float_lanes.h)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_finite_and_special_blocks_mixed(dtype):
     """The float kernel takes a vectorized path for blocks of finite values and the exact one
     for a block with NaN/inf (or, in float64, an overflowing difference): every block layout
     gives the reference's metrics, the first mismatch included."""
-    n = 5 * pk._BLOCK + 13
+    n = 5 * _BLOCK + 13
     rng = np.random.default_rng(3)
     a = rng.standard_normal(n).astype(dtype)
     b = a.copy()
-    b[2 * pk._BLOCK + 100:] += dtype(1e-3)  # first mismatch in the third block
-    b[3 * pk._BLOCK + 5] = np.nan  # a NaN mismatch in the fourth
-    a[4 * pk._BLOCK + 1] = b[4 * pk._BLOCK + 1] = np.inf  # an equal infinity in the fifth
+    b[2 * _BLOCK + 100:] += dtype(1e-3)  # first mismatch in the third block
+    b[3 * _BLOCK + 5] = np.nan  # a NaN mismatch in the fourth
+    a[4 * _BLOCK + 1] = b[4 * _BLOCK + 1] = np.inf  # an equal infinity in the fifth
     if dtype == np.float64:
         a[-3], b[-3] = 1.7e308, -1.7e308  # the last block's difference overflows
     r = pair_metrics(a, b)
     assert_same(r, reference(a, b))
-    assert r["first_mismatch_index"] == 2 * pk._BLOCK + 100
+    assert r["first_mismatch_index"] == 2 * _BLOCK + 100
     assert r["nan_mismatch_count"] == 1
     same = pair_metrics(a, a.copy())
     assert same["equal_count"] == n and same["first_mismatch_index"] is None
@@ -578,73 +570,6 @@ def test_tiny_values_keep_their_cosine_per_pair_and_in_batches(scale, tmp_path):
         alone = pair_metrics(np.load(task.path_a), np.load(task.path_b))["cosine"]
         assert batched[i]["cosine"] == alone, i  # the same bits as the per-pair path
         assert i % 2 == 0 or alone == 1.0
-
-
-# --------------------------------------------------------------------------------------
-# compilation and cache
-
-
-def test_only_three_signatures_compiled():
-    rng = np.random.default_rng(0)
-    for da, db in DTYPE_PAIRS:
-        a, b = random_pair(rng, 500, da, db)  # over numpy_kernels.SEQUENTIAL_BELOW: the compiled kernels
-        pair_metrics(a, b)
-    for dispatcher in pk._compiled.values():
-        assert len(dispatcher.signatures) == 1
-    assert set(pk._compiled) == {np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)}
-
-
-def test_warm_up_from_threads():
-    errors = []
-
-    def run():
-        try:
-            warm_up()
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
-
-
-def test_numba_cache_dir_defaults_to_user_cache(tmp_path):
-    # the package, in a read-only folder, with a fresh HOME: the cache goes to ~/.cache/rlprobe/numba
-    import shutil
-
-    ro = tmp_path / "ro"
-    shutil.copytree(Path(pm.__file__).parents[1], ro / "rlprobe", ignore=shutil.ignore_patterns("__pycache__"))
-    folders = [ro, *(d for d in ro.rglob("*") if d.is_dir())]
-    for d in folders:
-        d.chmod(0o555)
-    home = tmp_path / "home"
-    home.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME")}
-    env.update(HOME=str(home), PYTHONPATH=str(ro), PYTHONDONTWRITEBYTECODE="1")
-    code = ("import os, numpy as np, rlprobe.comparison.pair_metrics as m; m.warm_up();"
-            f"assert m.__file__.startswith({str(ro)!r}), m.__file__;"
-            "print(os.environ['NUMBA_CACHE_DIR']);"
-            "print(m.pair_metrics(np.arange(3.0), np.arange(3.0))['equal_count'])")
-    try:
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                             cwd=tmp_path)
-    finally:
-        for d in folders:
-            d.chmod(0o755)
-    assert out.returncode == 0, out.stderr
-    cache_dir, equal = out.stdout.split()
-    assert Path(cache_dir).parent == home / ".cache" / "rlprobe" / "numba"  # a folder per kernel sources
-    assert equal == "3"
-    assert list(Path(cache_dir).rglob("*.nbi")), "no numba cache index written"
-    # an explicit NUMBA_CACHE_DIR is respected
-    env["NUMBA_CACHE_DIR"] = str(tmp_path / "mine")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[0] == str(tmp_path / "mine")
 
 
 # --------------------------------------------------------------------------------------

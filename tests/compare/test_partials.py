@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from rlprobe.comparison import partials
-from rlprobe.comparison.pair_kernels import kernel_for
+from rlprobe.comparison.pair_metrics import pair_kernel as kernel_for
 from rlprobe.comparison.partials import FIELDS, WIDTH, combine, merge, metric_columns, metric_row
 
 

@@ -49,7 +49,7 @@ def test_records_of_many_packed_files_read_as_from_their_own_files(tmp_path):
     # and one record cut short: each pair's result is the one of the same arrays in files of their own
     import numpy as np
 
-    from rlprobe.comparison.batch_kernels import FD_CACHE
+    from rlprobe.comparison.file_kernels import FD_CACHE
     from rlprobe.comparison.pair_results import PairColumns, Side
     from rlprobe.comparison.small_pairs import compare_small_pairs, path_bytes
 

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import rlprobe
-from rlprobe.errors import ProbeError
 
 ROLLOUT = {"prompts", "prompt_mask", "responses", "response_mask", "rewards", "rewards/even_words",
            "rewards/short_answer", "advantages", "ref_log_prob", "rollout_log_prob"}

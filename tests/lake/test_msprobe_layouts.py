@@ -21,7 +21,6 @@ from click.testing import CliRunner
 import rlprobe
 from rlprobe.cli import main
 from rlprobe.errors import UnreadEntriesWarning
-from rlprobe.lake.importer import import_msprobe
 from rlprobe.pipeline.compare_command import compare
 
 
