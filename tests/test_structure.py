@@ -1,11 +1,12 @@
 """The package's structure, read from its source with ast: data flows one way between the layers
 (docs/architecture.md), no import cycles, no private name imported from another module, no
-source file over 400 lines. Imports inside functions count (lazy imports run too), and so do imports under
+source file over 400 lines (the compiled kernels' .pyx, .pxd and .h too). Imports inside functions count (lazy imports run too), and so do imports under
 `if TYPE_CHECKING:` (a type a module needs is a dependency too: a cycle of annotations is still a cycle)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,15 @@ FORBIDDEN = {
     "pipeline": {"cli"},  # the command's own start-up (cli/startup.py) is the command's alone
 }
 
+# the compiled kernels' sources: Cython (not Python's syntax, so read for their imports line by line) and C
+KERNEL_SOURCES = ("*.pyx", "*.pxd", "*.h")
+_CYTHON_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\s+([\w, ]+)|c?import\s+([\w.]+))", re.M)
+
+
 def module_files(root: Path) -> dict[str, Path]:
-    """Module name -> source file of every module of the package in `root`."""
+    """Module name -> source file of every module of the package in `root` (Python and Cython)."""
     found = {}
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted([*root.rglob("*.py"), *root.rglob("*.pyx")]):
         parts = path.relative_to(root.parent).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         found[name] = path
@@ -39,6 +45,12 @@ def imports(path: Path, module: str, package: str) -> list[tuple[str, str]]:
     """(imported module, imported name or "") of every runtime import of `package` in `path`."""
     found: list[tuple[str, str]] = []
     is_package = path.name == "__init__.py"
+    if path.suffix == ".pyx":  # absolute imports and cimports, one a line
+        for base, names, plain in _CYTHON_IMPORT.findall(path.read_text(encoding="utf-8")):
+            target = base or plain
+            if target.split(".")[0] == package:
+                found.extend((target, n.strip()) for n in names.split(",")) if base else found.append((target, ""))
+        return found
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.Import):
@@ -80,6 +92,10 @@ def check_package(root: Path) -> list[tuple[str, str]]:
             target_layer = imported.split(".")[1] if "." in imported else ""
             if target_layer in FORBIDDEN.get(layer, ()):
                 violations.append((module, imported))
+    for pattern in KERNEL_SOURCES[1:]:  # .pyx are modules above
+        for path in sorted(root.rglob(pattern)):
+            if len(path.read_text(encoding="utf-8").splitlines()) > MAX_LINES:
+                violations.append((path.relative_to(root.parent).as_posix(), "lines"))
     for cycle in _cycles(graph):
         violations.append(("cycle", " -> ".join(cycle)))
     return sorted(set(violations))
@@ -153,6 +169,15 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path):
         ("pkg.report.xlsx", "pkg.comparison.run"),  # under TYPE_CHECKING: seen all the same
         ("pkg/report/xlsx.py", "lines"),
     ]
+
+
+def test_the_checker_reads_the_kernels_imports_and_sizes(tmp_path):
+    pkg = _package(tmp_path, {
+        "lake/kernels.pyx": "from libc.stdint cimport int64_t\nfrom pkg.comparison.kernels cimport partials\n",
+        "comparison/kernels.pyx": "import pkg.report.xlsx\n", "report/xlsx.py": "",
+        "checks/loops.h": "/* */\n" * (MAX_LINES + 1)})
+    assert check_package(pkg) == [("pkg.comparison.kernels", "pkg.report.xlsx"),
+                                  ("pkg.lake.kernels", "pkg.comparison.kernels"), ("pkg/checks/loops.h", "lines")]
 
 
 def test_the_checker_passes_a_one_way_package(tmp_path):
