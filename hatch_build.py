@@ -43,6 +43,7 @@ def build(sources: list[Path], out_dir: Path) -> list[Path]:
     from Cython.Build import cythonize
     from setuptools import Distribution, Extension
     from setuptools.command.build_ext import build_ext
+    from setuptools.errors import CompileError, ExecError, LinkError
 
     # a module is rebuilt when a header beside it changed too (one header may include another)
     extensions = [Extension(module_name(s), [str(s.relative_to(ROOT))], include_dirs=[str(s.parent)],
@@ -59,7 +60,13 @@ def build(sources: list[Path], out_dir: Path) -> list[Path]:
             command.build_temp = temp
             command.parallel = os.cpu_count() or 1
             command.ensure_finalized()
-            command.run()
+            try:
+                command.run()
+            except (CompileError, ExecError, LinkError) as e:
+                names = ", ".join(str(s.relative_to(ROOT)) for s in sources)
+                raise SystemExit(f"hatch_build.py: compiling rlprobe's kernels ({names}) failed: {e}\n"
+                                 "They need a C compiler: gcc or clang (on Debian `apt-get install gcc`), or the "
+                                 "one the CC variable names.") from None
             return [Path(p) for p in command.get_outputs()]
     finally:
         os.chdir(cwd)

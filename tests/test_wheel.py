@@ -73,3 +73,19 @@ def test_wheel_installs_and_runs(tmp_path):
     assert compared.returncode == 0, compared.stderr
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["counts"] == {"match": 2}
     assert {k["key"]: k["dtypes"] for k in summary["keys"]} == {"log_prob": "float32", "responses": "int64"}
+
+
+def test_a_machine_without_a_c_compiler_is_told_what_the_kernels_need(tmp_path):
+    copy = tmp_path / "checkout"
+    kernel = copy / "rlprobe" / "comparison"
+    kernel.mkdir(parents=True)
+    for name in ("kernels.pyx", "kernels.pxd", "float_lanes.h"):
+        (kernel / name).write_bytes((REPO / "rlprobe" / "comparison" / name).read_bytes())
+    (copy / "hatch_build.py").write_bytes((REPO / "hatch_build.py").read_bytes())
+    built = subprocess.run([sys.executable, "hatch_build.py", "rlprobe/comparison/kernels.pyx"], cwd=copy,
+                           env={**os.environ, "CC": str(tmp_path / "no-such-cc")}, capture_output=True, text=True,
+                           timeout=300)
+    assert built.returncode != 0
+    assert "compiling rlprobe's kernels (rlprobe/comparison/kernels.pyx) failed" in built.stderr, built.stderr
+    assert "no-such-cc" in built.stderr and "They need a C compiler: gcc or clang" in built.stderr
+    assert list(copy.rglob("*.so")) == []
