@@ -26,36 +26,32 @@ cdef tuple _tuple(double *o):
     return (o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7], o[8], o[9], o[10])
 
 
-cdef _check(Py_ssize_t na, Py_ssize_t nb, int64_t start, int64_t stop):
+cdef tuple _pair(int code, const void *a, const void *b, Py_ssize_t na, Py_ssize_t nb, int64_t start, int64_t stop):
+    """The partials of one kernel over [start, stop) of both arrays (`a`, `b`: their first elements, NULL when empty)."""
+    cdef double out[11]
     if not 0 <= start <= stop <= min(na, nb):
         raise ValueError(f"range [{start}, {stop}) is not within both arrays ({na} and {nb} elements)")
+    with nogil:
+        lanes_partials(code, a, b, start, stop, out)
+    return _tuple(out)
 
 
 def pair_f4(const float[::1] a, const float[::1] b, int64_t start, int64_t stop) -> tuple:
     """Partials of float32 arrays `a`, `b` over flat indices [start, stop)."""
-    cdef double out[11]
-    _check(a.shape[0], b.shape[0], start, stop)
-    with nogil:
-        lanes_partials(CODE_F4, &a[0] if a.shape[0] else NULL, &b[0] if b.shape[0] else NULL, start, stop, out)
-    return _tuple(out)
+    return _pair(CODE_F4, &a[0] if a.shape[0] else NULL, &b[0] if b.shape[0] else NULL, a.shape[0], b.shape[0],
+                 start, stop)
 
 
 def pair_f8(const double[::1] a, const double[::1] b, int64_t start, int64_t stop) -> tuple:
     """Partials of float64 arrays `a`, `b` over flat indices [start, stop)."""
-    cdef double out[11]
-    _check(a.shape[0], b.shape[0], start, stop)
-    with nogil:
-        lanes_partials(CODE_F8, &a[0] if a.shape[0] else NULL, &b[0] if b.shape[0] else NULL, start, stop, out)
-    return _tuple(out)
+    return _pair(CODE_F8, &a[0] if a.shape[0] else NULL, &b[0] if b.shape[0] else NULL, a.shape[0], b.shape[0],
+                 start, stop)
 
 
 def pair_i8(const int64_t[::1] a, const int64_t[::1] b, int64_t start, int64_t stop) -> tuple:
     """Partials of int64 arrays `a`, `b` over flat indices [start, stop): exact equality, errors in float64."""
-    cdef double out[11]
-    _check(a.shape[0], b.shape[0], start, stop)
-    with nogil:
-        lanes_partials(CODE_I8, &a[0] if a.shape[0] else NULL, &b[0] if b.shape[0] else NULL, start, stop, out)
-    return _tuple(out)
+    return _pair(CODE_I8, &a[0] if a.shape[0] else NULL, &b[0] if b.shape[0] else NULL, a.shape[0], b.shape[0],
+                 start, stop)
 
 
 def vector_width() -> int:
